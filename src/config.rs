@@ -1,0 +1,199 @@
+//! The client's configuration: defaults as constants, by-value setters, checked once by
+//! [`RedlockBuilder::build`].
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::node::{MaxTtl, Node, redact};
+use crate::redlock::Redlock;
+
+/// How the client treats a node that may have lost its lock keys in a restart.
+///
+/// The Redlock safety argument needs a node that restarts without its data (no `fsync`ed AOF) to
+/// stay out of every quorum for longer than the largest ttl in use. Operators forget this, so the
+/// client enforces it from what it sees: each node's `run_id` and `uptime_in_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum RestartGuard {
+    /// Trust every node.
+    Off,
+    /// (Default) A node whose run id changed across a reconnect (this client saw it restart)
+    /// counts toward no quorum until the maximum ttl has passed since its restart.
+    #[default]
+    Restarted,
+    /// As `Restarted`, and also hold out a node whose uptime is below the maximum ttl on first
+    /// contact. For short-lived processes (a CLI) that cannot have seen the restart.
+    Strict,
+}
+
+/// Builds a [`Redlock`]. Obtained from [`Redlock::builder`].
+///
+/// # Defaults
+///
+/// | setting | default |
+/// | --- | --- |
+/// | node timeout | [`DEFAULT_NODE_TIMEOUT`](Self::DEFAULT_NODE_TIMEOUT) (50 ms) |
+/// | connect timeout | [`DEFAULT_CONNECT_TIMEOUT`](Self::DEFAULT_CONNECT_TIMEOUT) (1 s) |
+/// | drift factor | [`DEFAULT_DRIFT_FACTOR`](Self::DEFAULT_DRIFT_FACTOR) (0.01, plus 2 ms) |
+/// | retries of `acquire` | [`DEFAULT_RETRY_COUNT`](Self::DEFAULT_RETRY_COUNT) (3) |
+/// | retry delay | [`DEFAULT_RETRY_DELAY`](Self::DEFAULT_RETRY_DELAY) (50 ms) + up to [`DEFAULT_RETRY_JITTER`](Self::DEFAULT_RETRY_JITTER) (100 ms) |
+/// | restart guard | [`RestartGuard::Restarted`] |
+/// | max ttl | the largest ttl this client has used |
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::Redlock;
+///
+/// let locks = Redlock::builder(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+///     .node_timeout(Duration::from_millis(20))
+///     .retry_count(5)
+///     .build()?; // no connection is made yet: nodes may be down
+/// # Ok::<(), quorumlock::ConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until .build() is called"]
+pub struct RedlockBuilder {
+    pub(crate) urls: Vec<String>,
+    pub(crate) node_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) drift_factor: f64,
+    pub(crate) retry_count: u32,
+    pub(crate) retry_delay: Duration,
+    pub(crate) retry_jitter: Duration,
+    pub(crate) restart_guard: RestartGuard,
+    pub(crate) max_ttl: Option<Duration>,
+}
+
+impl RedlockBuilder {
+    /// How long one node may take to answer one call. Small against the ttl: a node that does not
+    /// answer in time counts as failed for that round.
+    pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+    /// How long a connection (TCP, handshake, script load) may take. Connecting runs in the
+    /// background, so a slow connect delays only the rounds that need that node.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+    /// Clock drift allowed per unit of ttl; 2 ms are always added.
+    pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+    /// Extra attempt rounds [`Redlock::acquire`] makes after the first one fails.
+    pub const DEFAULT_RETRY_COUNT: u32 = 3;
+    /// Fixed part of the pause between attempt rounds.
+    pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(50);
+    /// Random part of the pause between attempt rounds (uniform in `[0, jitter]`).
+    pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
+
+    pub(crate) fn new<I, S>(urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        RedlockBuilder {
+            urls: urls.into_iter().map(|u| u.as_ref().to_owned()).collect(),
+            node_timeout: Self::DEFAULT_NODE_TIMEOUT,
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            drift_factor: Self::DEFAULT_DRIFT_FACTOR,
+            retry_count: Self::DEFAULT_RETRY_COUNT,
+            retry_delay: Self::DEFAULT_RETRY_DELAY,
+            retry_jitter: Self::DEFAULT_RETRY_JITTER,
+            restart_guard: RestartGuard::default(),
+            max_ttl: None,
+        }
+    }
+
+    /// Per-node, per-call timeout. Each call is also cut short where a success could no longer
+    /// leave positive validity.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
+    }
+
+    /// Connection timeout (TCP connect, handshake and script loading).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Clock-drift factor: `drift = ttl * factor + 2 ms` is subtracted from every validity.
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.drift_factor = factor;
+        self
+    }
+
+    /// Extra attempt rounds of [`Redlock::acquire`] after the first.
+    pub fn retry_count(mut self, count: u32) -> Self {
+        self.retry_count = count;
+        self
+    }
+
+    /// The pause between attempt rounds: `delay + uniform(0, jitter)`.
+    pub fn retry_delay(mut self, delay: Duration, jitter: Duration) -> Self {
+        self.retry_delay = delay;
+        self.retry_jitter = jitter;
+        self
+    }
+
+    /// How nodes that may have restarted without their data are kept out of quorums.
+    pub fn restart_guard(mut self, guard: RestartGuard) -> Self {
+        self.restart_guard = guard;
+        self
+    }
+
+    /// The largest ttl any client uses on these nodes: how long a restarted node is held out.
+    /// Without it, the largest ttl this client has used (at least one second).
+    pub fn max_ttl(mut self, ttl: Duration) -> Self {
+        self.max_ttl = Some(ttl);
+        self
+    }
+
+    /// Checks the configuration and builds the client. No connection is made: nodes may be down,
+    /// they are connected (and reconnected) in the background when first needed.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] for no nodes, an invalid or duplicate URL, a drift factor outside `[0, 0.5)`
+    /// or a zero timeout. An even node count is accepted with a warning: its quorum tolerates no
+    /// more failures than one node fewer.
+    pub fn build(self) -> Result<Redlock, ConfigError> {
+        if self.urls.is_empty() {
+            return Err(ConfigError::NoNodes);
+        }
+        if !(0.0..0.5).contains(&self.drift_factor) {
+            return Err(ConfigError::DriftFactor(self.drift_factor));
+        }
+        if self.node_timeout.is_zero() {
+            return Err(ConfigError::ZeroDuration("node timeout"));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(ConfigError::ZeroDuration("connect timeout"));
+        }
+        let max_ttl = Arc::new(MaxTtl::new(self.max_ttl));
+        let mut seen = HashSet::new();
+        let mut nodes = Vec::with_capacity(self.urls.len());
+        for url in &self.urls {
+            let client =
+                redis::Client::open(url.as_str()).map_err(|source| ConfigError::InvalidUrl {
+                    url: redact(url),
+                    source,
+                })?;
+            let info = client.get_connection_info();
+            let identity = format!("{}/{}", info.addr(), info.redis_settings().db());
+            if !seen.insert(identity) {
+                return Err(ConfigError::DuplicateNode(redact(url)));
+            }
+            nodes.push(Arc::new(Node::new(
+                redact(url),
+                client,
+                &self,
+                Arc::clone(&max_ttl),
+            )));
+        }
+        if nodes.len() % 2 == 0 {
+            tracing::warn!(
+                nodes = nodes.len(),
+                "an even number of nodes tolerates no more failures than {}; prefer an odd count",
+                nodes.len() - 1
+            );
+        }
+        Ok(Redlock::from_parts(nodes, self, max_ttl))
+    }
+}

@@ -1,0 +1,288 @@
+//! Every error the library returns: one enum for operations, one for configuration, and the
+//! per-node failure that explains a lost quorum.
+
+use std::fmt;
+use std::time::Duration;
+
+/// What went wrong with a lock operation.
+///
+/// The variants separate the outcomes a caller reacts to differently: [`Error::Held`] is normal
+/// contention (skip quietly), [`Error::NoQuorum`] means the lock service is degraded (log it,
+/// alert), [`Error::Lost`] means a lock you held is no longer yours (stop acting on it).
+///
+/// ```
+/// # use quorumlock::Error;
+/// fn on_error(e: &Error) -> &'static str {
+///     match e {
+///         Error::Held { .. } => "someone else is doing it",
+///         Error::NoQuorum { .. } => "lock service degraded",
+///         _ => "other",
+///     }
+/// }
+/// # let _ = on_error;
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock is held by another owner: enough nodes answered, but too many of them already
+    /// held the key for us to reach a quorum.
+    #[error(
+        "lock {key:?} is held by another owner ({held} of {nodes} nodes hold it, {needed} needed to acquire)"
+    )]
+    Held {
+        /// The user key.
+        key: String,
+        /// How many nodes answered that another owner holds the key.
+        held: usize,
+        /// The configured number of nodes.
+        nodes: usize,
+        /// The quorum.
+        needed: usize,
+    },
+    /// Too few nodes could be reached to form a quorum. `failures` names each node that failed and
+    /// why.
+    #[error("too few nodes reachable for a quorum on {key:?}: {} of {nodes} nodes failed, {needed} needed; {}", .failures.len(), FailureList(.failures))]
+    NoQuorum {
+        /// The user key.
+        key: String,
+        /// How many nodes had answered when the outcome was decided (the round stops waiting as
+        /// soon as a quorum is impossible, so live nodes may not have answered yet).
+        reached: usize,
+        /// The configured number of nodes.
+        nodes: usize,
+        /// The quorum.
+        needed: usize,
+        /// Each node that did not answer, and why.
+        failures: Vec<NodeFailure>,
+    },
+    /// A quorum agreed, but it took so long that no validity was left (elapsed + drift >= ttl).
+    #[error("validity of {key:?} ran out during acquisition: {elapsed:?} elapsed of a {ttl:?} ttl")]
+    ValidityExpired {
+        /// The user key.
+        key: String,
+        /// Time spent acquiring.
+        elapsed: Duration,
+        /// The ttl asked for.
+        ttl: Duration,
+    },
+    /// A lock we held is no longer ours: its validity ended, or a quorum of nodes no longer holds
+    /// our value (it expired there and was possibly taken by someone else).
+    #[error("lock {key:?} was lost: {reason}")]
+    Lost {
+        /// The user key.
+        key: String,
+        /// Why we know.
+        reason: LostReason,
+    },
+    /// The ttl (or another per-call argument) cannot work with this configuration.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(#[from] ArgumentError),
+    /// The client could not be built.
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+}
+
+impl Error {
+    /// True for [`Error::Held`]: normal contention, not a fault.
+    pub fn is_held(&self) -> bool {
+        matches!(self, Error::Held { .. })
+    }
+
+    /// True for [`Error::NoQuorum`]: the lock service is degraded.
+    pub fn is_no_quorum(&self) -> bool {
+        matches!(self, Error::NoQuorum { .. })
+    }
+
+    /// True for [`Error::Lost`].
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Error::Lost { .. })
+    }
+
+    /// Whether another attempt later may succeed (contention, unreachable nodes, slow rounds).
+    pub(crate) fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Held { .. } | Error::NoQuorum { .. } | Error::ValidityExpired { .. }
+        )
+    }
+}
+
+/// Why a held lock counts as lost.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The lock's validity deadline passed without a successful extension.
+    Expired,
+    /// A quorum of nodes answered that the key no longer holds our value.
+    NotOwner {
+        /// Nodes that still hold our value.
+        owned: usize,
+        /// The quorum.
+        needed: usize,
+    },
+    /// An extension could not reach a quorum of nodes before giving up.
+    Unreachable {
+        /// The failures of the last extension round.
+        failures: Vec<NodeFailure>,
+    },
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LostReason::Expired => {
+                f.write_str("its validity ran out without a successful extension")
+            }
+            LostReason::NotOwner { owned, needed } => write!(
+                f,
+                "only {owned} nodes still hold our value, {needed} needed"
+            ),
+            LostReason::Unreachable { failures } => write!(
+                f,
+                "an extension could not reach a quorum; {}",
+                FailureList(failures)
+            ),
+        }
+    }
+}
+
+/// One node that failed during an operation, with the cause.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{node}: {cause}")]
+pub struct NodeFailure {
+    /// The node's address, with any password redacted.
+    pub node: String,
+    /// Why it failed.
+    #[source]
+    pub cause: NodeError,
+}
+
+/// Why one node failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// No answer within the per-node timeout (or before the validity budget ran out).
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// The node refused the connection (nothing listening).
+    #[error("connection refused")]
+    Refused(#[source] redis::RedisError),
+    /// The connection broke (node died, network reset).
+    #[error("connection dropped")]
+    Dropped(#[source] redis::RedisError),
+    /// The node restarted (or started) less than the maximum ttl ago and may have lost lock keys;
+    /// it is kept out of every quorum until `remaining` has passed.
+    #[error("held out of quorums for {remaining:?} more after a restart (delayed-restart rule)")]
+    HeldOut {
+        /// How long until the node counts again.
+        remaining: Duration,
+    },
+    /// The node answered with an error, or a reply the scripts never produce.
+    #[error("redis error: {0}")]
+    Redis(#[source] redis::RedisError),
+    /// The node's reply had an unexpected shape.
+    #[error("unexpected reply: {0}")]
+    BadReply(String),
+}
+
+impl NodeError {
+    /// Classifies a `redis` error by its own predicates, never by its text.
+    pub(crate) fn from_redis(e: redis::RedisError) -> Self {
+        if e.is_timeout() {
+            NodeError::Timeout(Duration::ZERO)
+        } else if e.is_connection_refusal() {
+            NodeError::Refused(e)
+        } else if e.is_connection_dropped() || e.is_io_error() {
+            NodeError::Dropped(e)
+        } else {
+            NodeError::Redis(e)
+        }
+    }
+
+    /// A short, stable label for metrics.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            NodeError::Timeout(_) => "timeout",
+            NodeError::Refused(_) => "refused",
+            NodeError::Dropped(_) => "dropped",
+            NodeError::HeldOut { .. } => "held_out",
+            NodeError::Redis(_) => "redis",
+            NodeError::BadReply(_) => "bad_reply",
+        }
+    }
+}
+
+/// A per-call argument that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ArgumentError {
+    /// The ttl leaves no validity once clock drift is subtracted.
+    #[error("ttl {ttl:?} must exceed the clock-drift allowance {drift:?}")]
+    TtlTooShort {
+        /// The ttl asked for.
+        ttl: Duration,
+        /// The drift allowance for it.
+        drift: Duration,
+    },
+    /// The ttl does not fit in the milliseconds Redis accepts.
+    #[error("ttl {0:?} is too long")]
+    TtlTooLong(Duration),
+    /// The key is empty, or starts with `}` (which would put the lock and its fencing counter in
+    /// different Redis Cluster hash slots).
+    #[error("invalid lock key {key:?}: {reason}")]
+    InvalidKey {
+        /// The key given.
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+/// Why a client could not be built.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No node URLs were given.
+    #[error("no nodes given: a Redlock needs at least one Redis master (5 is the usual choice)")]
+    NoNodes,
+    /// A node URL could not be parsed (or names a scheme this build does not support, such as
+    /// `rediss://` without the `tls` feature).
+    #[error("invalid node URL {url:?}: {source}")]
+    InvalidUrl {
+        /// The URL, password redacted.
+        url: String,
+        /// The parser's reason.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// The same node was given twice; it would count twice toward a quorum.
+    #[error("node {0} is listed twice; each node must be an independent master")]
+    DuplicateNode(String),
+    /// The drift factor must be in `[0, 0.5)`.
+    #[error("drift factor {0} must be at least 0 and below 0.5")]
+    DriftFactor(f64),
+    /// A timeout that must be positive is zero.
+    #[error("{0} must be greater than zero")]
+    ZeroDuration(&'static str),
+}
+
+/// Formats a list of node failures as `a: cause; b: cause`.
+struct FailureList<'a>(&'a [NodeFailure]);
+
+impl fmt::Display for FailureList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("no node failed outright (the budget ran out)");
+        }
+        for (i, failure) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{failure}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,193 @@
+//! Fencing tokens and the resource-side checks that make them useful.
+//!
+//! A lock cannot stop a holder that was paused (GC, VM stall) past its validity from acting as if
+//! it still held the lock: the holder cannot know it was paused. What can be done is to make the
+//! *resource* refuse it. Every acquisition carries a [`FencingToken`] that only grows; the holder
+//! sends it with every write, and the resource rejects any token below the highest it has seen.
+//!
+//! Three ready forms of that check:
+//! - data in Redis: [`fenced_set`] (a Lua script: compare and write in one step);
+//! - data in your process or store: [`FenceGate`];
+//! - data in SQL: a conditional update, shown in `docs/safety.md`:
+//!   `UPDATE payouts SET state = $2, fence = $1 WHERE id = $3 AND fence <= $1` (use `fence < $1`
+//!   to allow one write per acquisition); zero rows updated means a newer holder wrote first.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use redis::aio::ConnectionLike;
+
+use crate::scripts;
+
+/// A fencing token: a number handed out with every acquisition of a key.
+///
+/// # Guarantee
+///
+/// A token is strictly greater than the token of every earlier holder of the same key, as long
+/// as no node lost its data (persistence with `appendfsync always`, or a restarted node kept out
+/// of quorums for longer than the largest ttl, which this client enforces by default; see
+/// [`RestartGuard`](crate::RestartGuard)). The argument is in `docs/safety.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// Wraps a raw token, e.g. one read back from storage or from `REDLOCK_TOKEN`.
+    pub const fn new(raw: u64) -> Self {
+        FencingToken(raw)
+    }
+
+    /// The raw number, to store beside the data it protects.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl From<FencingToken> for u64 {
+    fn from(t: FencingToken) -> u64 {
+        t.0
+    }
+}
+
+/// A write refused because a newer holder has already written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("stale fencing token {token}: a holder with token {highest} has already written")]
+pub struct StaleToken {
+    /// The token that was refused.
+    pub token: FencingToken,
+    /// The highest token the resource has accepted.
+    pub highest: FencingToken,
+}
+
+/// An in-process fencing check for a resource you guard yourself (a file, an in-memory store, a
+/// connection to a system without conditional writes).
+///
+/// [`admit`](Self::admit) accepts a token at least as high as every token admitted before (so
+/// one holder may write many times) and refuses lower ones.
+///
+/// ```
+/// use quorumlock::{FenceGate, FencingToken};
+///
+/// let gate = FenceGate::new();
+/// assert!(gate.admit(FencingToken::new(17)).is_ok()); // worker A
+/// assert!(gate.admit(FencingToken::new(18)).is_ok()); // worker B took over
+/// let late = gate.admit(FencingToken::new(17));       // A wakes from its pause
+/// assert_eq!(late.unwrap_err().highest, FencingToken::new(18));
+/// ```
+#[derive(Debug, Default)]
+pub struct FenceGate {
+    highest: AtomicU64,
+}
+
+impl FenceGate {
+    /// A gate that has seen no token.
+    pub const fn new() -> Self {
+        FenceGate {
+            highest: AtomicU64::new(0),
+        }
+    }
+
+    /// Admits `token` if no higher token was admitted before, and remembers it.
+    ///
+    /// # Errors
+    ///
+    /// [`StaleToken`] when a higher token was admitted: the caller's lock was taken over.
+    pub fn admit(&self, token: FencingToken) -> Result<(), StaleToken> {
+        let prev = self.highest.fetch_max(token.0, Ordering::AcqRel);
+        if token.0 < prev {
+            Err(StaleToken {
+                token,
+                highest: FencingToken(prev),
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The highest token admitted so far.
+    pub fn highest(&self) -> FencingToken {
+        FencingToken(self.highest.load(Ordering::Acquire))
+    }
+}
+
+/// The result of [`fenced_set`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FencedWrite {
+    /// The value was written; the resource now remembers this token.
+    Written,
+    /// Refused: the resource has seen `highest`, above the writer's token.
+    Stale {
+        /// The highest token the resource has seen.
+        highest: FencingToken,
+    },
+}
+
+/// Writes `value` to `data_key` on your own Redis only if `token` is at least as high as every
+/// token that wrote there before (checked and written atomically by a Lua script).
+///
+/// The highest token is kept at `"{data_key}:fence"`; put a hash tag in `data_key` (e.g.
+/// `"{payout:42}"`) if the resource lives in Redis Cluster.
+///
+/// ```no_run
+/// # async fn demo(conn: &mut redis::aio::MultiplexedConnection, lock: &quorumlock::Lock) -> redis::RedisResult<()> {
+/// use quorumlock::{fenced_set, FencedWrite};
+/// match fenced_set(conn, "payout:42:result", lock.token(), "paid").await? {
+///     FencedWrite::Written => {}
+///     FencedWrite::Stale { highest } => eprintln!("lost the lock to token {highest}; not writing"),
+///     _ => {}
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// The connection's [`redis::RedisError`].
+///
+/// # Cancellation safety
+///
+/// Dropping the future may leave the write sent; it is still checked on the server.
+pub async fn fenced_set<C: ConnectionLike + Send>(
+    conn: &mut C,
+    data_key: &str,
+    token: FencingToken,
+    value: impl redis::ToRedisArgs + Send + Sync,
+) -> redis::RedisResult<FencedWrite> {
+    let fence_key = format!("{data_key}:fence");
+    let (written, highest): (i64, u64) = scripts::FENCED_WRITE
+        .script()
+        .key(&fence_key)
+        .key(data_key)
+        .arg(token.0)
+        .arg(value)
+        .invoke_async(conn)
+        .await?;
+    Ok(if written == 1 {
+        FencedWrite::Written
+    } else {
+        FencedWrite::Stale {
+            highest: FencingToken(highest),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gate_admits_equal_and_higher_tokens_only() {
+        let gate = FenceGate::new();
+        gate.admit(FencingToken(3)).unwrap();
+        gate.admit(FencingToken(3)).unwrap();
+        gate.admit(FencingToken(5)).unwrap();
+        let err = gate.admit(FencingToken(4)).unwrap_err();
+        assert_eq!(err.highest, FencingToken(5));
+        assert_eq!(gate.highest(), FencingToken(5));
+    }
+}

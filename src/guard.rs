@@ -1,0 +1,333 @@
+//! The held lock: its identity (key, fencing token), its validity deadline, extension, release,
+//! and the "lost" signal.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::error::{Error, LostReason};
+use crate::fencing::FencingToken;
+use crate::lease;
+use crate::metrics;
+use crate::redlock::Redlock;
+
+/// Shared state of one held lock (the guard, its lease task and any watcher).
+#[derive(Debug)]
+pub(crate) struct LockState {
+    key: String,
+    lock_key: String,
+    fence_key: String,
+    value: String,
+    token: FencingToken,
+    ttl: Duration,
+    deadline: Mutex<Instant>,
+    lost: CancellationToken,
+    reason: Mutex<Option<LostReason>>,
+}
+
+impl LockState {
+    pub(crate) fn new(
+        key: String,
+        lock_key: String,
+        fence_key: String,
+        value: String,
+        token: FencingToken,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Self {
+        LockState {
+            key,
+            lock_key,
+            fence_key,
+            value,
+            token,
+            ttl,
+            deadline: Mutex::new(deadline),
+            lost: CancellationToken::new(),
+            reason: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+    pub(crate) fn lock_key(&self) -> &str {
+        &self.lock_key
+    }
+    pub(crate) fn fence_key(&self) -> &str {
+        &self.fence_key
+    }
+    pub(crate) fn value(&self) -> &str {
+        &self.value
+    }
+    pub(crate) fn token(&self) -> FencingToken {
+        self.token
+    }
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Moves the deadline forward (never backward) unless the lock is already lost.
+    pub(crate) fn set_deadline(&self, deadline: Instant) {
+        if self.lost.is_cancelled() {
+            return;
+        }
+        let mut d = self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+        if deadline > *d {
+            *d = deadline;
+        }
+    }
+
+    /// Marks the lock lost (first reason wins), fires the signal and returns the error to report.
+    pub(crate) fn lose(&self, reason: LostReason) -> Error {
+        {
+            let mut r = self.reason.lock().unwrap_or_else(|e| e.into_inner());
+            if r.is_none() && !self.lost.is_cancelled() {
+                *r = Some(reason.clone());
+                metrics::lock_lost();
+                tracing::warn!(key = %self.key, token = %self.token, %reason, "lock lost");
+            }
+        }
+        self.lost.cancel();
+        Error::Lost {
+            key: self.key.clone(),
+            reason,
+        }
+    }
+
+    pub(crate) fn reason(&self) -> Option<LostReason> {
+        self.reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Resolves when the lock is lost: the signal fired, or the deadline passed unextended.
+    pub(crate) async fn wait_lost(&self) {
+        loop {
+            let deadline = self.deadline();
+            tokio::select! {
+                _ = self.lost.cancelled() => return,
+                _ = tokio::time::sleep_until(deadline) => {
+                    if self.deadline() <= Instant::now() {
+                        self.lose(LostReason::Expired);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A held lock.
+///
+/// It carries the key, the [`FencingToken`] to stamp writes with, and a validity deadline read
+/// from a monotonic clock: the lock is yours only until [`deadline`](Self::deadline), unless
+/// extended ([`extend`](Self::extend), or automatically with [`keep_alive`](Self::keep_alive)).
+///
+/// # Releasing
+///
+/// Call [`release`](Self::release) and check its result. Dropping the guard instead stops any
+/// auto-extension at once and, when a tokio runtime is running, sends a best-effort release in
+/// the background. That is an optimisation: what guarantees the key goes away is its ttl on each
+/// node, and a crashed process releases nothing. [`forget`](Self::forget) opts out: the lock then
+/// stays until its ttl ends.
+///
+/// # Losing it
+///
+/// [`lost`](Self::lost) resolves (and [`lost_token`](Self::lost_token) is cancelled) when the
+/// lock is lost: its deadline passes without a successful extension, an extension finds a quorum
+/// no longer holds our value, or auto-extension cannot reach a quorum. It also fires when the
+/// guard is released or dropped: in every case, the holder must stop acting on the lock.
+///
+/// ```no_run
+/// # async fn run(locks: quorumlock::Redlock) -> Result<(), quorumlock::Error> {
+/// use std::time::Duration;
+/// let lock = locks.acquire("report", Duration::from_secs(30)).await?;
+/// lock.keep_alive(); // extends every ttl/3 until released or lost
+/// tokio::select! {
+///     _ = lock.lost() => eprintln!("lost the lock; stopping"),
+///     _ = tokio::time::sleep(Duration::from_secs(60)) => {} // long work
+/// }
+/// lock.release().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "dropping the lock releases it at once (in the background); call .release().await to see the result"]
+pub struct Lock {
+    client: Redlock,
+    state: Arc<LockState>,
+    task: Mutex<Option<AbortOnDropHandle<()>>>,
+    done: bool,
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("key", &self.state.key)
+            .field("token", &self.state.token)
+            .field("validity", &self.validity())
+            .finish()
+    }
+}
+
+impl Lock {
+    pub(crate) fn new(client: Redlock, state: Arc<LockState>) -> Self {
+        Lock {
+            client,
+            state,
+            task: Mutex::new(None),
+            done: false,
+        }
+    }
+
+    /// The user key.
+    pub fn key(&self) -> &str {
+        &self.state.key
+    }
+
+    /// This acquisition's fencing token: greater than every earlier holder's (see
+    /// [`FencingToken`] for the exact guarantee).
+    pub fn token(&self) -> FencingToken {
+        self.state.token
+    }
+
+    /// The ttl the lock was acquired with (and is extended to).
+    pub fn ttl(&self) -> Duration {
+        self.state.ttl
+    }
+
+    /// When the lock stops being valid unless extended (monotonic clock).
+    pub fn deadline(&self) -> std::time::Instant {
+        self.state.deadline().into_std()
+    }
+
+    /// Validity left now (zero once the deadline has passed).
+    pub fn validity(&self) -> Duration {
+        self.state
+            .deadline()
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// True once the lock is lost or its deadline has passed.
+    pub fn is_lost(&self) -> bool {
+        self.state.lost.is_cancelled() || self.state.deadline() <= Instant::now()
+    }
+
+    /// Why the lock was lost, once it was (`None` while held, and after a normal release).
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.state.reason()
+    }
+
+    /// A future that resolves when the lock is lost (see the type docs). It needs no background
+    /// task: the deadline is watched by the future itself.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe; it only waits.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let state = Arc::clone(&self.state);
+        async move { state.wait_lost().await }
+    }
+
+    /// A token cancelled when the lock is lost, for `tokio::select!` or
+    /// `CancellationToken::run_until_cancelled` in code that cannot hold the guard. Starts a small
+    /// watcher task for the deadline if [`keep_alive`](Self::keep_alive) is not running.
+    pub fn lost_token(&self) -> CancellationToken {
+        let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        if task.is_none() {
+            *task = Some(lease::spawn(
+                self.client.clone(),
+                Arc::clone(&self.state),
+                None,
+            ));
+        }
+        self.state.lost.clone()
+    }
+
+    /// Extends the lock to `ttl` from now on a quorum of nodes; returns the new validity.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] when the deadline already passed or a quorum no longer holds our value
+    /// (the lost signal fires); [`Error::NoQuorum`] when too few nodes answered (the lock stays
+    /// valid until its current deadline); [`Error::ValidityExpired`] when the round was too slow.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe: a dropped extension leaves the deadline as it was.
+    pub async fn extend(&self, ttl: Duration) -> Result<Duration, Error> {
+        self.client.extend_state(&self.state, ttl).await
+    }
+
+    /// Starts extending the lock automatically every `ttl / 3` until it is released, dropped or
+    /// lost. See [`keep_alive_every`](Self::keep_alive_every).
+    pub fn keep_alive(&self) {
+        self.keep_alive_every(self.state.ttl / 3);
+    }
+
+    /// Starts extending the lock automatically every `interval` (clamped below the ttl). An
+    /// extension round that cannot reach a quorum is retried with the configured random pause
+    /// while validity remains; the lost signal fires when a quorum says the value is no longer
+    /// ours, or when the deadline passes without a successful extension (even if no node ever
+    /// answers).
+    pub fn keep_alive_every(&self, interval: Duration) {
+        let interval = interval
+            .min(self.state.ttl / 2)
+            .max(Duration::from_millis(1));
+        let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        *task = Some(lease::spawn(
+            self.client.clone(),
+            Arc::clone(&self.state),
+            Some(interval),
+        ));
+    }
+
+    /// Releases the lock on every node (only where it still holds our value).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] when a quorum no longer held our value (it had expired: the work done
+    /// under it may have overlapped with another holder; fencing tokens catch that);
+    /// [`Error::NoQuorum`] when too few nodes answered (the rest expires with the ttl).
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe: if dropped midway, the guard's Drop sends the release in the background.
+    pub async fn release(mut self) -> Result<(), Error> {
+        self.stop_task();
+        let result = self.client.release_state(&self.state).await;
+        self.done = true;
+        self.state.lost.cancel();
+        result
+    }
+
+    /// Stops any auto-extension and leaves the lock to expire with its ttl, without releasing it:
+    /// for "at most once per period" jobs.
+    pub fn forget(mut self) {
+        self.stop_task();
+        self.done = true;
+    }
+
+    fn stop_task(&self) {
+        self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        self.stop_task();
+        if !self.done {
+            self.client
+                .spawn_release(&self.state.lock_key, &self.state.value);
+            self.state.lost.cancel();
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Leases: the task that keeps a held lock alive (or only watches its deadline), and the scoped
+//! form [`Redlock::with_lock`] that runs work while the lock is held and stops it when it is lost.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::error::{Error, LostReason};
+use crate::fencing::FencingToken;
+use crate::guard::LockState;
+use crate::quorum;
+use crate::redlock::Redlock;
+
+/// Spawns the lease task for a held lock: with `every`, it extends the lock on that period;
+/// without, it only fires the lost signal at the deadline. Dropping the handle stops it.
+pub(crate) fn spawn(
+    client: Redlock,
+    state: Arc<LockState>,
+    every: Option<Duration>,
+) -> AbortOnDropHandle<()> {
+    AbortOnDropHandle::new(tokio::spawn(async move {
+        match every {
+            Some(every) => keep_alive(client, &state, every).await,
+            None => state.wait_lost().await,
+        }
+    }))
+}
+
+async fn keep_alive(client: Redlock, state: &LockState, every: Duration) {
+    let mut next = Instant::now() + every;
+    loop {
+        tokio::select! {
+            _ = state.wait_lost() => return,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        if !extend_once(&client, state).await {
+            return;
+        }
+        next = Instant::now() + every;
+    }
+}
+
+/// One extension, retried (configured retry count and pause) while validity remains. Returns
+/// false when the lock is lost (the signal has fired).
+async fn extend_once(client: &Redlock, state: &LockState) -> bool {
+    let cfg = &client.inner.cfg;
+    let mut round = 0;
+    loop {
+        round += 1;
+        let deadline = state.deadline();
+        let result =
+            tokio::time::timeout_at(deadline, client.extend_state(state, state.ttl())).await;
+        let failures = match result {
+            Ok(Ok(_)) => return true,
+            Ok(Err(Error::Lost { .. })) => return false,
+            Ok(Err(Error::NoQuorum { failures, .. })) => failures,
+            Ok(Err(e)) => {
+                tracing::warn!(key = state.key(), error = %e, "extension failed");
+                Vec::new()
+            }
+            Err(_) => {
+                state.lose(LostReason::Expired);
+                return false;
+            }
+        };
+        let pause = quorum::retry_delay(cfg.retry_delay, cfg.retry_jitter, rand::random::<f64>());
+        if round > cfg.retry_count || Instant::now() + pause >= state.deadline() {
+            state.lose(LostReason::Unreachable { failures });
+            return false;
+        }
+        tracing::warn!(
+            key = state.key(),
+            round,
+            ?pause,
+            "extension did not reach a quorum; retrying"
+        );
+        tokio::select! {
+            _ = state.wait_lost() => return false,
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+/// What work run by [`Redlock::with_lock`] knows about its lock.
+#[derive(Debug, Clone)]
+pub struct LockContext {
+    key: String,
+    token: FencingToken,
+    lost: CancellationToken,
+}
+
+impl LockContext {
+    /// The user key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The fencing token to stamp writes with.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// Cancelled when the lock is lost (the work's future is also dropped then).
+    pub fn lost(&self) -> &CancellationToken {
+        &self.lost
+    }
+}
+
+impl Redlock {
+    /// Acquires `key` (with the configured retries), keeps it alive while `work` runs, and
+    /// releases it when `work` finishes.
+    ///
+    /// If the lock is lost first, `work`'s future is dropped (cancelled at its current await)
+    /// and the call returns [`Error::Lost`]; `work` can also watch [`LockContext::lost`] to stop
+    /// at a point of its choosing.
+    ///
+    /// ```no_run
+    /// # async fn run(locks: quorumlock::Redlock) -> Result<(), quorumlock::Error> {
+    /// use std::time::Duration;
+    /// let total = locks
+    ///     .with_lock("nightly-report", Duration::from_secs(30), |ctx| async move {
+    ///         // stamp every write with ctx.token()
+    ///         ctx.token().get()
+    ///     })
+    ///     .await?;
+    /// # let _ = total; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Those of [`acquire`](Self::acquire), and [`Error::Lost`] when the lock is lost while
+    /// `work` runs.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Dropping the future drops `work` and the guard, which releases in the background.
+    pub async fn with_lock<F, Fut, T>(&self, key: &str, ttl: Duration, work: F) -> Result<T, Error>
+    where
+        F: FnOnce(LockContext) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let lock = self.acquire(key, ttl).await?;
+        lock.keep_alive();
+        let ctx = LockContext {
+            key: key.to_owned(),
+            token: lock.token(),
+            lost: lock.lost_token(),
+        };
+        let lost = lock.lost();
+        tokio::select! {
+            biased;
+            _ = lost => {
+                let reason = lock.lost_reason().unwrap_or(LostReason::Expired);
+                drop(lock);
+                Err(Error::Lost { key: key.to_owned(), reason })
+            }
+            out = work(ctx) => {
+                if let Err(e) = lock.release().await {
+                    tracing::warn!(key, error = %e, "release after scoped work failed; the ttl will expire the lock");
+                }
+                Ok(out)
+            }
+        }
+    }
+}

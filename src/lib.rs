@@ -1,0 +1,23 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![cfg_attr(not(test), warn(clippy::print_stdout, clippy::print_stderr))]
+
+mod config;
+mod error;
+mod fencing;
+mod guard;
+mod lease;
+mod metrics;
+mod node;
+mod quorum;
+mod redlock;
+mod scripts;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use config::{RedlockBuilder, RestartGuard};
+pub use error::{ArgumentError, ConfigError, Error, LostReason, NodeError, NodeFailure, Result};
+pub use fencing::{FenceGate, FencedWrite, FencingToken, StaleToken, fenced_set};
+pub use guard::Lock;
+pub use lease::LockContext;
+pub use redlock::{KeyState, LockStatus, NodeStatus, Redlock};

@@ -1,0 +1,60 @@
+//! Contention and health metrics through the [`metrics`](https://docs.rs/metrics) facade
+//! (feature `metrics`); without the feature every function here is an empty inline call.
+//!
+//! | name | kind | labels | meaning |
+//! | --- | --- | --- | --- |
+//! | `quorumlock_attempts_total` | counter | | attempt rounds (each fan-out to all nodes) |
+//! | `quorumlock_acquire_total` | counter | `outcome` (`acquired`, `held`, `no_quorum`, `expired`) | finished `acquire`/`try_acquire` calls |
+//! | `quorumlock_acquire_wait_seconds` | histogram | `outcome` | time from the call to its outcome, retries included |
+//! | `quorumlock_node_latency_seconds` | histogram | `node`, `op` | successful node calls |
+//! | `quorumlock_node_errors_total` | counter | `node`, `op`, `kind` (`timeout`, `refused`, `dropped`, `held_out`, `redis`, `bad_reply`) | failed node calls |
+//! | `quorumlock_locks_lost_total` | counter | | held locks whose loss was detected |
+
+use std::time::Duration;
+
+#[cfg(feature = "metrics")]
+mod imp {
+    use super::Duration;
+
+    pub(crate) fn attempt() {
+        metrics::counter!("quorumlock_attempts_total").increment(1);
+    }
+
+    pub(crate) fn acquire(outcome: &'static str, wait: Duration) {
+        metrics::counter!("quorumlock_acquire_total", "outcome" => outcome).increment(1);
+        metrics::histogram!("quorumlock_acquire_wait_seconds", "outcome" => outcome)
+            .record(wait.as_secs_f64());
+    }
+
+    pub(crate) fn node_latency(node: &str, op: &'static str, d: Duration) {
+        metrics::histogram!("quorumlock_node_latency_seconds", "node" => node.to_owned(), "op" => op)
+            .record(d.as_secs_f64());
+    }
+
+    pub(crate) fn node_error(node: &str, op: &'static str, kind: &'static str) {
+        metrics::counter!("quorumlock_node_errors_total", "node" => node.to_owned(), "op" => op, "kind" => kind)
+            .increment(1);
+    }
+
+    pub(crate) fn lock_lost() {
+        metrics::counter!("quorumlock_locks_lost_total").increment(1);
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod imp {
+    use super::Duration;
+
+    #[inline(always)]
+    pub(crate) fn attempt() {}
+    #[inline(always)]
+    pub(crate) fn acquire(_outcome: &'static str, _wait: Duration) {}
+    #[inline(always)]
+    pub(crate) fn node_latency(_node: &str, _op: &'static str, _d: Duration) {}
+    #[inline(always)]
+    pub(crate) fn node_error(_node: &str, _op: &'static str, _kind: &'static str) {}
+    #[inline(always)]
+    pub(crate) fn lock_lost() {}
+}
+
+pub(crate) use imp::*;

@@ -1,0 +1,355 @@
+//! One Redis master: a lazily established, self-healing multiplexed connection, per-call
+//! deadlines, error classification, and the restart guard's view of the node.
+//!
+//! Connecting runs in a spawned task bounded by the connect timeout, so a caller whose per-node
+//! deadline is short can give up waiting without cancelling the connect for the next caller.
+//! A connection is replaced only when it breaks (not on a timeout): while it lives, every call
+//! to a node travels in order on it, so a release always reaches the node after the acquire it
+//! undoes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Value};
+use tokio::time::Instant;
+
+use crate::config::{RedlockBuilder, RestartGuard};
+use crate::error::NodeError;
+use crate::metrics;
+use crate::scripts::{self, ScriptCall};
+
+type Connected = Result<(MultiplexedConnection, u64), NodeError>;
+
+enum Slot {
+    Empty,
+    Connecting(Shared<BoxFuture<'static, Connected>>),
+    Ready(MultiplexedConnection, u64),
+}
+
+#[derive(Default)]
+struct Health {
+    run_id: Option<String>,
+    held_out_until: Option<Instant>,
+}
+
+/// The largest ttl in use: how long a restarted node is held out.
+#[derive(Debug)]
+pub(crate) struct MaxTtl {
+    fixed: Option<Duration>,
+    seen_ms: AtomicU64,
+}
+
+impl MaxTtl {
+    const FLOOR: Duration = Duration::from_secs(1);
+
+    pub(crate) fn new(fixed: Option<Duration>) -> Self {
+        MaxTtl {
+            fixed,
+            seen_ms: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn observe(&self, ttl: Duration) {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.seen_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> Duration {
+        self.fixed.unwrap_or_else(|| {
+            Duration::from_millis(self.seen_ms.load(Ordering::Relaxed)).max(Self::FLOOR)
+        })
+    }
+}
+
+/// Whether a call must skip a node that is held out after a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HoldOut {
+    /// Acquire and extend: a held-out node counts as failed and is not asked.
+    Respect,
+    /// Release and status: always ask.
+    Ignore,
+}
+
+/// One Redis master.
+pub(crate) struct Node {
+    name: String,
+    client: redis::Client,
+    connect_timeout: Duration,
+    guard: RestartGuard,
+    max_ttl: Arc<MaxTtl>,
+    generation: AtomicU64,
+    slot: Mutex<Slot>,
+    health: Mutex<Health>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("name", &self.name).finish()
+    }
+}
+
+impl Node {
+    pub(crate) fn new(
+        name: String,
+        client: redis::Client,
+        cfg: &RedlockBuilder,
+        max_ttl: Arc<MaxTtl>,
+    ) -> Self {
+        Node {
+            name,
+            client,
+            connect_timeout: cfg.connect_timeout,
+            guard: cfg.restart_guard,
+            max_ttl,
+            generation: AtomicU64::new(0),
+            slot: Mutex::new(Slot::Empty),
+            health: Mutex::new(Health::default()),
+        }
+    }
+
+    /// The node's address, password redacted.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How long this node stays out of quorums, if it is held out now.
+    pub(crate) fn held_out(&self) -> Option<Duration> {
+        let mut health = lock(&self.health);
+        let until = health.held_out_until?;
+        let now = Instant::now();
+        if now >= until {
+            health.held_out_until = None;
+            tracing::info!(node = %self.name, "restarted node counts toward quorums again");
+            return None;
+        }
+        Some(until - now)
+    }
+
+    /// Runs one script call, bounded by `deadline`.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Dropping the future may leave the command sent (it then runs on the server); later calls
+    /// on this node still travel after it on the same connection.
+    pub(crate) async fn run(
+        self: Arc<Self>,
+        call: Arc<ScriptCall>,
+        deadline: Instant,
+        hold_out: HoldOut,
+        op: &'static str,
+    ) -> Result<Value, NodeError> {
+        if hold_out == HoldOut::Respect
+            && let Some(remaining) = self.held_out()
+        {
+            return Err(NodeError::HeldOut { remaining });
+        }
+        let start = Instant::now();
+        let result = match tokio::time::timeout_at(deadline, self.run_now(&call)).await {
+            Ok(r) => r,
+            Err(_) => Err(NodeError::Timeout(
+                deadline.saturating_duration_since(start),
+            )),
+        };
+        match &result {
+            Ok(_) => metrics::node_latency(&self.name, op, start.elapsed()),
+            Err(e) => {
+                metrics::node_error(&self.name, op, e.label());
+                tracing::debug!(node = %self.name, op, error = %e, "node call failed");
+            }
+        }
+        result
+    }
+
+    async fn run_now(self: &Arc<Self>, call: &ScriptCall) -> Result<Value, NodeError> {
+        let (mut conn, generation) = self.connection().await?;
+        let reply = match conn.send_packed_command(call.evalsha()).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                conn.send_packed_command(&call.eval()).await
+            }
+            other => other,
+        };
+        reply.map_err(|e| {
+            if e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error() {
+                self.invalidate(generation);
+            }
+            NodeError::from_redis(e)
+        })
+    }
+
+    /// The live connection, or the one being established (started if none is).
+    async fn connection(self: &Arc<Self>) -> Connected {
+        let pending = {
+            let mut slot = lock(&self.slot);
+            match &*slot {
+                Slot::Ready(conn, generation) => return Ok((conn.clone(), *generation)),
+                Slot::Connecting(pending) => pending.clone(),
+                Slot::Empty => {
+                    let pending = self.spawn_connect();
+                    *slot = Slot::Connecting(pending.clone());
+                    pending
+                }
+            }
+        };
+        pending.await
+    }
+
+    fn spawn_connect(self: &Arc<Self>) -> Shared<BoxFuture<'static, Connected>> {
+        let node = Arc::clone(self);
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let task = tokio::spawn(async move {
+            let result = match tokio::time::timeout(node.connect_timeout, node.connect()).await {
+                Ok(Ok(conn)) => Ok((conn, generation)),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(NodeError::Timeout(node.connect_timeout)),
+            };
+            let mut slot = lock(&node.slot);
+            *slot = match &result {
+                Ok((conn, generation)) => Slot::Ready(conn.clone(), *generation),
+                Err(e) => {
+                    tracing::debug!(node = %node.name, error = %e, "connect failed");
+                    Slot::Empty
+                }
+            };
+            result
+        });
+        async move {
+            task.await.unwrap_or_else(|_| {
+                Err(NodeError::BadReply("connect task was cancelled".to_owned()))
+            })
+        }
+        .boxed()
+        .shared()
+    }
+
+    /// Connects, loads every script and reads `run_id` / `uptime_in_seconds` in one round trip.
+    async fn connect(&self) -> Result<MultiplexedConnection, NodeError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(None);
+        let mut conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(NodeError::from_redis)?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("INFO").arg("server");
+        for lua in scripts::all() {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(lua.code()).ignore();
+        }
+        let (info,): (String,) = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(NodeError::from_redis)?;
+        let (run_id, uptime) = parse_info(&info)
+            .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
+        self.observe_start(run_id, uptime);
+        tracing::debug!(node = %self.name, "connected");
+        Ok(conn)
+    }
+
+    /// The restart guard: compares the run id with the last one seen.
+    fn observe_start(&self, run_id: String, uptime: Duration) {
+        let mut health = lock(&self.health);
+        let suspect = match &health.run_id {
+            Some(previous) => *previous != run_id,
+            None => self.guard == RestartGuard::Strict,
+        };
+        let max_ttl = self.max_ttl.get();
+        if self.guard != RestartGuard::Off && suspect && uptime < max_ttl {
+            let remaining = max_ttl - uptime;
+            health.held_out_until = Some(Instant::now() + remaining);
+            tracing::warn!(
+                node = %self.name,
+                uptime_s = uptime.as_secs(),
+                held_out_for = ?remaining,
+                "node (re)started less than the max ttl ago and may have lost lock keys; \
+                 it counts toward no quorum until the max ttl has passed since its start"
+            );
+        }
+        health.run_id = Some(run_id);
+    }
+
+    fn invalidate(&self, generation: u64) {
+        let mut slot = lock(&self.slot);
+        if matches!(&*slot, Slot::Ready(_, g) if *g == generation) {
+            *slot = Slot::Empty;
+            tracing::debug!(node = %self.name, "connection broken; will reconnect");
+        }
+    }
+}
+
+fn parse_info(info: &str) -> Option<(String, Duration)> {
+    let mut run_id = None;
+    let mut uptime = None;
+    for line in info.lines() {
+        if let Some(v) = line.strip_prefix("run_id:") {
+            run_id = Some(v.trim().to_owned());
+        } else if let Some(v) = line.strip_prefix("uptime_in_seconds:") {
+            uptime = v.trim().parse().ok().map(Duration::from_secs);
+        }
+    }
+    Some((run_id?, uptime?))
+}
+
+/// Locks a mutex, recovering from poisoning (the data are plain values, always consistent).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A URL with its password replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &rest[..at];
+    let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+    format!("{}{}:***@{}", &url[..scheme_end + 3], user, &rest[at + 1..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_hides_passwords_only() {
+        assert_eq!(redact("redis://127.0.0.1:7001"), "redis://127.0.0.1:7001");
+        assert_eq!(
+            redact("redis://user:secret@h:1/2"),
+            "redis://user:***@h:1/2"
+        );
+        assert_eq!(redact("rediss://:secret@h:1"), "rediss://:***@h:1");
+        assert_eq!(redact("unix:///tmp/r.sock"), "unix:///tmp/r.sock");
+    }
+
+    #[test]
+    fn info_parsing_finds_run_id_and_uptime() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\n";
+        assert_eq!(
+            parse_info(info),
+            Some(("abc123".to_owned(), Duration::from_secs(42)))
+        );
+        assert_eq!(parse_info("garbage"), None);
+    }
+
+    #[test]
+    fn max_ttl_tracks_the_largest_seen_with_a_floor() {
+        let m = MaxTtl::new(None);
+        assert_eq!(m.get(), Duration::from_secs(1));
+        m.observe(Duration::from_secs(30));
+        m.observe(Duration::from_secs(5));
+        assert_eq!(m.get(), Duration::from_secs(30));
+        assert_eq!(
+            MaxTtl::new(Some(Duration::from_secs(7))).get(),
+            Duration::from_secs(7)
+        );
+    }
+}

@@ -1,0 +1,759 @@
+//! The lock client: fans each operation out to every node at once and decides as soon as the
+//! outcome is certain.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use redis::Value;
+use tokio::time::Instant;
+
+use crate::config::RedlockBuilder;
+use crate::error::{ArgumentError, Error, LostReason, NodeError, NodeFailure};
+use crate::fencing::FencingToken;
+use crate::guard::{Lock, LockState};
+use crate::metrics;
+use crate::node::{HoldOut, MaxTtl, Node};
+use crate::quorum::{self, Answer, Tally, Verdict};
+use crate::scripts::{self, ScriptCall};
+
+/// A Redlock client over N independent Redis masters. Cheap to clone (one `Arc`); clones share
+/// the node connections.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use quorumlock::Redlock;
+///
+/// # async fn run() -> Result<(), quorumlock::Error> {
+/// let locks = Redlock::builder([
+///     "redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003",
+///     "redis://127.0.0.1:7004", "redis://127.0.0.1:7005",
+/// ])
+/// .build()?;
+///
+/// match locks.try_acquire("payout-batch-42", Duration::from_secs(10)).await {
+///     Ok(lock) => {
+///         println!("token {} valid for {:?}", lock.token(), lock.validity());
+///         // ... do the work, stamping writes with lock.token() ...
+///         lock.release().await?;
+///     }
+///     Err(e) if e.is_held() => { /* another instance is doing it: skip quietly */ }
+///     Err(e) => tracing::warn!("lock service degraded: {e}"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Redlock {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) nodes: Vec<Arc<Node>>,
+    pub(crate) cfg: RedlockBuilder,
+    max_ttl: Arc<MaxTtl>,
+}
+
+/// What one node says about a key, from [`Redlock::status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyState {
+    /// The value (owner id) holding the lock there, if any.
+    pub value: Option<String>,
+    /// The key's remaining time to live there, if held.
+    pub ttl: Option<Duration>,
+    /// The node's fencing counter for the key.
+    pub fence: u64,
+}
+
+/// One node's answer in a [`LockStatus`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct NodeStatus {
+    /// The node's address, password redacted.
+    pub node: String,
+    /// Its view of the key, or why it could not be read.
+    pub state: Result<KeyState, NodeError>,
+}
+
+/// Every node's view of one key, from [`Redlock::status`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct LockStatus {
+    /// The user key.
+    pub key: String,
+    /// One entry per configured node, in configuration order.
+    pub nodes: Vec<NodeStatus>,
+    /// The quorum.
+    pub quorum: usize,
+}
+
+impl LockStatus {
+    /// How many nodes answered.
+    pub fn answered(&self) -> usize {
+        self.nodes.iter().filter(|n| n.state.is_ok()).count()
+    }
+
+    /// The value held by at least a quorum of nodes: the current owner, if any.
+    pub fn holder(&self) -> Option<&str> {
+        let values: Vec<&str> = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.state.as_ref().ok()?.value.as_deref())
+            .collect();
+        values
+            .iter()
+            .find(|v| values.iter().filter(|w| w == v).count() >= self.quorum)
+            .copied()
+    }
+
+    /// The highest fencing counter any node reports.
+    pub fn max_fence(&self) -> u64 {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.state.as_ref().ok().map(|s| s.fence))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// How long an acquisition keeps trying.
+#[derive(Debug, Clone, Copy)]
+enum Patience {
+    /// Up to this many attempt rounds.
+    Rounds(u32),
+    /// Until this much time has passed since the call.
+    For(Duration),
+}
+
+type NodeFuture = BoxFuture<'static, (usize, Result<Value, NodeError>)>;
+
+/// A round's outcome: the verdict, the yes-answers (node index, integer reply) and failures.
+struct Round {
+    verdict: Verdict,
+    tally: Tally,
+    yes: Vec<(usize, i64)>,
+    failures: Vec<NodeFailure>,
+    rest: FuturesUnordered<NodeFuture>,
+}
+
+impl Redlock {
+    /// Starts configuring a client for these node URLs: `redis://[user:pass@]host:port[/db]`,
+    /// `rediss://...` (feature `tls`), `unix:///path/to.sock`.
+    pub fn builder<I, S>(urls: I) -> RedlockBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        RedlockBuilder::new(urls)
+    }
+
+    pub(crate) fn from_parts(
+        nodes: Vec<Arc<Node>>,
+        cfg: RedlockBuilder,
+        max_ttl: Arc<MaxTtl>,
+    ) -> Self {
+        Redlock {
+            inner: Arc::new(Inner {
+                nodes,
+                cfg,
+                max_ttl,
+            }),
+        }
+    }
+
+    /// The configured number of nodes.
+    pub fn node_count(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
+    /// The quorum: `nodes / 2 + 1`.
+    pub fn quorum(&self) -> usize {
+        quorum::quorum(self.inner.nodes.len())
+    }
+
+    /// The node addresses (passwords redacted), in configuration order.
+    pub fn node_names(&self) -> Vec<String> {
+        self.inner
+            .nodes
+            .iter()
+            .map(|n| n.name().to_owned())
+            .collect()
+    }
+
+    /// One attempt round, no retries: the lock, or why not at once.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Held`] (another owner), [`Error::NoQuorum`] (too few nodes reachable, each
+    /// failure named), [`Error::ValidityExpired`] (the round took too long), or
+    /// [`Error::InvalidArgument`] (empty key, ttl not above the drift allowance).
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe: if the future is dropped midway, a release of the attempt's value is sent to
+    /// every node in the background (when a tokio runtime is still running), after the acquire
+    /// on each node's connection. Whatever is missed expires with the ttl.
+    pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Lock, Error> {
+        self.acquire_with(key, ttl, Patience::Rounds(1)).await
+    }
+
+    /// Acquires with the configured retries: up to `1 + retry_count` rounds, a random pause
+    /// (`retry_delay + uniform(0, jitter)`) between them.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire), from the last round.
+    ///
+    /// # Cancellation safety
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn acquire(&self, key: &str, ttl: Duration) -> Result<Lock, Error> {
+        let rounds = self.inner.cfg.retry_count.saturating_add(1);
+        self.acquire_with(key, ttl, Patience::Rounds(rounds)).await
+    }
+
+    /// Keeps trying for up to `wait` (rounds separated by the configured random pause), then
+    /// gives up with the last round's error. `wait = 0` makes one round.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire), from the last round.
+    ///
+    /// # Cancellation safety
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn acquire_timeout(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lock, Error> {
+        self.acquire_with(key, ttl, Patience::For(wait)).await
+    }
+
+    async fn acquire_with(
+        &self,
+        key: &str,
+        ttl: Duration,
+        patience: Patience,
+    ) -> Result<Lock, Error> {
+        let drift = self.check(key, ttl)?;
+        self.inner.max_ttl.observe(ttl);
+        let called = Instant::now();
+        let lock_key = scripts::lock_key(key);
+        let fence_key = scripts::fence_key(key);
+        let mut round_no = 0u32;
+        loop {
+            round_no += 1;
+            let value = new_value();
+            // Armed before the first await: a cancelled or failed round is released everywhere.
+            let undo = UndoRelease::arm(self, &lock_key, &value);
+            let result = self
+                .attempt(key, &lock_key, &fence_key, &value, ttl, drift)
+                .await;
+            let err = match result {
+                Ok((token, start, validity)) => {
+                    undo.disarm();
+                    metrics::acquire("acquired", called.elapsed());
+                    let state = LockState::new(
+                        key.to_owned(),
+                        lock_key,
+                        fence_key,
+                        value,
+                        token,
+                        ttl,
+                        start + validity,
+                    );
+                    return Ok(Lock::new(self.clone(), Arc::new(state)));
+                }
+                Err(e) => e,
+            };
+            drop(undo);
+            let delay = quorum::retry_delay(
+                self.inner.cfg.retry_delay,
+                self.inner.cfg.retry_jitter,
+                rand::random::<f64>(),
+            );
+            let give_up = !err.is_retryable()
+                || match patience {
+                    Patience::Rounds(n) => round_no >= n,
+                    Patience::For(wait) => called.elapsed() + delay > wait,
+                };
+            if give_up {
+                metrics::acquire(outcome_label(&err), called.elapsed());
+                return Err(err);
+            }
+            tracing::debug!(key, round = round_no, ?delay, error = %err, "retrying acquisition");
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    fn check(&self, key: &str, ttl: Duration) -> Result<Duration, Error> {
+        if key.is_empty() {
+            return Err(ArgumentError::InvalidKey {
+                key: key.to_owned(),
+                reason: "it is empty",
+            }
+            .into());
+        }
+        if key.starts_with('}') {
+            return Err(ArgumentError::InvalidKey {
+                key: key.to_owned(),
+                reason: "it starts with '}', which breaks the hash tag shared with its fencing counter",
+            }
+            .into());
+        }
+        if ttl.as_millis() > u128::from(u32::MAX) * 1000 {
+            return Err(ArgumentError::TtlTooLong(ttl).into());
+        }
+        let drift = quorum::drift(ttl, self.inner.cfg.drift_factor);
+        if ttl <= drift || ttl.as_millis() == 0 {
+            return Err(ArgumentError::TtlTooShort { ttl, drift }.into());
+        }
+        Ok(drift)
+    }
+
+    /// One attempt round: the acquire script on every node, then (rarely) a raise of the fencing
+    /// counters. Returns the token, the round's start and the validity.
+    async fn attempt(
+        &self,
+        key: &str,
+        lock_key: &str,
+        fence_key: &str,
+        value: &str,
+        ttl: Duration,
+        drift: Duration,
+    ) -> Result<(FencingToken, Instant, Duration), Error> {
+        metrics::attempt();
+        let start = Instant::now();
+        let budget_end = start + quorum::budget(ttl, drift);
+        let deadline = (start + self.inner.cfg.node_timeout).min(budget_end);
+        let ttl_ms = ttl.as_millis().to_string();
+        let call = scripts::ACQUIRE.call(
+            &[lock_key.as_bytes(), fence_key.as_bytes()],
+            &[value.as_bytes(), ttl_ms.as_bytes()],
+        );
+        let round = self
+            .round(Arc::new(call), deadline, HoldOut::Respect, "acquire")
+            .await;
+        drop(round.rest);
+        match round.verdict {
+            Verdict::Quorum => {}
+            Verdict::Refused => {
+                tracing::debug!(
+                    key,
+                    held = round.tally.no(),
+                    failed = round.tally.failed(),
+                    "lock held by another owner"
+                );
+                return Err(self.held(key, &round.tally));
+            }
+            Verdict::Unreachable => {
+                tracing::warn!(key, yes = round.tally.yes(), no = round.tally.no(), failed = round.tally.failed(), failures = ?round.failures, "too few nodes reachable to acquire");
+                return Err(self.no_quorum(key, &round.tally, round.failures));
+            }
+        }
+        let counters: Vec<u64> = round.yes.iter().map(|&(_, c)| c.max(0) as u64).collect();
+        let Some((max, settled)) = quorum::fencing_max(&counters, self.inner.nodes.len()) else {
+            return Err(self.no_quorum(key, &round.tally, round.failures));
+        };
+        if !settled {
+            self.raise_fence(key, lock_key, fence_key, value, max, &round.yes, budget_end)
+                .await?;
+        }
+        let elapsed = start.elapsed();
+        match quorum::validity(ttl, elapsed, drift) {
+            Some(validity) => {
+                tracing::debug!(
+                    key,
+                    token = max,
+                    yes = round.tally.yes(),
+                    no = round.tally.no(),
+                    failed = round.tally.failed(),
+                    ?elapsed,
+                    ?validity,
+                    "lock acquired"
+                );
+                Ok((FencingToken::new(max), start, validity))
+            }
+            None => {
+                tracing::warn!(key, ?elapsed, ?ttl, "quorum reached but no validity left");
+                Err(Error::ValidityExpired {
+                    key: key.to_owned(),
+                    elapsed,
+                    ttl,
+                })
+            }
+        }
+    }
+
+    /// Brings the counters of the yes-nodes below `max` up to it, so that a quorum stands at the
+    /// token (only after different majorities won earlier rounds).
+    #[allow(clippy::too_many_arguments)]
+    async fn raise_fence(
+        &self,
+        key: &str,
+        lock_key: &str,
+        fence_key: &str,
+        value: &str,
+        max: u64,
+        yes: &[(usize, i64)],
+        budget_end: Instant,
+    ) -> Result<(), Error> {
+        let token = max.to_string();
+        let call = Arc::new(scripts::RAISE_FENCE.call(
+            &[lock_key.as_bytes(), fence_key.as_bytes()],
+            &[value.as_bytes(), token.as_bytes()],
+        ));
+        let deadline = (Instant::now() + self.inner.cfg.node_timeout).min(budget_end);
+        let at_max = yes.iter().filter(|&&(_, c)| c.max(0) as u64 == max).count();
+        let raises = yes
+            .iter()
+            .filter(|&&(_, c)| (c.max(0) as u64) < max)
+            .map(|&(i, _)| {
+                let fut = Arc::clone(&self.inner.nodes[i]).run(
+                    Arc::clone(&call),
+                    deadline,
+                    HoldOut::Respect,
+                    "raise",
+                );
+                async move { (i, fut.await) }
+            });
+        let mut raised = 0;
+        let mut failures = Vec::new();
+        for (i, r) in futures::future::join_all(raises).await {
+            match r.and_then(int_reply) {
+                Ok(1) => raised += 1,
+                Ok(_) => {}
+                Err(cause) => failures.push(NodeFailure {
+                    node: self.inner.nodes[i].name().to_owned(),
+                    cause,
+                }),
+            }
+        }
+        tracing::debug!(key, token = max, at_max, raised, "raised fencing counters");
+        if at_max + raised >= self.quorum() {
+            Ok(())
+        } else {
+            tracing::warn!(
+                key,
+                token = max,
+                at_max,
+                raised,
+                "could not bring a quorum to the fencing token"
+            );
+            Err(Error::NoQuorum {
+                key: key.to_owned(),
+                reached: at_max + raised,
+                nodes: self.node_count(),
+                needed: self.quorum(),
+                failures,
+            })
+        }
+    }
+
+    /// Sends `call` to every node at once, each bounded by `deadline`, and returns as soon as the
+    /// verdict is certain. Unanswered calls are handed back in `rest`.
+    async fn round(
+        &self,
+        call: Arc<ScriptCall>,
+        deadline: Instant,
+        hold_out: HoldOut,
+        op: &'static str,
+    ) -> Round {
+        let n = self.inner.nodes.len();
+        let mut rest: FuturesUnordered<NodeFuture> = self
+            .inner
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let fut = Arc::clone(node).run(Arc::clone(&call), deadline, hold_out, op);
+                Box::pin(async move { (i, fut.await) }) as NodeFuture
+            })
+            .collect();
+        let mut tally = Tally::new(n);
+        let mut yes = Vec::with_capacity(n);
+        let mut failures = Vec::new();
+        while let Some((i, reply)) = rest.next().await {
+            match reply.and_then(int_reply) {
+                Ok(v) if v > 0 => {
+                    tally.record(Answer::Yes);
+                    yes.push((i, v));
+                }
+                Ok(_) => tally.record(Answer::No),
+                Err(cause) => {
+                    tally.record(Answer::Failed);
+                    failures.push(NodeFailure {
+                        node: self.inner.nodes[i].name().to_owned(),
+                        cause,
+                    });
+                }
+            }
+            if let Some(verdict) = tally.verdict() {
+                return Round {
+                    verdict,
+                    tally,
+                    yes,
+                    failures,
+                    rest,
+                };
+            }
+        }
+        Round {
+            verdict: tally.final_verdict(),
+            tally,
+            yes,
+            failures,
+            rest,
+        }
+    }
+
+    /// Extends a held lock to `ttl` from now on a quorum; returns the new validity.
+    pub(crate) async fn extend_state(
+        &self,
+        state: &LockState,
+        ttl: Duration,
+    ) -> Result<Duration, Error> {
+        let drift = self.check(state.key(), ttl)?;
+        if state.deadline() <= Instant::now() {
+            return Err(state.lose(LostReason::Expired));
+        }
+        self.inner.max_ttl.observe(ttl);
+        let start = Instant::now();
+        let budget_end = start + quorum::budget(ttl, drift);
+        let deadline = (start + self.inner.cfg.node_timeout).min(budget_end);
+        let ttl_ms = ttl.as_millis().to_string();
+        let token = state.token().get().to_string();
+        let call = scripts::EXTEND.call(
+            &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
+            &[
+                state.value().as_bytes(),
+                ttl_ms.as_bytes(),
+                token.as_bytes(),
+            ],
+        );
+        let round = self
+            .round(Arc::new(call), deadline, HoldOut::Respect, "extend")
+            .await;
+        drop(round.rest);
+        let key = state.key();
+        match round.verdict {
+            Verdict::Quorum => {
+                let elapsed = start.elapsed();
+                match quorum::validity(ttl, elapsed, drift) {
+                    Some(validity) => {
+                        state.set_deadline(start + validity);
+                        tracing::debug!(key, ?validity, yes = round.tally.yes(), "lock extended");
+                        Ok(validity)
+                    }
+                    None => Err(Error::ValidityExpired {
+                        key: key.to_owned(),
+                        elapsed,
+                        ttl,
+                    }),
+                }
+            }
+            Verdict::Refused => {
+                let reason = LostReason::NotOwner {
+                    owned: round.tally.yes(),
+                    needed: self.quorum(),
+                };
+                tracing::warn!(key, %reason, "lock lost: a quorum no longer holds our value");
+                Err(state.lose(reason))
+            }
+            Verdict::Unreachable => {
+                tracing::warn!(key, failures = ?round.failures, "extension could not reach a quorum");
+                Err(self.no_quorum(key, &round.tally, round.failures))
+            }
+        }
+    }
+
+    /// Releases a held lock on every node; returns once a quorum has answered (the remaining
+    /// releases finish in the background).
+    pub(crate) async fn release_state(&self, state: &LockState) -> Result<(), Error> {
+        let call =
+            scripts::RELEASE.call(&[state.lock_key().as_bytes()], &[state.value().as_bytes()]);
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let round = self
+            .round(Arc::new(call), deadline, HoldOut::Ignore, "release")
+            .await;
+        if !round.rest.is_empty() {
+            tokio::spawn(round.rest.for_each(|_| async {}));
+        }
+        let key = state.key();
+        match round.verdict {
+            Verdict::Quorum => {
+                tracing::debug!(key, released = round.tally.yes(), "lock released");
+                Ok(())
+            }
+            Verdict::Refused => {
+                let reason = LostReason::NotOwner {
+                    owned: round.tally.yes(),
+                    needed: self.quorum(),
+                };
+                tracing::warn!(key, %reason, "released a lock that was already lost");
+                Err(state.lose(reason))
+            }
+            Verdict::Unreachable => Err(self.no_quorum(key, &round.tally, round.failures)),
+        }
+    }
+
+    /// Sends a release of `value` to every node in the background (failed rounds, cancelled
+    /// acquisitions, dropped guards). Needs a running tokio runtime; without one, the ttl cleans
+    /// up.
+    pub(crate) fn spawn_release(&self, lock_key: &str, value: &str) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(
+                lock_key,
+                "no runtime to release in; the ttl will expire the key"
+            );
+            return;
+        };
+        let call = Arc::new(scripts::RELEASE.call(&[lock_key.as_bytes()], &[value.as_bytes()]));
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let calls: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .map(|n| Arc::clone(n).run(Arc::clone(&call), deadline, HoldOut::Ignore, "release"))
+            .collect();
+        handle.spawn(calls.for_each(|_| async {}));
+    }
+
+    /// Every node's view of `key`: value, remaining ttl and fencing counter. Waits for every node
+    /// (each bounded by the node timeout).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an invalid key; node failures are reported per node.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn status(&self, key: &str) -> Result<LockStatus, Error> {
+        self.check(key, Duration::from_secs(1))?;
+        let (lock_key, fence_key) = (scripts::lock_key(key), scripts::fence_key(key));
+        let call =
+            Arc::new(scripts::STATUS.call(&[lock_key.as_bytes(), fence_key.as_bytes()], &[]));
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let replies =
+            futures::future::join_all(self.inner.nodes.iter().map(|n| {
+                Arc::clone(n).run(Arc::clone(&call), deadline, HoldOut::Ignore, "status")
+            }))
+            .await;
+        let nodes = self
+            .inner
+            .nodes
+            .iter()
+            .zip(replies)
+            .map(|(n, r)| NodeStatus {
+                node: n.name().to_owned(),
+                state: r.and_then(parse_status),
+            })
+            .collect();
+        Ok(LockStatus {
+            key: key.to_owned(),
+            nodes,
+            quorum: self.quorum(),
+        })
+    }
+
+    fn held(&self, key: &str, tally: &Tally) -> Error {
+        Error::Held {
+            key: key.to_owned(),
+            held: tally.no(),
+            nodes: self.node_count(),
+            needed: self.quorum(),
+        }
+    }
+
+    fn no_quorum(&self, key: &str, tally: &Tally, failures: Vec<NodeFailure>) -> Error {
+        Error::NoQuorum {
+            key: key.to_owned(),
+            reached: tally.reached(),
+            nodes: self.node_count(),
+            needed: self.quorum(),
+            failures,
+        }
+    }
+}
+
+/// Releases an attempt's value everywhere when dropped, unless disarmed: covers both a failed
+/// round and a caller that drops the acquire future midway.
+struct UndoRelease<'a> {
+    client: &'a Redlock,
+    lock_key: &'a str,
+    value: &'a str,
+    armed: bool,
+}
+
+impl<'a> UndoRelease<'a> {
+    fn arm(client: &'a Redlock, lock_key: &'a str, value: &'a str) -> Self {
+        UndoRelease {
+            client,
+            lock_key,
+            value,
+            armed: true,
+        }
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for UndoRelease<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.client.spawn_release(self.lock_key, self.value);
+        }
+    }
+}
+
+/// A fresh 128-bit random owner value, as 32 hex digits.
+fn new_value() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+fn int_reply(v: Value) -> Result<i64, NodeError> {
+    match v {
+        Value::Int(i) => Ok(i),
+        other => Err(NodeError::BadReply(format!("{other:?}"))),
+    }
+}
+
+fn parse_status(v: Value) -> Result<KeyState, NodeError> {
+    let bad = |v: &Value| NodeError::BadReply(format!("{v:?}"));
+    let Value::Array(items) = &v else {
+        return Err(bad(&v));
+    };
+    let [value, pttl, fence] = items.as_slice() else {
+        return Err(bad(&v));
+    };
+    let value = match value {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::Nil => None,
+        _ => return Err(bad(&v)),
+    };
+    let (Value::Int(pttl), Value::Int(fence)) = (pttl, fence) else {
+        return Err(bad(&v));
+    };
+    Ok(KeyState {
+        value,
+        ttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+        fence: u64::try_from(*fence).unwrap_or(0),
+    })
+}
+
+fn outcome_label(e: &Error) -> &'static str {
+    match e {
+        Error::Held { .. } => "held",
+        Error::NoQuorum { .. } => "no_quorum",
+        Error::ValidityExpired { .. } => "expired",
+        _ => "error",
+    }
+}

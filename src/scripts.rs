@@ -1,0 +1,243 @@
+//! All the Lua the library runs, each script documented with its KEYS, ARGV and reply.
+//!
+//! Scripts are sent with `EVALSHA`; every new connection loads them first (`SCRIPT LOAD`, see
+//! `node.rs`), and a `NOSCRIPT` reply (someone ran `SCRIPT FLUSH`) falls back to `EVAL` with the
+//! full body on the same connection, so ordering between our own calls is kept.
+//!
+//! Key layout for a user key `K`: the lock is `quorumlock:{K}` and its fencing counter
+//! `quorumlock:{K}:fence`. Both share the hash tag, so they live in the same Redis Cluster slot.
+
+use std::sync::LazyLock;
+
+use redis::{Cmd, Script};
+
+/// A Lua script with its body (for the `EVAL` fallback) and its SHA1 (for `EVALSHA`).
+#[derive(Debug)]
+pub(crate) struct Lua {
+    code: &'static str,
+    script: Script,
+}
+
+impl Lua {
+    fn new(code: &'static str) -> Self {
+        Lua {
+            code,
+            script: Script::new(code),
+        }
+    }
+
+    pub(crate) fn code(&self) -> &'static str {
+        self.code
+    }
+
+    pub(crate) fn script(&self) -> &Script {
+        &self.script
+    }
+
+    /// Builds the invocation once; the same call is sent to every node.
+    pub(crate) fn call(&'static self, keys: &[&[u8]], args: &[&[u8]]) -> ScriptCall {
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(self.script.get_hash()).arg(keys.len());
+        for k in keys {
+            evalsha.arg(*k);
+        }
+        for a in args {
+            evalsha.arg(*a);
+        }
+        ScriptCall {
+            lua: self,
+            evalsha,
+            keys: keys.iter().map(|k| k.to_vec()).collect(),
+            args: args.iter().map(|a| a.to_vec()).collect(),
+        }
+    }
+}
+
+/// A ready-to-send script invocation.
+#[derive(Debug)]
+pub(crate) struct ScriptCall {
+    lua: &'static Lua,
+    evalsha: Cmd,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl ScriptCall {
+    pub(crate) fn evalsha(&self) -> &Cmd {
+        &self.evalsha
+    }
+
+    /// The `EVAL` form, used only after a `NOSCRIPT` reply.
+    pub(crate) fn eval(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.lua.code).arg(self.keys.len());
+        for k in &self.keys {
+            cmd.arg(k.as_slice());
+        }
+        for a in &self.args {
+            cmd.arg(a.as_slice());
+        }
+        cmd
+    }
+}
+
+/// Every script, for loading on connect.
+pub(crate) fn all() -> [&'static Lua; 6] {
+    [
+        &ACQUIRE,
+        &RAISE_FENCE,
+        &EXTEND,
+        &RELEASE,
+        &STATUS,
+        &FENCED_WRITE,
+    ]
+}
+
+/// The lock key for a user key.
+pub(crate) fn lock_key(key: &str) -> String {
+    format!("quorumlock:{{{key}}}")
+}
+
+/// The fencing counter key for a user key (same hash slot as the lock key).
+pub(crate) fn fence_key(key: &str) -> String {
+    format!("quorumlock:{{{key}}}:fence")
+}
+
+/// Acquire and fence in one atomic step.
+///
+/// - KEYS[1]: lock key, KEYS[2]: fencing counter (never expires)
+/// - ARGV[1]: our unique value, ARGV[2]: ttl in milliseconds
+/// - Reply: the counter after `INCR` (>= 1) when the key was set, `0` when another value holds it.
+pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', KEYS[2])
+end
+return 0
+"#,
+    )
+});
+
+/// Raise a node's fencing counter to the round's token, only while we still own the key there.
+///
+/// - KEYS[1]: lock key, KEYS[2]: fencing counter
+/// - ARGV[1]: our value, ARGV[2]: the token
+/// - Reply: `1` when the counter now stands at or above the token, `0` when the key is not ours.
+pub(crate) static RAISE_FENCE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local c = tonumber(redis.call('GET', KEYS[2]) or '0')
+if c < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+return 1
+"#,
+    )
+});
+
+/// Extend our lock; re-set it where it vanished (a node restarted empty), and keep that node's
+/// fencing counter at or above our token.
+///
+/// - KEYS[1]: lock key, KEYS[2]: fencing counter
+/// - ARGV[1]: our value, ARGV[2]: new ttl in milliseconds, ARGV[3]: our token
+/// - Reply: `1` extended, `2` re-set on a node that had lost the key, `0` another value holds it.
+pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+local v = redis.call('GET', KEYS[1])
+local r = 1
+if v == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+elseif v == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  r = 2
+else
+  return 0
+end
+local c = tonumber(redis.call('GET', KEYS[2]) or '0')
+if c < tonumber(ARGV[3]) then
+  redis.call('SET', KEYS[2], ARGV[3])
+end
+return r
+"#,
+    )
+});
+
+/// Release our lock.
+///
+/// - KEYS[1]: lock key
+/// - ARGV[1]: our value
+/// - Reply: `1` deleted, `0` the key is gone or holds another value (left alone).
+pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#,
+    )
+});
+
+/// Read a lock's state on one node.
+///
+/// - KEYS[1]: lock key, KEYS[2]: fencing counter
+/// - Reply: `{value or false, pttl (-2 when absent), counter}`.
+pub(crate) static STATUS: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0')}
+"#,
+    )
+});
+
+/// The resource-side fencing check for data kept in Redis: write only if the token is newer than
+/// every token seen before.
+///
+/// - KEYS[1]: the resource's "highest token seen" key, KEYS[2]: the data key
+/// - ARGV[1]: the writer's token, ARGV[2]: the value to write
+/// - Reply: `{1, token}` written (the token is at least the highest seen, so one holder may write
+///   many times); `{0, highest}` rejected as stale, with the highest token seen.
+pub(crate) static FENCED_WRITE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+local seen = tonumber(redis.call('GET', KEYS[1]) or '0')
+local token = tonumber(ARGV[1])
+if token < seen then
+  return {0, seen}
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2])
+return {1, token}
+"#,
+    )
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_and_fence_keys_share_a_hash_tag_even_with_braces_in_the_key() {
+        for key in ["job", "a}b", "{x}", "x{}", "a{b}c"] {
+            let (l, f) = (lock_key(key), fence_key(key));
+            assert!(f.starts_with(&l), "{l} / {f}");
+            assert_eq!(hash_tag(&l), hash_tag(&f), "{key}");
+        }
+    }
+
+    /// Redis Cluster's rule: the part between the first `{` and the next `}` if non-empty.
+    fn hash_tag(k: &str) -> &str {
+        if let Some(open) = k.find('{')
+            && let Some(close) = k[open + 1..].find('}')
+            && close > 0
+        {
+            return &k[open + 1..open + 1 + close];
+        }
+        k
+    }
+}

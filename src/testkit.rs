@@ -1,0 +1,434 @@
+//! Throwaway local `redis-server` processes (feature `testkit`): what the tests, the benchmarks
+//! and `redlock demo` run against. Each server gets a free loopback port, its own temporary
+//! directory and log file, and no persistence unless asked; it can be killed (SIGKILL), paused
+//! (SIGSTOP), resumed and restarted on the same port. Dropping a server kills it and waits for
+//! it, so a panicking test leaves nothing behind.
+//!
+//! The binary is `redis-server` from `PATH`, or the path in `REDIS_SERVER_BIN`.
+//!
+//! ```no_run
+//! use quorumlock::testkit::LocalCluster;
+//! let mut cluster = LocalCluster::start(5)?;
+//! let urls = cluster.urls();
+//! cluster.pause(0)?; // a hung master
+//! cluster.kill(1)?;  // a dead one
+//! cluster.restart(1)?; // back, empty
+//! # Ok::<(), quorumlock::testkit::TestkitError>(())
+//! ```
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// How long a server may take to answer its first PING.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many fresh ports a start tries before giving up (the free-port check can race).
+const PORT_TRIES: usize = 5;
+
+/// Why the harness could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TestkitError {
+    /// `redis-server` is not installed.
+    #[error(
+        "redis-server not found ({bin}): install it with `sudo apt-get install -y redis-server` \
+         (Debian/Ubuntu), or point REDIS_SERVER_BIN at the binary"
+    )]
+    NotInstalled {
+        /// The binary that was tried.
+        bin: String,
+    },
+    /// The server did not become ready.
+    #[error("redis-server on port {port} did not start: {reason}; its log:\n{log}")]
+    NotReady {
+        /// The port.
+        port: u16,
+        /// What went wrong.
+        reason: String,
+        /// The server's log file.
+        log: String,
+    },
+    /// An index beyond the cluster's size.
+    #[error("no node {0} in this cluster")]
+    NoSuchNode(usize),
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> TestkitError {
+    let what = what.into();
+    move |source| TestkitError::Io { what, source }
+}
+
+/// How servers are started.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct ServerOptions {
+    /// Persist with an append-only file fsynced on every write (`appendfsync always`), so a
+    /// restart keeps the lock keys and fencing counters.
+    pub aof_always: bool,
+}
+
+impl ServerOptions {
+    /// No persistence (the default).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With `appendonly yes` and `appendfsync always`.
+    pub fn aof_always(mut self) -> Self {
+        self.aof_always = true;
+        self
+    }
+}
+
+/// One `redis-server` child process.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    options: ServerOptions,
+}
+
+impl RedisServer {
+    /// Starts a server on a free loopback port and waits until it answers PING.
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::NotInstalled`] when there is no `redis-server`; [`TestkitError::NotReady`]
+    /// (with the server's log) when it does not come up.
+    pub fn start(options: &ServerOptions) -> Result<Self, TestkitError> {
+        let mut last = None;
+        for _ in 0..PORT_TRIES {
+            let dir = tempfile::Builder::new()
+                .prefix("quorumlock-redis-")
+                .tempdir()
+                .map_err(io("create a temporary directory"))?;
+            let mut server = RedisServer {
+                port: free_port()?,
+                dir,
+                child: None,
+                options: options.clone(),
+            };
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(e @ TestkitError::NotReady { .. }) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| TestkitError::Io {
+            what: "start redis-server".to_owned(),
+            source: std::io::Error::other("no port tried"),
+        }))
+    }
+
+    fn spawn(&mut self) -> Result<(), TestkitError> {
+        let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned());
+        let dir = self.dir.path();
+        let mut cmd = Command::new(&bin);
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--protected-mode", "no"])
+            .args(["--save", ""])
+            .arg("--dir")
+            .arg(dir)
+            .arg("--logfile")
+            .arg(self.log_path())
+            .args(["--daemonize", "no"]);
+        if self.options.aof_always {
+            cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
+        } else {
+            cmd.args(["--appendonly", "no"]);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd.spawn().map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                TestkitError::NotInstalled { bin: bin.clone() }
+            } else {
+                TestkitError::Io {
+                    what: format!("spawn {bin}"),
+                    source: e,
+                }
+            }
+        })?;
+        self.child = Some(child);
+        self.wait_ready()
+    }
+
+    fn wait_ready(&mut self) -> Result<(), TestkitError> {
+        let start = Instant::now();
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                self.child = None;
+                return Err(self.not_ready(format!("exited with {status}")));
+            }
+            if ping(addr) {
+                return Ok(());
+            }
+            if start.elapsed() > READY_TIMEOUT {
+                self.stop();
+                return Err(self.not_ready(format!("no PONG within {READY_TIMEOUT:?}")));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn not_ready(&self, reason: String) -> TestkitError {
+        TestkitError::NotReady {
+            port: self.port,
+            reason,
+            log: self.log(),
+        }
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The port it listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process is running (possibly paused).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// SIGKILL, then wait for the process. A no-op when not running.
+    pub fn kill(&mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOP: the server keeps its port and connections but answers nothing.
+    ///
+    /// # Errors
+    ///
+    /// When the process is not running or the signal fails.
+    pub fn pause(&mut self) -> Result<(), TestkitError> {
+        self.signal(Signal::SIGSTOP)
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    ///
+    /// # Errors
+    ///
+    /// When the process is not running or the signal fails.
+    pub fn resume(&mut self) -> Result<(), TestkitError> {
+        self.signal(Signal::SIGCONT)
+    }
+
+    fn signal(&mut self, sig: Signal) -> Result<(), TestkitError> {
+        let pid = self.pid().ok_or_else(|| TestkitError::Io {
+            what: format!("signal {sig} to the server on port {}", self.port),
+            source: std::io::Error::other("not running"),
+        })?;
+        let pid = Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
+        kill(pid, sig).map_err(|e| TestkitError::Io {
+            what: format!("signal {sig} to the server on port {}", self.port),
+            source: std::io::Error::from(e),
+        })
+    }
+
+    /// Kills the server (if running) and starts it again on the same port with the same data
+    /// directory: empty without persistence, with its keys under [`ServerOptions::aof_always`].
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn restart(&mut self) -> Result<(), TestkitError> {
+        self.stop();
+        self.spawn()
+    }
+
+    /// Kills the server and starts it again on the same port with its data files deleted.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn restart_empty(&mut self) -> Result<(), TestkitError> {
+        self.stop();
+        for entry in std::fs::read_dir(self.dir.path()).map_err(io("read the data directory"))? {
+            let path = entry.map_err(io("read the data directory"))?.path();
+            if path.file_name().is_some_and(|n| n != "redis.log") {
+                let _ = if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+            }
+        }
+        self.spawn()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// N independent local masters.
+#[derive(Debug)]
+pub struct LocalCluster {
+    servers: Vec<RedisServer>,
+}
+
+impl LocalCluster {
+    /// Starts `n` servers without persistence.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::start`]; servers already started are stopped.
+    pub fn start(n: usize) -> Result<Self, TestkitError> {
+        Self::start_with(n, &ServerOptions::default())
+    }
+
+    /// Starts `n` servers with these options.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::start`]; servers already started are stopped.
+    pub fn start_with(n: usize, options: &ServerOptions) -> Result<Self, TestkitError> {
+        let servers = (0..n)
+            .map(|_| RedisServer::start(options))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(LocalCluster { servers })
+    }
+
+    /// How many servers.
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// True for a cluster of none.
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    /// Every server's URL, in order.
+    pub fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(RedisServer::url).collect()
+    }
+
+    /// Server `i`.
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::NoSuchNode`].
+    pub fn server(&mut self, i: usize) -> Result<&mut RedisServer, TestkitError> {
+        self.servers.get_mut(i).ok_or(TestkitError::NoSuchNode(i))
+    }
+
+    /// Server `i`, read-only.
+    pub fn get(&self, i: usize) -> Option<&RedisServer> {
+        self.servers.get(i)
+    }
+
+    /// SIGKILL server `i`.
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::NoSuchNode`].
+    pub fn kill(&mut self, i: usize) -> Result<(), TestkitError> {
+        self.server(i)?.kill();
+        Ok(())
+    }
+
+    /// SIGSTOP server `i`.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::pause`].
+    pub fn pause(&mut self, i: usize) -> Result<(), TestkitError> {
+        self.server(i)?.pause()
+    }
+
+    /// SIGCONT server `i`.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::resume`].
+    pub fn resume(&mut self, i: usize) -> Result<(), TestkitError> {
+        self.server(i)?.resume()
+    }
+
+    /// Restart server `i` on its port (empty unless it persists).
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::restart`].
+    pub fn restart(&mut self, i: usize) -> Result<(), TestkitError> {
+        self.server(i)?.restart()
+    }
+
+    /// Restart server `i` on its port with its data deleted.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::restart_empty`].
+    pub fn restart_empty(&mut self, i: usize) -> Result<(), TestkitError> {
+        self.server(i)?.restart_empty()
+    }
+}
+
+fn free_port() -> Result<u16, TestkitError> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io("bind a free port"))?;
+    let port = listener
+        .local_addr()
+        .map_err(io("read the bound port"))?
+        .port();
+    Ok(port)
+}
+
+fn ping(addr: SocketAddr) -> bool {
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 7];
+    stream.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}

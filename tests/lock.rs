@@ -1,0 +1,541 @@
+//! The Redlock core against real redis-server processes: acquire, release, contention, node
+//! failures, early decisions, cleanup of partial and late acquisitions, extension.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use quorumlock::{ConfigError, Error, LostReason, NodeError, Redlock};
+use support::*;
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn t10_acquire_sets_the_key_on_every_node_and_release_frees_it_at_once() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = client(&cluster);
+
+    let lock = locks.try_acquire("job", TTL).await.expect("acquire");
+    assert_eq!(lock.key(), "job");
+    assert!(lock.validity() > Duration::from_secs(9) && lock.validity() <= TTL);
+    assert!(lock.token().get() >= 1);
+    // acquire returns at the quorum; the other nodes' answers may still be in flight.
+    assert!(holders(&urls, "job") >= 3, "a quorum holds the key");
+
+    lock.release().await.expect("release");
+    // A quorum is released before release() returns; the rest follow in the background.
+    assert!(holders(&urls, "job") <= 2);
+    wait_until(WAIT, "key gone from every node", || async {
+        holders(&urls, "job") == 0
+    })
+    .await;
+    let again = locks
+        .try_acquire("job", TTL)
+        .await
+        .expect("free at once after release");
+    again.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn t11_second_acquirer_is_told_held_by_another_owner() {
+    let cluster = cluster(5);
+    let a = client(&cluster);
+    let b = client(&cluster);
+    let lock = a.try_acquire("job", TTL).await.unwrap();
+
+    let err = b.try_acquire("job", TTL).await.unwrap_err();
+    assert!(err.is_held(), "{err}");
+    assert!(!err.is_no_quorum());
+    match &err {
+        Error::Held { held, needed, .. } => {
+            assert!(*held >= 3);
+            assert_eq!(*needed, 3);
+        }
+        other => panic!("{other}"),
+    }
+    // With retries it is still "held", never "unreachable".
+    assert!(b.acquire("job", TTL).await.unwrap_err().is_held());
+    lock.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn t12_two_of_five_killed_still_acquires() {
+    let mut cluster = cluster(5);
+    cluster.kill(0).unwrap();
+    cluster.kill(3).unwrap();
+    let locks = client(&cluster);
+    let lock = locks
+        .try_acquire("job", TTL)
+        .await
+        .expect("3 of 5 is a quorum");
+    lock.release().await.expect("release on the 3 live nodes");
+}
+
+#[tokio::test]
+async fn t13_three_of_five_killed_fails_with_too_few_nodes_naming_each() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    for i in [0, 2, 4] {
+        cluster.kill(i).unwrap();
+    }
+    let locks = client(&cluster);
+    let start = Instant::now();
+    let err = locks.acquire("job", TTL).await.unwrap_err();
+    let took = start.elapsed();
+    let Error::NoQuorum {
+        needed, failures, ..
+    } = &err
+    else {
+        panic!("expected NoQuorum, got {err}");
+    };
+    assert_eq!(*needed, 3);
+    let mut failed: Vec<&str> = failures.iter().map(|f| f.node.as_str()).collect();
+    failed.sort();
+    let mut dead = vec![urls[0].as_str(), urls[2].as_str(), urls[4].as_str()];
+    dead.sort();
+    assert_eq!(failed, dead);
+    assert!(
+        failures
+            .iter()
+            .all(|f| matches!(f.cause, NodeError::Refused(_) | NodeError::Dropped(_))),
+        "{err}"
+    );
+    // 4 rounds of refused connections and short pauses: nowhere near a timeout.
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("too few nodes reachable") && msg.contains(&urls[2]),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn t14_paused_nodes_do_not_slow_a_success() {
+    let mut cluster = cluster(5);
+    // A per-node timeout far above what a success may take proves we do not wait for it.
+    let slow = Duration::from_secs(5);
+    let locks = builder(&cluster).node_timeout(slow).build().unwrap();
+    // Connect everywhere first, so the pauses hit live connections.
+    locks
+        .try_acquire("warm", TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    cluster.pause(1).unwrap();
+    let start = Instant::now();
+    let lock = locks.try_acquire("job", TTL).await.expect("4 of 5 answer");
+    lock.release()
+        .await
+        .expect("release with a quorum of answers");
+    let one = start.elapsed();
+
+    cluster.pause(3).unwrap();
+    let start = Instant::now();
+    let lock = locks.try_acquire("job2", TTL).await.expect("3 of 5 answer");
+    lock.release().await.unwrap();
+    let two = start.elapsed();
+
+    cluster.resume(1).unwrap();
+    cluster.resume(3).unwrap();
+    assert!(one < slow / 4, "one hung node cost {one:?}");
+    assert!(two < slow / 4, "two hung nodes cost {two:?}");
+}
+
+#[tokio::test]
+async fn t15_a_failed_attempt_leaves_no_key_even_from_late_answers() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = builder(&cluster).build().unwrap();
+    locks
+        .try_acquire("warm", TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    // Another owner holds nodes 0..3; node 4 is hung and will answer "yes" late.
+    for url in &urls[..3] {
+        set_foreign(url, "job", "someone-else", TTL);
+    }
+    cluster.pause(4).unwrap();
+    let err = locks.try_acquire("job", TTL).await.unwrap_err();
+    assert!(err.is_held(), "{err}");
+    // Node 3 said yes and must have been cleaned up.
+    wait_until(WAIT, "node 3 released", || async {
+        value_on(&urls[3], "job").is_none()
+    })
+    .await;
+    // Node 4 wakes up, runs the queued acquire, then the queued release after it.
+    cluster.resume(4).unwrap();
+    wait_until(WAIT, "late yes on node 4 released", || async {
+        value_on(&urls[4], "job").is_none()
+    })
+    .await;
+    for url in &urls[..3] {
+        assert_eq!(value_on(url, "job").as_deref(), Some("someone-else"));
+    }
+}
+
+#[tokio::test]
+async fn t16_a_cancelled_acquire_leaves_no_partial_lock() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = builder(&cluster)
+        .node_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    locks
+        .try_acquire("warm", TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    // Three hung nodes: the two live ones say yes, then the round waits on the others.
+    for i in [0, 1, 2] {
+        cluster.pause(i).unwrap();
+    }
+    let attempt =
+        tokio::time::timeout(Duration::from_millis(300), locks.try_acquire("job", TTL)).await;
+    assert!(attempt.is_err(), "the caller gave up first");
+    wait_until(WAIT, "partial lock on the live nodes released", || async {
+        value_on(&urls[3], "job").is_none() && value_on(&urls[4], "job").is_none()
+    })
+    .await;
+    for i in [0, 1, 2] {
+        cluster.resume(i).unwrap();
+    }
+    wait_until(
+        WAIT,
+        "late acquisitions on the woken nodes released",
+        || async { holders(&urls, "job") == 0 },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn t17_stale_handle_cannot_release_the_new_owner() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let a = client(&cluster);
+    let b = client(&cluster);
+    // Connect b everywhere first: a round that wins while a node is still connecting does not
+    // send to that node (a lock needs only a quorum).
+    b.try_acquire("warm", TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let stale = a
+        .try_acquire("job", Duration::from_millis(300))
+        .await
+        .unwrap();
+    tokio::time::timeout(WAIT, stale.lost())
+        .await
+        .expect("deadline passes");
+    assert!(stale.is_lost());
+    wait_until(WAIT, "the key expires on the nodes", || async {
+        holders(&urls, "job") == 0
+    })
+    .await;
+
+    let fresh = b.try_acquire("job", TTL).await.expect("free after expiry");
+    assert!(fresh.token() > stale.token());
+    wait_until(
+        WAIT,
+        "the new owner's acquire reached every node",
+        || async { holders(&urls, "job") == 5 },
+    )
+    .await;
+    let err = stale.release().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Lost {
+                reason: LostReason::NotOwner { owned: 0, .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(holders(&urls, "job"), 5, "the new owner's key survived");
+    fresh.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn t18_extend_prolongs_the_lock_and_fails_once_it_is_gone() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = client(&cluster);
+    let lock = locks
+        .try_acquire("job", Duration::from_secs(2))
+        .await
+        .unwrap();
+    let validity = lock.extend(Duration::from_secs(20)).await.expect("extend");
+    assert!(validity > Duration::from_secs(19), "{validity:?}");
+    assert!(lock.validity() > Duration::from_secs(19));
+
+    // Too few nodes: the extension cannot reach a quorum, the lock keeps its deadline.
+    for i in [0, 1, 2] {
+        cluster.kill(i).unwrap();
+    }
+    let err = lock.extend(Duration::from_secs(20)).await.unwrap_err();
+    assert!(err.is_no_quorum(), "{err}");
+    assert!(!lock.is_lost());
+    for i in [0, 1, 2] {
+        cluster.restart(i).unwrap();
+    }
+
+    // Another owner took the key where it vanished: a quorum no longer holds our value.
+    for url in &urls[..3] {
+        set_foreign(url, "job", "thief", Duration::from_secs(20));
+    }
+    let locks2 = builder(&cluster)
+        .restart_guard(quorumlock::RestartGuard::Off)
+        .build()
+        .unwrap();
+    let lock2 = locks2
+        .try_acquire("job-b", Duration::from_secs(2))
+        .await
+        .unwrap();
+    for url in &urls[..3] {
+        set_foreign(url, "job-b", "thief", Duration::from_secs(20));
+    }
+    let err = lock2.extend(Duration::from_secs(20)).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Lost {
+                reason: LostReason::NotOwner { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(lock2.is_lost());
+    tokio::time::timeout(WAIT, lock2.lost())
+        .await
+        .expect("lost signal already fired");
+    drop(lock);
+}
+
+#[tokio::test]
+async fn t19_extend_re_sets_the_key_on_a_node_that_lost_it() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = client(&cluster);
+    let lock = locks.try_acquire("job", TTL).await.unwrap();
+    wait_until(WAIT, "the acquire reached every node", || async {
+        holders(&urls, "job") == 5
+    })
+    .await;
+    let _: () = redis::cmd("DEL")
+        .arg(lock_key("job"))
+        .query(
+            &mut redis::Client::open(urls[0].as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap(),
+        )
+        .unwrap();
+    lock.extend(TTL).await.unwrap();
+    assert_eq!(holders(&urls, "job"), 5);
+    lock.release().await.unwrap();
+}
+
+/// Mutual exclusion under contention: 8 tasks x 20 acquisitions of one key; no two critical
+/// sections overlap (checked live with a counter and afterwards from recorded intervals), and
+/// tokens grow with every acquisition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t20_contention_never_overlaps_and_tokens_grow() {
+    let cluster = cluster(5);
+    let locks = client(&cluster);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let record = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (locks, inside, record) = (locks.clone(), inside.clone(), record.clone());
+            tokio::spawn(async move {
+                for _ in 0..20 {
+                    let lock = locks
+                        .acquire_timeout("hot", Duration::from_secs(5), Duration::from_secs(60))
+                        .await
+                        .expect("acquire within the wait");
+                    let start = Instant::now();
+                    assert_eq!(
+                        inside.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two holders at once"
+                    );
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    let end = Instant::now();
+                    assert!(!lock.is_lost());
+                    record.lock().unwrap().push((start, end, lock.token()));
+                    lock.release().await.expect("release");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let mut intervals = record.lock().unwrap().clone();
+    assert_eq!(intervals.len(), 160);
+    intervals.sort_by_key(|&(start, _, _)| start);
+    for w in intervals.windows(2) {
+        assert!(w[0].1 <= w[1].0, "critical sections overlap");
+        assert!(
+            w[0].2 < w[1].2,
+            "token did not grow: {} then {}",
+            w[0].2,
+            w[1].2
+        );
+    }
+}
+
+#[tokio::test]
+async fn t30_building_needs_no_live_node_and_rejects_bad_config() {
+    // Nothing listens on these ports: building still succeeds.
+    let locks = Redlock::builder([
+        "redis://127.0.0.1:1",
+        "redis://127.0.0.1:2",
+        "redis://127.0.0.1:3",
+    ])
+    .build()
+    .expect("no connection at build time");
+    assert_eq!((locks.node_count(), locks.quorum()), (3, 2));
+    let err = locks.try_acquire("k", TTL).await.unwrap_err();
+    assert!(err.is_no_quorum(), "{err}");
+
+    let none: [&str; 0] = [];
+    assert!(matches!(
+        Redlock::builder(none).build(),
+        Err(ConfigError::NoNodes)
+    ));
+    assert!(matches!(
+        Redlock::builder(["nonsense://x"]).build(),
+        Err(ConfigError::InvalidUrl { .. })
+    ));
+    assert!(matches!(
+        Redlock::builder(["redis://u:secret@127.0.0.1:1", "redis://127.0.0.1:1"]).build(),
+        Err(ConfigError::DuplicateNode(n)) if !n.contains("secret")
+    ));
+    assert!(matches!(
+        Redlock::builder(["redis://127.0.0.1:1"])
+            .drift_factor(0.7)
+            .build(),
+        Err(ConfigError::DriftFactor(_))
+    ));
+    assert!(
+        Redlock::builder(["redis://127.0.0.1:1", "redis://127.0.0.1:2"])
+            .build()
+            .is_ok()
+    );
+    assert!(
+        Redlock::builder(["unix:///tmp/none.sock", "redis://127.0.0.1:1/3"])
+            .build()
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn t31_bad_arguments_are_typed_errors() {
+    let cluster = cluster(3);
+    let locks = client(&cluster);
+    for (key, ttl) in [
+        ("", TTL),
+        ("}x", TTL),
+        ("k", Duration::from_millis(2)),
+        ("k", Duration::ZERO),
+    ] {
+        let err = locks.try_acquire(key, ttl).await.unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidArgument(_)),
+            "{key:?} {ttl:?}: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn t32_status_reports_each_node() {
+    let mut cluster = cluster(5);
+    let locks = client(&cluster);
+    let lock = locks.try_acquire("job", TTL).await.unwrap();
+    cluster.kill(4).unwrap();
+    let status = locks.status("job").await.unwrap();
+    assert_eq!(status.answered(), 4);
+    assert!(status.holder().is_some());
+    assert_eq!(status.max_fence(), lock.token().get());
+    assert!(status.nodes[4].state.is_err());
+    let held = status.nodes[0].state.as_ref().unwrap();
+    assert!(held.ttl.unwrap() > Duration::from_secs(9));
+    lock.release().await.unwrap();
+    assert_eq!(locks.status("job").await.unwrap().holder(), None);
+}
+
+#[tokio::test]
+async fn t33_a_killed_node_that_comes_back_is_used_again() {
+    let mut cluster = cluster(3);
+    let urls = cluster.urls();
+    let locks = builder(&cluster)
+        .restart_guard(quorumlock::RestartGuard::Off)
+        .build()
+        .unwrap();
+    locks
+        .try_acquire("a", TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    cluster.kill(0).unwrap();
+    locks
+        .try_acquire("b", TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    cluster.restart(0).unwrap();
+    wait_until(WAIT, "node 0 holds a fresh lock again", || async {
+        let lock = locks.try_acquire("c", TTL).await.unwrap();
+        let back = value_on(&urls[0], "c").is_some();
+        lock.release().await.unwrap();
+        back
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn t34_dropping_the_guard_releases_in_the_background() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = client(&cluster);
+    let lock = locks
+        .try_acquire("job", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let lost = lock.lost_token();
+    drop(lock);
+    assert!(
+        lost.is_cancelled(),
+        "holders watching the token learn the lock is gone"
+    );
+    wait_until(
+        WAIT,
+        "dropped lock released long before its ttl",
+        || async { holders(&urls, "job") == 0 },
+    )
+    .await;
+}

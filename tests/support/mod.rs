@@ -1,0 +1,122 @@
+//! Shared test support: real clusters from `quorumlock::testkit`, a client tuned for a busy
+//! test machine, deadline-bounded waits, and direct reads of each node.
+#![allow(dead_code, unreachable_pub)]
+
+use std::future::Future;
+use std::sync::Once;
+use std::time::Duration;
+
+use quorumlock::Redlock;
+use quorumlock::testkit::LocalCluster;
+use tokio::time::Instant;
+
+/// Generous per-node timeout: a loaded 2-core box can take tens of ms to answer.
+pub const NODE_TIMEOUT: Duration = Duration::from_millis(300);
+/// Upper bound for any condition a test waits on.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+pub fn init_tracing() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .with_test_writer()
+            .try_init();
+    });
+}
+
+/// A fresh cluster of `n` masters.
+pub fn cluster(n: usize) -> LocalCluster {
+    init_tracing();
+    LocalCluster::start(n).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A client for the cluster with test-friendly timings.
+pub fn client(cluster: &LocalCluster) -> Redlock {
+    builder(cluster).build().expect("valid config")
+}
+
+pub fn builder(cluster: &LocalCluster) -> quorumlock::RedlockBuilder {
+    Redlock::builder(cluster.urls())
+        .node_timeout(NODE_TIMEOUT)
+        .retry_delay(Duration::from_millis(5), Duration::from_millis(20))
+}
+
+/// Waits until `pred` holds, polling every 10 ms, for at most `within`; panics naming `what`.
+pub async fn wait_until<F, Fut>(within: Duration, what: &str, mut pred: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if pred().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The lock key for a user key (the library's documented layout).
+pub fn lock_key(key: &str) -> String {
+    format!("quorumlock:{{{key}}}")
+}
+
+pub fn fence_key(key: &str) -> String {
+    format!("quorumlock:{{{key}}}:fence")
+}
+
+fn conn(url: &str) -> redis::Connection {
+    let client = redis::Client::open(url).expect("url");
+    client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .expect("connect")
+}
+
+/// The lock value stored on one node for `key` (None when absent).
+pub fn value_on(url: &str, key: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg(lock_key(key))
+        .query(&mut conn(url))
+        .expect("GET")
+}
+
+/// The fencing counter on one node.
+pub fn fence_on(url: &str, key: &str) -> u64 {
+    let v: Option<u64> = redis::cmd("GET")
+        .arg(fence_key(key))
+        .query(&mut conn(url))
+        .expect("GET");
+    v.unwrap_or(0)
+}
+
+/// Writes a foreign owner's value for `key` on one node, as another client would.
+pub fn set_foreign(url: &str, key: &str, value: &str, ttl: Duration) {
+    let _: () = redis::cmd("SET")
+        .arg(lock_key(key))
+        .arg(value)
+        .arg("PX")
+        .arg(ttl.as_millis() as u64)
+        .query(&mut conn(url))
+        .expect("SET");
+}
+
+pub fn set_fence(url: &str, key: &str, n: u64) {
+    let _: () = redis::cmd("SET")
+        .arg(fence_key(key))
+        .arg(n)
+        .query(&mut conn(url))
+        .expect("SET");
+}
+
+/// How many of the given nodes hold any value for `key`.
+pub fn holders(urls: &[String], key: &str) -> usize {
+    urls.iter().filter(|u| value_on(u, key).is_some()).count()
+}
