@@ -172,7 +172,9 @@ pub enum NodeError {
     Dropped(#[source] redis::RedisError),
     /// The node restarted (or started) less than the maximum ttl ago and may have lost lock keys;
     /// it is kept out of every quorum until `remaining` has passed.
-    #[error("held out of quorums for {remaining:?} more after a restart (delayed-restart rule)")]
+    #[error(
+        "held out of quorums for {remaining:?} more: it (re)started less than the max ttl ago and may have lost lock keys (delayed-restart rule)"
+    )]
     HeldOut {
         /// How long until the node counts again.
         remaining: Duration,

@@ -325,8 +325,9 @@ impl Drop for Lock {
     fn drop(&mut self) {
         self.stop_task();
         if !self.done {
+            let s = &self.state;
             self.client
-                .spawn_release(&self.state.lock_key, &self.state.value);
+                .spawn_release(&s.lock_key, &s.fence_key, &s.value, s.token.get());
             self.state.lost.cancel();
         }
     }

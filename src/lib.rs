@@ -5,6 +5,8 @@
 mod config;
 mod error;
 mod fencing;
+#[cfg(test)]
+mod fencing_model;
 mod guard;
 mod lease;
 mod metrics;

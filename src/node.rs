@@ -142,13 +142,8 @@ impl Node {
         hold_out: HoldOut,
         op: &'static str,
     ) -> Result<Value, NodeError> {
-        if hold_out == HoldOut::Respect
-            && let Some(remaining) = self.held_out()
-        {
-            return Err(NodeError::HeldOut { remaining });
-        }
         let start = Instant::now();
-        let result = match tokio::time::timeout_at(deadline, self.run_now(&call)).await {
+        let result = match tokio::time::timeout_at(deadline, self.run_now(&call, hold_out)).await {
             Ok(r) => r,
             Err(_) => Err(NodeError::Timeout(
                 deadline.saturating_duration_since(start),
@@ -164,8 +159,18 @@ impl Node {
         result
     }
 
-    async fn run_now(self: &Arc<Self>, call: &ScriptCall) -> Result<Value, NodeError> {
+    async fn run_now(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+        hold_out: HoldOut,
+    ) -> Result<Value, NodeError> {
         let (mut conn, generation) = self.connection().await?;
+        // Checked after connecting: a (re)connect is what reads the node's run id and uptime.
+        if hold_out == HoldOut::Respect
+            && let Some(remaining) = self.held_out()
+        {
+            return Err(NodeError::HeldOut { remaining });
+        }
         let reply = match conn.send_packed_command(call.evalsha()).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 conn.send_packed_command(&call.eval()).await

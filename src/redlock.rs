@@ -250,7 +250,7 @@ impl Redlock {
             round_no += 1;
             let value = new_value();
             // Armed before the first await: a cancelled or failed round is released everywhere.
-            let undo = UndoRelease::arm(self, &lock_key, &value);
+            let undo = UndoRelease::arm(self, &lock_key, &fence_key, &value);
             let result = self
                 .attempt(key, &lock_key, &fence_key, &value, ttl, drift)
                 .await;
@@ -575,8 +575,11 @@ impl Redlock {
     /// Releases a held lock on every node; returns once a quorum has answered (the remaining
     /// releases finish in the background).
     pub(crate) async fn release_state(&self, state: &LockState) -> Result<(), Error> {
-        let call =
-            scripts::RELEASE.call(&[state.lock_key().as_bytes()], &[state.value().as_bytes()]);
+        let token = state.token().get().to_string();
+        let call = scripts::RELEASE.call(
+            &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
+            &[state.value().as_bytes(), token.as_bytes()],
+        );
         let deadline = Instant::now() + self.inner.cfg.node_timeout;
         let round = self
             .round(Arc::new(call), deadline, HoldOut::Ignore, "release")
@@ -605,7 +608,7 @@ impl Redlock {
     /// Sends a release of `value` to every node in the background (failed rounds, cancelled
     /// acquisitions, dropped guards). Needs a running tokio runtime; without one, the ttl cleans
     /// up.
-    pub(crate) fn spawn_release(&self, lock_key: &str, value: &str) {
+    pub(crate) fn spawn_release(&self, lock_key: &str, fence_key: &str, value: &str, token: u64) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             tracing::debug!(
                 lock_key,
@@ -613,7 +616,11 @@ impl Redlock {
             );
             return;
         };
-        let call = Arc::new(scripts::RELEASE.call(&[lock_key.as_bytes()], &[value.as_bytes()]));
+        let token = token.to_string();
+        let call = Arc::new(scripts::RELEASE.call(
+            &[lock_key.as_bytes(), fence_key.as_bytes()],
+            &[value.as_bytes(), token.as_bytes()],
+        ));
         let deadline = Instant::now() + self.inner.cfg.node_timeout;
         let calls: FuturesUnordered<_> = self
             .inner
@@ -687,15 +694,17 @@ impl Redlock {
 struct UndoRelease<'a> {
     client: &'a Redlock,
     lock_key: &'a str,
+    fence_key: &'a str,
     value: &'a str,
     armed: bool,
 }
 
 impl<'a> UndoRelease<'a> {
-    fn arm(client: &'a Redlock, lock_key: &'a str, value: &'a str) -> Self {
+    fn arm(client: &'a Redlock, lock_key: &'a str, fence_key: &'a str, value: &'a str) -> Self {
         UndoRelease {
             client,
             lock_key,
+            fence_key,
             value,
             armed: true,
         }
@@ -709,7 +718,8 @@ impl<'a> UndoRelease<'a> {
 impl Drop for UndoRelease<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.client.spawn_release(self.lock_key, self.value);
+            self.client
+                .spawn_release(self.lock_key, self.fence_key, self.value, 0);
         }
     }
 }
