@@ -132,20 +132,16 @@ impl World {
                     self.holders.push((owner, token));
                 } else {
                     // Failed round: release everywhere reachable, token unknown (0).
-                    for i in 0..n {
-                        if reachable[i] {
-                            self.release_on(i, owner, 0);
-                        }
+                    for (i, _) in reachable.iter().enumerate().filter(|(_, r)| **r) {
+                        self.release_on(i, owner, 0);
                     }
                 }
             }
             Op::Release { which, reachable } => {
                 if !self.holders.is_empty() {
                     let (owner, token) = self.holders.remove(which % self.holders.len());
-                    for i in 0..n {
-                        if reachable[i] {
-                            self.release_on(i, owner, token);
-                        }
+                    for (i, _) in reachable.iter().enumerate().filter(|(_, r)| **r) {
+                        self.release_on(i, owner, token);
                     }
                 }
             }
