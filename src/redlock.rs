@@ -255,10 +255,10 @@ impl Redlock {
                 .attempt(key, &lock_key, &fence_key, &value, ttl, drift)
                 .await;
             let err = match result {
-                Ok((token, start, validity)) => {
+                Ok((token, start, validity, late)) => {
                     undo.disarm();
                     metrics::acquire("acquired", called.elapsed());
-                    let state = LockState::new(
+                    let state = Arc::new(LockState::new(
                         key.to_owned(),
                         lock_key,
                         fence_key,
@@ -266,8 +266,9 @@ impl Redlock {
                         token,
                         ttl,
                         start + validity,
-                    );
-                    return Ok(Lock::new(self.clone(), Arc::new(state)));
+                    ));
+                    self.finish_late_answers(late, &state);
+                    return Ok(Lock::new(self.clone(), state));
                 }
                 Err(e) => e,
             };
@@ -326,7 +327,15 @@ impl Redlock {
         value: &str,
         ttl: Duration,
         drift: Duration,
-    ) -> Result<(FencingToken, Instant, Duration), Error> {
+    ) -> Result<
+        (
+            FencingToken,
+            Instant,
+            Duration,
+            FuturesUnordered<NodeFuture>,
+        ),
+        Error,
+    > {
         metrics::attempt();
         let start = Instant::now();
         let budget_end = start + quorum::budget(ttl, drift);
@@ -339,7 +348,7 @@ impl Redlock {
         let round = self
             .round(Arc::new(call), deadline, HoldOut::Respect, "acquire")
             .await;
-        drop(round.rest);
+
         match round.verdict {
             Verdict::Quorum => {}
             Verdict::Refused => {
@@ -377,7 +386,7 @@ impl Redlock {
                     ?validity,
                     "lock acquired"
                 );
-                Ok((FencingToken::new(max), start, validity))
+                Ok((FencingToken::new(max), start, validity, round.rest))
             }
             None => {
                 tracing::warn!(key, ?elapsed, ?ttl, "quorum reached but no validity left");
@@ -388,6 +397,40 @@ impl Redlock {
                 })
             }
         }
+    }
+
+    /// After a won round, lets the calls still in flight (nodes slower than the quorum, or still
+    /// connecting) reach their nodes, so the lock stands on every node that answers in time. A
+    /// late yes that arrives after the lock was released is undone on that node: the release
+    /// flag is set before any release is sent, so either the release ran after the late acquire
+    /// on the node's ordered connection, or this check sees the flag.
+    fn finish_late_answers(&self, mut late: FuturesUnordered<NodeFuture>, state: &Arc<LockState>) {
+        if late.is_empty() {
+            return;
+        }
+        let client = self.clone();
+        let state = Arc::clone(state);
+        tokio::spawn(async move {
+            while let Some((i, reply)) = late.next().await {
+                if matches!(reply, Ok(Value::Int(v)) if v > 0) && state.is_released() {
+                    client.release_on(i, &state).await;
+                }
+            }
+        });
+    }
+
+    /// Releases a lock's value on one node (a late acquisition after the release).
+    async fn release_on(&self, i: usize, state: &LockState) {
+        let token = state.token().get().to_string();
+        let call = scripts::RELEASE.call(
+            &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
+            &[state.value().as_bytes(), token.as_bytes()],
+        );
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let node = Arc::clone(&self.inner.nodes[i]);
+        let _ = node
+            .run(Arc::new(call), deadline, HoldOut::Ignore, "release")
+            .await;
     }
 
     /// Brings the counters of the yes-nodes below `max` up to it, so that a quorum stands at the

@@ -184,6 +184,36 @@ async fn t15_a_failed_attempt_leaves_no_key_even_from_late_answers() {
     }
 }
 
+/// A won round leaves a hung node's acquire in flight; when the node wakes after the release,
+/// the release queued behind it on the same connection removes the key.
+#[tokio::test]
+async fn t15b_a_late_yes_after_release_is_undone() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = client(&cluster);
+    locks
+        .try_acquire("warm", TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    cluster.pause(4).unwrap();
+    let lock = locks.try_acquire("job", TTL).await.unwrap();
+    lock.release().await.unwrap();
+    wait_until(WAIT, "released on the live nodes", || async {
+        holders(&urls[..4], "job") == 0
+    })
+    .await;
+    cluster.resume(4).unwrap();
+    // Node 4 runs the late acquire, then the release: never left holding the key.
+    wait_until(WAIT, "node 4 answers again", || async {
+        locks.status("job").await.unwrap().nodes[4].state.is_ok()
+    })
+    .await;
+    assert_eq!(value_on(&urls[4], "job"), None);
+}
+
 #[tokio::test]
 async fn t16_a_cancelled_acquire_leaves_no_partial_lock() {
     let mut cluster = cluster(5);
