@@ -64,7 +64,7 @@ async fn t10_attempts_outcomes_node_errors_and_losses_are_counted() {
     assert!(counter(entries, "quorumlock_attempts_total", None) >= 3);
     assert_eq!(
         counter(
-            &snapshotter,
+            entries,
             "quorumlock_acquire_total",
             Some(("outcome", "acquired"))
         ),
@@ -72,7 +72,7 @@ async fn t10_attempts_outcomes_node_errors_and_losses_are_counted() {
     );
     assert_eq!(
         counter(
-            &snapshotter,
+            entries,
             "quorumlock_acquire_total",
             Some(("outcome", "held"))
         ),
@@ -81,14 +81,14 @@ async fn t10_attempts_outcomes_node_errors_and_losses_are_counted() {
     assert_eq!(counter(entries, "quorumlock_acquire_wait_seconds", None), 3);
     assert!(
         counter(
-            &snapshotter,
+            entries,
             "quorumlock_node_latency_seconds",
             Some(("op", "acquire"))
         ) >= 9
     );
     assert!(
         counter(
-            &snapshotter,
+            entries,
             "quorumlock_node_errors_total",
             Some(("node", cluster.urls()[0].as_str()))
         ) >= 1
