@@ -197,8 +197,10 @@ async fn demo(ttl: Duration) -> Result<(), Failure> {
     let (mut leader, _) = next_leader(&mut lines, wait).await?;
     let (mut crash, mut resign) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        // Let the new leader settle (and the standbys go back to waiting) before the next blow.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Let the new leader settle (and the standbys go back to waiting) before the next blow,
+        // which lands at a random point of the leader's extension cycle (every ttl / 3).
+        let settle = Duration::from_secs(1) + (ttl / 3).mul_f64(rand::random::<f64>());
+        tokio::time::sleep(settle).await;
         let crashing = round % 2 == 0;
         let sig = if crashing {
             println!("\n--- kill -9 cand-{leader} (crash: no release, no notification)");

@@ -662,7 +662,8 @@ impl Election {
 
     async fn campaign_until(&self, give_up: Option<Instant>) -> Result<Leadership, Error> {
         let inner = &*self.inner;
-        // Subscribed before the first attempt, so no resign after it goes unnoticed.
+        // The receiver exists before the first attempt. The subscriptions come up in the
+        // background; a resign before they do is caught by the status read or the poll.
         let mut notices = self.notices();
         let mut acted_on = 0u64;
         let mut degraded = false;
@@ -962,8 +963,16 @@ fn lock_term(
 struct Observer {
     election: Election,
     notices: Option<broadcast::Receiver<Notice>>,
-    last: Option<(Option<u64>, Option<String>)>,
+    last: Option<Seen>,
     wait_until: Option<Instant>,
+}
+
+/// What an observer last reported, to report changes only.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Leader(FencingToken, Option<String>),
+    Vacant,
+    Unknown,
 }
 
 impl Observer {
@@ -983,11 +992,11 @@ impl Observer {
             let poll = self.election.poll_pause();
             let (key, wait) = match &obs {
                 Observation::Leader(l) => (
-                    (Some(l.token.get()), l.candidate.clone()),
+                    Seen::Leader(l.token, l.candidate.clone()),
                     (l.expires_in + Duration::from_millis(5)).min(poll),
                 ),
-                Observation::Vacant => ((None, None), poll),
-                Observation::Unknown(_) => ((Some(0), None), poll),
+                Observation::Vacant => (Seen::Vacant, poll),
+                Observation::Unknown(_) => (Seen::Unknown, poll),
             };
             self.wait_until = Some(Instant::now() + wait);
             if self.last.as_ref() != Some(&key) {

@@ -53,6 +53,18 @@ async fn standbys_settled(urls: &[String], name: &str, n: i64) {
     tokio::time::sleep(Duration::from_millis(300)).await;
 }
 
+/// Waits for a spawned campaign to win, for at most `within`.
+async fn won(
+    campaign: tokio::task::JoinHandle<Result<Leadership, Error>>,
+    within: Duration,
+) -> Leadership {
+    tokio::time::timeout(within, campaign)
+        .await
+        .expect("the standby leads within the wait")
+        .expect("campaign task")
+        .expect("campaign")
+}
+
 /// A lone candidate leads at once; a quorum read names it with its token; resign empties the
 /// election and removes the leader record.
 #[tokio::test]
@@ -215,11 +227,7 @@ async fn t30_resign_hands_over_well_under_the_ttl() {
     let t0 = Instant::now();
     let a_token = leader.token();
     leader.resign().await.unwrap();
-    let next = tokio::time::timeout(WAIT, standby)
-        .await
-        .expect("b takes over")
-        .unwrap()
-        .unwrap();
+    let next = won(standby, WAIT).await;
     let handover = t0.elapsed();
     assert!(
         handover < Duration::from_secs(1),
@@ -312,11 +320,7 @@ async fn t31_crash_handover_takes_about_the_ttl() {
 
     child.0.kill().unwrap();
     let t0 = Instant::now();
-    let next = tokio::time::timeout(ttl + WAIT, campaign)
-        .await
-        .expect("the standby takes over")
-        .unwrap()
-        .unwrap();
+    let next = won(campaign, ttl + WAIT).await;
     let handover = t0.elapsed();
     let poll = ttl / 4;
     assert!(
@@ -351,11 +355,7 @@ async fn t32_standby_polls_when_no_notification_comes() {
 
     let t0 = Instant::now();
     silent.release().await.unwrap();
-    let next = tokio::time::timeout(WAIT, standby)
-        .await
-        .expect("b takes over")
-        .unwrap()
-        .unwrap();
+    let next = won(standby, WAIT).await;
     assert!(
         t0.elapsed() < Duration::from_secs(2),
         "poll fallback took {:?}",
@@ -423,11 +423,7 @@ async fn t40_survives_two_nodes_down_steps_down_with_three() {
     for i in [2, 3, 4] {
         cluster.restart(i).unwrap();
     }
-    let next = tokio::time::timeout(WAIT, standby)
-        .await
-        .expect("b leads once a quorum is back")
-        .unwrap()
-        .unwrap();
+    let next = won(standby, WAIT).await;
     assert_eq!(next.candidate(), "b");
     next.resign().await.unwrap();
 }

@@ -195,10 +195,7 @@ async fn t40_long_job_keeps_its_lease_and_others_skip_as_running() {
         .await
         .unwrap()
     });
-    tokio::time::timeout(WAIT, started_rx)
-        .await
-        .unwrap()
-        .unwrap();
+    started(started_rx).await;
     tokio::time::sleep(ttl * 2).await; // past the lock's original ttl
     for tick in [1, 2] {
         let outcome = b.run(tick, |_| async {}).await.unwrap();
@@ -254,10 +251,7 @@ async fn t60_lost_lock_stops_the_job_and_leaves_no_marker() {
             .unwrap()
         }
     });
-    tokio::time::timeout(WAIT, started_rx)
-        .await
-        .unwrap()
-        .unwrap();
+    started(started_rx).await;
     for i in 0..3 {
         cluster.kill(i).unwrap();
     }
@@ -270,6 +264,14 @@ async fn t60_lost_lock_stops_the_job_and_leaves_no_marker() {
     for url in &urls[3..] {
         assert_eq!(marker_on(url, "s60", "1"), None);
     }
+}
+
+/// Waits until a spawned job says it started.
+async fn started(rx: tokio::sync::oneshot::Receiver<()>) {
+    tokio::time::timeout(WAIT, rx)
+        .await
+        .expect("the job starts")
+        .expect("the job sent its start");
 }
 
 fn marker_on(url: &str, job: &str, tick: &str) -> Option<String> {
