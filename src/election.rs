@@ -42,7 +42,7 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::error::{ConfigError, Error, LostReason, NodeError, NodeFailure};
 use crate::fencing::FencingToken;
 use crate::guard::Lock;
-use crate::node::redact;
+use crate::node::{node_name, redact};
 use crate::quorum;
 use crate::redlock::{LockStatus, Redlock};
 use crate::scripts;
@@ -121,7 +121,7 @@ impl Sidecar {
                     }
                 })?;
                 Ok(SideNode {
-                    name: redact(url),
+                    name: node_name(client.get_connection_info()),
                     client,
                     conn: Mutex::new(None),
                 })
