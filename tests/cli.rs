@@ -560,6 +560,38 @@ async fn t50_paused_past_its_ttl_exits_79_after_terminating_cmd() {
 }
 
 #[tokio::test]
+async fn t52_cmd_that_finished_while_redlock_was_stopped_past_its_ttl_still_exits_79() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let dir = scratch();
+    let (pidfile, done) = (file(&dir, "pid"), file(&dir, "done"));
+    let script = format!(
+        "echo $$ > {}; sleep 0.3; echo done > {}",
+        path_str(&pidfile),
+        path_str(&done)
+    );
+    let child = run_sh(redlock(&cluster), &["--ttl", "2s"], &script)
+        .spawn()
+        .unwrap();
+    pid_in(&pidfile).await;
+    let redlock_pid = pid_of(&child);
+    kill(redlock_pid, Signal::SIGSTOP).unwrap();
+    line_in(&done).await;
+    wait_until(WAIT, "the stopped holder's keys expire", || async {
+        holders(&urls, KEY) == 0
+    })
+    .await;
+    kill(redlock_pid, Signal::SIGCONT).unwrap();
+    let out = finish(child, Instant::now()).await;
+    // CMD's 0 would claim it ran to its end under the lock; it did not.
+    assert_eq!(out.code(), 79, "{out:?}");
+    assert!(
+        out.one_line_error().contains("CMD had already exited (0)"),
+        "{out:?}"
+    );
+}
+
+#[tokio::test]
 async fn t51_cmd_ignoring_sigterm_is_killed_after_kill_after() {
     let cluster = cluster(5);
     let urls = cluster.urls();

@@ -92,6 +92,11 @@ pub(crate) async fn run(locks: Redlock, args: RunArgs, strict: bool) -> u8 {
             biased;
             status = child.wait() => break status,
             () = &mut lost, if termination.is_none() => {
+                // CMD may have exited while we could not run (stopped past the ttl): then there
+                // is nothing to terminate.
+                if let Ok(Some(status)) = child.try_wait() {
+                    break Ok(status);
+                }
                 send(pid, Signal::SIGTERM);
                 termination = Some(Termination::Term);
                 kill_timer.as_mut().reset(tokio::time::Instant::now() + args.kill_after);
