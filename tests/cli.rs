@@ -158,6 +158,15 @@ async fn stderr_until(child: &mut Child, needle: &str) -> String {
     seen
 }
 
+/// SIGSTOPs `redlock` and waits until its keys have expired on every node.
+async fn stop_past_its_ttl(redlock: Pid, urls: &[String]) {
+    kill(redlock, Signal::SIGSTOP).unwrap();
+    wait_until(WAIT, "the stopped holder's keys expire", || async {
+        holders(urls, KEY) == 0
+    })
+    .await;
+}
+
 // ---- t10: CMD runs under the lock ---------------------------------------------------------
 
 #[tokio::test]
@@ -524,11 +533,7 @@ async fn t50_paused_past_its_ttl_exits_79_after_terminating_cmd() {
     let cmd_pid = pid_in(&pidfile).await;
     let redlock_pid = pid_of(&child);
 
-    kill(redlock_pid, Signal::SIGSTOP).unwrap();
-    wait_until(WAIT, "the stopped holder's keys expire", || async {
-        holders(&urls, KEY) == 0
-    })
-    .await;
+    stop_past_its_ttl(redlock_pid, &urls).await;
     let other = client(&cluster);
     let taken = other
         .try_acquire(KEY, Duration::from_secs(30))
@@ -575,12 +580,8 @@ async fn t52_cmd_that_finished_while_redlock_was_stopped_past_its_ttl_still_exit
         .unwrap();
     pid_in(&pidfile).await;
     let redlock_pid = pid_of(&child);
-    kill(redlock_pid, Signal::SIGSTOP).unwrap();
+    stop_past_its_ttl(redlock_pid, &urls).await;
     line_in(&done).await;
-    wait_until(WAIT, "the stopped holder's keys expire", || async {
-        holders(&urls, KEY) == 0
-    })
-    .await;
     kill(redlock_pid, Signal::SIGCONT).unwrap();
     let out = finish(child, Instant::now()).await;
     // CMD's 0 would claim it ran to its end under the lock; it did not.
