@@ -45,7 +45,9 @@ const REST: Duration = Duration::from_millis(300);
 const STAGGER: Duration = Duration::from_millis(100);
 const NODE_TIMEOUT: Duration = Duration::from_millis(250);
 /// Upper bound for each step of the story (each normally takes one or two seconds).
-const STEP_LIMIT: Duration = Duration::from_secs(15);
+const STEP_LIMIT: Duration = Duration::from_secs(10);
+/// Upper bound for the whole story (it normally takes about ten seconds).
+const STORY_LIMIT: Duration = Duration::from_secs(40);
 const NAMES: [&str; 8] = [
     "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
 ];
@@ -79,7 +81,9 @@ pub(crate) async fn demo(args: DemoArgs) -> u8 {
         }
     };
     let told = tokio::select! {
-        r = story.tell() => r,
+        r = tokio::time::timeout(STORY_LIMIT, story.tell()) => r.unwrap_or_else(|_| {
+            Err(format!("the story took longer than {}", humantime::format_duration(STORY_LIMIT)))
+        }),
         sig = signals.recv() => Err(format!("{sig} received; stopping")),
     };
     story.stop().await;

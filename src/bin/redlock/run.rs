@@ -25,6 +25,7 @@ const EXIT_NOT_FOUND: u8 = 127;
 
 /// Runs `redlock run`; returns the process exit code. Every path that holds the lock releases
 /// it (or, once lost, leaves nothing of ours behind) before returning.
+///
 /// With `strict` (the strict restart guard), every node is connected before the first round.
 pub(crate) async fn run(locks: Redlock, args: RunArgs, strict: bool) -> u8 {
     let mut signals = match Signals::new() {
