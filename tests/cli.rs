@@ -12,7 +12,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use quorumlock::testkit::LocalCluster;
 use support::*;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, timeout};
 
@@ -139,9 +139,14 @@ fn file(dir: &tempfile::TempDir, name: &str) -> PathBuf {
 }
 
 /// Reads `child`'s stderr until a line containing `needle` (bounded); returns what was read.
+/// The rest of stderr is closed: `redlock` must not mind.
 async fn stderr_until(child: &mut Child, needle: &str) -> String {
     let stderr = child.stderr.take().expect("piped stderr");
-    let mut lines = BufReader::new(stderr).lines();
+    read_until(&mut BufReader::new(stderr).lines(), needle).await
+}
+
+/// Reads lines until one contains `needle` (bounded); returns what was read.
+async fn read_until<R: AsyncRead + Unpin>(lines: &mut Lines<BufReader<R>>, needle: &str) -> String {
     let mut seen = String::new();
     let found = timeout(WAIT, async {
         while let Ok(Some(line)) = lines.next_line().await {
@@ -154,7 +159,7 @@ async fn stderr_until(child: &mut Child, needle: &str) -> String {
         false
     })
     .await;
-    assert_eq!(found, Ok(true), "{needle:?} on stderr; saw:\n{seen}");
+    assert_eq!(found, Ok(true), "{needle:?} in the output; saw:\n{seen}");
     seen
 }
 
@@ -799,6 +804,25 @@ async fn t81_strict_guard_admits_nodes_up_longer_than_the_max_ttl() {
 
 // ---- t85: demo ------------------------------------------------------------------------------
 
+/// The redis-server ports a demo printed.
+fn ports_in(stdout: &str) -> Vec<u16> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split("redis://127.0.0.1:").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+fn assert_closed(ports: &[u16]) {
+    assert!(ports.len() >= 5, "{ports:?}");
+    for &port in ports {
+        assert!(
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "redis-server on {port} was stopped"
+        );
+    }
+}
+
 #[tokio::test]
 async fn t85_demo_tells_the_story_to_the_end_and_cleans_up() {
     let mut cmd = bare();
@@ -823,17 +847,21 @@ async fn t85_demo_tells_the_story_to_the_end_and_cleans_up() {
         );
     }
     assert!(out.took < Duration::from_secs(60), "{:?}", out.took);
-    let ports: Vec<u16> = out
-        .stdout
-        .lines()
-        .filter_map(|l| l.split("redis://127.0.0.1:").nth(1))
-        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
-        .collect();
-    assert!(ports.len() >= 5, "{}", out.stdout);
-    for port in ports {
-        assert!(
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
-            "redis-server on {port} was stopped"
-        );
-    }
+    assert_closed(&ports_in(&out.stdout));
+}
+
+#[tokio::test]
+async fn t86_demo_interrupted_stops_its_servers() {
+    let mut cmd = bare();
+    cmd.arg("demo");
+    let mut child = cmd.spawn().unwrap();
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let seen = read_until(&mut lines, "acquired").await;
+    kill(pid_of(&child), Signal::SIGINT).unwrap();
+    let rest = read_until(&mut lines, "Cleaned up").await;
+    let out = finish(child, Instant::now()).await;
+    assert_eq!(out.code(), 128 + 2, "{out:?}");
+    assert!(rest.contains("Cleaned up"), "{rest}");
+    assert_closed(&ports_in(&seen));
 }

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::report;
-use crate::run::Signals;
+use crate::run::{Signals, signal_exit_code};
 use crate::status::{render, seconds};
 
 /// `redlock demo [--workers N]`
@@ -84,7 +84,12 @@ pub(crate) async fn demo(args: DemoArgs) -> u8 {
         r = tokio::time::timeout(STORY_LIMIT, story.tell()) => r.unwrap_or_else(|_| {
             Err(format!("the story took longer than {}", humantime::format_duration(STORY_LIMIT)))
         }),
-        sig = signals.recv() => Err(format!("{sig} received; stopping")),
+        sig = signals.recv() => {
+            story.stop().await;
+            report(&format_args!("{sig} received; the demo stopped"));
+            story.clean_up();
+            return signal_exit_code(sig as i32);
+        }
     };
     story.stop().await;
     let code = match told {
@@ -94,13 +99,13 @@ pub(crate) async fn demo(args: DemoArgs) -> u8 {
             1
         }
     };
-    let Story { cluster, .. } = story;
-    drop(cluster);
-    out!("Cleaned up: {NODES} redis-server processes stopped, their data directories removed.");
-    out!(
-        "Next: redlock run --nodes redis://host1:6379,redis://host2:6379,... KEY -- CMD [ARGS...] \
-         (see docs/cli.md)"
-    );
+    story.clean_up();
+    if code == 0 {
+        out!(
+            "Next: redlock run --nodes redis://host1:6379,redis://host2:6379,... KEY -- CMD \
+             [ARGS...] (see docs/cli.md)"
+        );
+    }
     code
 }
 
@@ -290,6 +295,12 @@ impl Story {
         }
     }
 
+    /// Stops the servers and removes their directories.
+    fn clean_up(self) {
+        drop(self.cluster);
+        out!("Cleaned up: {NODES} redis-server processes stopped, their data directories removed.");
+    }
+
     /// Stops every worker (a holder releases first), bounded.
     async fn stop(&mut self) {
         self.stop.cancel();
@@ -401,6 +412,9 @@ impl Worker {
             () = tokio::time::sleep(STAGGER * u32::try_from(self.id).unwrap_or(0)) => {}
             () = self.stop.cancelled() => return,
         }
+        // Connect to every node before contending, as a long-running worker would have: the
+        // first acquisition then reaches all five nodes, not only the first three to connect.
+        let _ = self.locks.status(KEY).await;
         let mut told_waiting = false;
         loop {
             let attempt = async {

@@ -226,7 +226,8 @@ fn cmd_exit_code(status: ExitStatus) -> u8 {
     }
 }
 
-fn signal_exit_code(sig: i32) -> u8 {
+/// 128 + the signal number, as shells report a death by signal.
+pub(crate) fn signal_exit_code(sig: i32) -> u8 {
     u8::try_from(128 + sig).unwrap_or(u8::MAX)
 }
 
