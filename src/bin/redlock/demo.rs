@@ -412,9 +412,6 @@ impl Worker {
             () = tokio::time::sleep(STAGGER * u32::try_from(self.id).unwrap_or(0)) => {}
             () = self.stop.cancelled() => return,
         }
-        // Connect to every node before contending, as a long-running worker would have: the
-        // first acquisition then reaches all five nodes, not only the first three to connect.
-        let _ = self.locks.status(KEY).await;
         let mut told_waiting = false;
         loop {
             let attempt = async {

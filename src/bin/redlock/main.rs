@@ -161,10 +161,7 @@ fn main() -> ExitCode {
         let node_timeout = cli.nodes.node_timeout;
         let code = match cli.command {
             Command::Run(args) => match client(&cli.nodes, Some(args.ttl)) {
-                Ok(locks) => {
-                    let strict = matches!(cli.nodes.restart_guard, Guard::Strict);
-                    run::run(locks, args, strict).await
-                }
+                Ok(locks) => run::run(locks, args).await,
                 Err(e) => fail(&e),
             },
             Command::Status(args) => match client(&cli.nodes, None) {

@@ -25,9 +25,7 @@ const EXIT_NOT_FOUND: u8 = 127;
 
 /// Runs `redlock run`; returns the process exit code. Every path that holds the lock releases
 /// it (or, once lost, leaves nothing of ours behind) before returning.
-///
-/// With `strict` (the strict restart guard), every node is connected before the first round.
-pub(crate) async fn run(locks: Redlock, args: RunArgs, strict: bool) -> u8 {
+pub(crate) async fn run(locks: Redlock, args: RunArgs) -> u8 {
     let mut signals = match Signals::new() {
         Ok(s) => s,
         Err(e) => {
@@ -36,11 +34,6 @@ pub(crate) async fn run(locks: Redlock, args: RunArgs, strict: bool) -> u8 {
         }
     };
     let acquire = async {
-        // Connects every node first (a read), so that the restart guard has judged each node
-        // before the first acquire round: see `connect_first`.
-        if strict {
-            connect_first(&locks, &args.key).await;
-        }
         if args.wait.is_zero() {
             locks.acquire(&args.key, args.ttl).await
         } else {
@@ -186,20 +179,6 @@ fn spawn(args: &RunArgs, lock: &Lock) -> io::Result<tokio::process::Child> {
             lock.validity().as_millis().to_string(),
         )
         .spawn()
-}
-
-/// Reads the key's status (ignoring the result) so that every node is connected, and judged by
-/// the restart guard, before the first acquire round.
-///
-/// Works around the core checking a node's hold-out *before* connecting: on a node's first
-/// connection, the call that triggers it is sent even if the connect just put the node on hold
-/// (`Node::run` in src/node.rs). A long-lived client loses one call to that; a one-shot CLI
-/// would lose the whole strict guard. Costs one round trip (up to the node timeout when a node
-/// hangs).
-async fn connect_first(locks: &Redlock, key: &str) {
-    if let Err(e) = locks.status(key).await {
-        tracing::debug!(error = %e, "warm-up read failed; the acquisition will report it");
-    }
 }
 
 /// Releases a lock whose CMD never ran or vanished; the failure is already reported.
