@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/ensure-redis.sh
-cargo run --quiet --features testkit --example quickstart
+cargo run --quiet --features cli --bin redlock -- demo

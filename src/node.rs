@@ -239,7 +239,7 @@ impl Node {
             .client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(NodeError::from_redis)?;
+            .map_err(|e| self.connect_error(e))?;
         let mut pipe = redis::pipe();
         pipe.cmd("INFO").arg("server");
         for lua in scripts::all() {
@@ -248,12 +248,21 @@ impl Node {
         let (info,): (String,) = pipe
             .query_async(&mut conn)
             .await
-            .map_err(NodeError::from_redis)?;
+            .map_err(|e| self.connect_error(e))?;
         let (run_id, uptime) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
         self.observe_start(run_id, uptime);
         tracing::debug!(node = %self.name, "connected");
         Ok(conn)
+    }
+
+    /// A connect-time error; a timeout there is the connect timeout.
+    fn connect_error(&self, e: redis::RedisError) -> NodeError {
+        if e.is_timeout() {
+            NodeError::Timeout(self.connect_timeout)
+        } else {
+            NodeError::from_redis(e)
+        }
     }
 
     /// The restart guard: compares the run id with the last one seen.

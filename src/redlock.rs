@@ -9,6 +9,7 @@ use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use redis::Value;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use crate::config::RedlockBuilder;
 use crate::error::{ArgumentError, Error, LostReason, NodeError, NodeFailure};
@@ -54,6 +55,8 @@ pub(crate) struct Inner {
     pub(crate) nodes: Vec<Arc<Node>>,
     pub(crate) cfg: RedlockBuilder,
     max_ttl: Arc<MaxTtl>,
+    /// Background releases and late answers, so `flush` can wait for them.
+    tasks: TaskTracker,
 }
 
 /// What one node says about a key, from [`Redlock::status`].
@@ -160,6 +163,7 @@ impl Redlock {
                 nodes,
                 cfg,
                 max_ttl,
+                tasks: TaskTracker::new(),
             }),
         }
     }
@@ -181,6 +185,21 @@ impl Redlock {
             .iter()
             .map(|n| n.name().to_owned())
             .collect()
+    }
+
+    /// Waits until the work this client does in the background has finished: releases of failed,
+    /// cancelled or dropped acquisitions, the unanswered part of a release, and calls still in
+    /// flight after a won round. Each is bounded by the node timeout. Call it before a
+    /// short-lived process exits, so its releases are not cut off.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe: it only waits; the background work goes on.
+    pub async fn flush(&self) {
+        let tasks = &self.inner.tasks;
+        tasks.close();
+        tasks.wait().await;
+        tasks.reopen();
     }
 
     /// One attempt round, no retries: the lock, or why not at once.
@@ -410,7 +429,7 @@ impl Redlock {
         }
         let client = self.clone();
         let state = Arc::clone(state);
-        tokio::spawn(async move {
+        self.inner.tasks.spawn(async move {
             while let Some((i, reply)) = late.next().await {
                 if matches!(reply, Ok(Value::Int(v)) if v > 0) && state.is_released() {
                     client.release_on(i, &state).await;
@@ -628,7 +647,7 @@ impl Redlock {
             .round(Arc::new(call), deadline, HoldOut::Ignore, "release")
             .await;
         if !round.rest.is_empty() {
-            tokio::spawn(round.rest.for_each(|_| async {}));
+            self.inner.tasks.spawn(round.rest.for_each(|_| async {}));
         }
         let key = state.key();
         match round.verdict {
@@ -671,7 +690,9 @@ impl Redlock {
             .iter()
             .map(|n| Arc::clone(n).run(Arc::clone(&call), deadline, HoldOut::Ignore, "release"))
             .collect();
-        handle.spawn(calls.for_each(|_| async {}));
+        self.inner
+            .tasks
+            .spawn_on(calls.for_each(|_| async {}), &handle);
     }
 
     /// Every node's view of `key`: value, remaining ttl and fencing counter. Waits for every node

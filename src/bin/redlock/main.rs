@@ -159,18 +159,21 @@ fn main() -> ExitCode {
     };
     let code = runtime.block_on(async {
         let node_timeout = cli.nodes.node_timeout;
-        let code = match cli.command {
+        let (code, locks) = match cli.command {
             Command::Run(args) => match client(&cli.nodes, Some(args.ttl)) {
-                Ok(locks) => run::run(locks, args).await,
-                Err(e) => fail(&e),
+                Ok(locks) => (run::run(locks.clone(), args).await, Some(locks)),
+                Err(e) => (fail(&e), None),
             },
             Command::Status(args) => match client(&cli.nodes, None) {
-                Ok(locks) => status::status(locks, &args.key).await,
-                Err(e) => fail(&e),
+                Ok(locks) => (status::status(locks.clone(), &args.key).await, Some(locks)),
+                Err(e) => (fail(&e), None),
             },
-            Command::Demo(args) => demo::demo(args).await,
+            Command::Demo(args) => (demo::demo(args).await, None),
         };
-        drain(node_timeout).await;
+        // Let the background releases reach the nodes before the process exits.
+        if let Some(locks) = locks {
+            let _ = tokio::time::timeout(node_timeout, locks.flush()).await;
+        }
         code
     });
     ExitCode::from(code)
@@ -284,14 +287,6 @@ fn init_logging() {
 /// Lets the releases the library sends in the background (the nodes beyond the quorum, failed
 /// acquisition rounds) reach their nodes before the process exits. Each of them is bounded by
 /// the node timeout, so this waits at most that long, and not at all once they are done.
-async fn drain(node_timeout: Duration) {
-    let metrics = tokio::runtime::Handle::current().metrics();
-    let deadline = tokio::time::Instant::now() + node_timeout;
-    while metrics.num_alive_tasks() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
