@@ -180,6 +180,12 @@ pub enum NodeError {
         /// How long until the node counts again.
         remaining: Duration,
     },
+    /// The node restarted and its fencing counters are being restored from the other nodes; it
+    /// counts toward no quorum until that is done.
+    #[error(
+        "held out of quorums until its fencing counters are restored from the other nodes after a restart"
+    )]
+    Repairing,
     /// The node answered with an error, or a reply the scripts never produce.
     #[error("redis error: {0}")]
     Redis(#[source] redis::RedisError),
@@ -209,6 +215,7 @@ impl NodeError {
             NodeError::Refused(_) => "refused",
             NodeError::Dropped(_) => "dropped",
             NodeError::HeldOut { .. } => "held_out",
+            NodeError::Repairing => "repairing",
             NodeError::Redis(_) => "redis",
             NodeError::BadReply(_) => "bad_reply",
         }

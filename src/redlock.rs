@@ -55,8 +55,8 @@ pub(crate) struct Inner {
     pub(crate) nodes: Vec<Arc<Node>>,
     pub(crate) cfg: RedlockBuilder,
     max_ttl: Arc<MaxTtl>,
-    /// Background releases and late answers, so `flush` can wait for them.
-    tasks: TaskTracker,
+    /// Background releases, late answers and repairs, so `flush` can wait for them.
+    pub(crate) tasks: TaskTracker,
 }
 
 /// What one node says about a key, from [`Redlock::status`].
@@ -526,6 +526,20 @@ impl Redlock {
         hold_out: HoldOut,
         op: &'static str,
     ) -> Round {
+        self.schedule_repairs();
+        let round = self.fan_out(call, deadline, hold_out, op).await;
+        // A connection made during the round may have revealed a restart.
+        self.schedule_repairs();
+        round
+    }
+
+    async fn fan_out(
+        &self,
+        call: Arc<ScriptCall>,
+        deadline: Instant,
+        hold_out: HoldOut,
+        op: &'static str,
+    ) -> Round {
         let n = self.inner.nodes.len();
         let mut rest: FuturesUnordered<NodeFuture> = self
             .inner
@@ -716,6 +730,7 @@ impl Redlock {
                 Arc::clone(n).run(Arc::clone(&call), deadline, HoldOut::Ignore, "status")
             }))
             .await;
+        self.schedule_repairs();
         let nodes = self
             .inner
             .nodes

@@ -82,9 +82,10 @@ impl ScriptCall {
 }
 
 /// Every script, for loading on connect.
-pub(crate) fn all() -> [&'static Lua; 6] {
+pub(crate) fn all() -> [&'static Lua; 7] {
     [
         &ACQUIRE,
+        &RAISE_COUNTER,
         &RAISE_FENCE,
         &EXTEND,
         &RELEASE,
@@ -92,6 +93,9 @@ pub(crate) fn all() -> [&'static Lua; 6] {
         &FENCED_WRITE,
     ]
 }
+
+/// A `SCAN MATCH` pattern for every fencing counter (braces are not special in Redis globs).
+pub(crate) const FENCE_PATTERN: &str = "quorumlock:{*}:fence";
 
 /// The lock key for a user key.
 pub(crate) fn lock_key(key: &str) -> String {
@@ -135,6 +139,23 @@ if c < tonumber(ARGV[2]) then
   redis.call('SET', KEYS[2], ARGV[2])
 end
 return 1
+"#,
+    )
+});
+
+/// Raise one fencing counter to at least a value (restoring a restarted node's counters).
+///
+/// - KEYS[1]: fencing counter
+/// - ARGV[1]: the value
+/// - Reply: `1` raised, `0` already at or above it.
+pub(crate) static RAISE_COUNTER: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
 "#,
     )
 });
