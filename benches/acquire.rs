@@ -51,92 +51,56 @@ impl Target {
     }
 }
 
-/// Times `iters` sequential runs of `op` on the runtime.
-fn timed<F, Fut>(rt: &Runtime, iters: u64, mut op: F) -> Duration
+/// Benchmarks `op` (run sequentially, `iters` times per sample) as `name` in the group.
+fn bench<F, Fut>(g: &mut BenchmarkGroup<'_, WallTime>, rt: &Runtime, name: &str, mut op: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = ()>,
 {
-    rt.block_on(async {
-        let start = Instant::now();
-        for _ in 0..iters {
-            op().await;
-        }
-        start.elapsed()
-    })
+    g.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    op().await;
+                }
+                start.elapsed()
+            })
+        })
+    });
 }
 
 fn ops(g: &mut BenchmarkGroup<'_, WallTime>, rt: &Runtime, t: &Target) {
-    g.bench_function("ours/acquire", |b| {
-        b.iter_custom(|iters| {
-            timed(rt, iters, || async {
-                let lock = t
-                    .locks
-                    .try_acquire(&next_key(), TTL)
-                    .await
-                    .expect("acquire");
-                lock.forget();
-            })
-        })
+    let acquire = || async {
+        let key = next_key();
+        t.locks.try_acquire(&key, TTL).await.expect("acquire")
+    };
+    bench(g, rt, "ours/acquire", || async { acquire().await.forget() });
+    bench(g, rt, "floor/acquire", || async {
+        let (key, value) = (next_key(), Floor::new_value());
+        assert!(t.floor.acquire(&key, &value, TTL_MS).await);
     });
-    g.bench_function("floor/acquire", |b| {
-        b.iter_custom(|iters| {
-            timed(rt, iters, || async {
-                assert!(
-                    t.floor
-                        .acquire(&next_key(), &Floor::new_value(), TTL_MS)
-                        .await
-                );
-            })
-        })
+    bench(g, rt, "floor/acquire-fenced", || async {
+        let (lock_key, fence_key) = floor::fenced_keys(&next_key());
+        let value = Floor::new_value();
+        let fenced = t
+            .floor
+            .acquire_fenced(&lock_key, &fence_key, &value, TTL_MS);
+        assert!(fenced.await);
     });
-    g.bench_function("floor/acquire-fenced", |b| {
-        b.iter_custom(|iters| {
-            timed(rt, iters, || async {
-                let key = next_key();
-                let (lock_key, fence_key) = (
-                    format!("quorumlock:{{{key}}}"),
-                    format!("quorumlock:{{{key}}}:fence"),
-                );
-                let value = Floor::new_value();
-                assert!(
-                    t.floor
-                        .acquire_fenced(&lock_key, &fence_key, &value, TTL_MS)
-                        .await
-                );
-            })
-        })
+    bench(g, rt, "ours/acquire+release", || async {
+        acquire().await.release().await.expect("release");
     });
-    g.bench_function("ours/acquire+release", |b| {
-        b.iter_custom(|iters| {
-            timed(rt, iters, || async {
-                let lock = t
-                    .locks
-                    .try_acquire(&next_key(), TTL)
-                    .await
-                    .expect("acquire");
-                lock.release().await.expect("release");
-            })
-        })
-    });
-    g.bench_function("floor/acquire+release", |b| {
-        b.iter_custom(|iters| {
-            timed(rt, iters, || async {
-                let (key, value) = (next_key(), Floor::new_value());
-                assert!(t.floor.acquire(&key, &value, TTL_MS).await);
-                assert!(t.floor.release(&key, &value).await);
-            })
-        })
+    bench(g, rt, "floor/acquire+release", || async {
+        let (key, value) = (next_key(), Floor::new_value());
+        assert!(t.floor.acquire(&key, &value, TTL_MS).await);
+        assert!(t.floor.release(&key, &value).await);
     });
     let held = rt
         .block_on(t.locks.try_acquire(&next_key(), Duration::from_secs(600)))
         .expect("acquire for extend");
-    g.bench_function("ours/extend", |b| {
-        b.iter_custom(|iters| {
-            timed(rt, iters, || async {
-                held.extend(Duration::from_secs(600)).await.expect("extend");
-            })
-        })
+    bench(g, rt, "ours/extend", || async {
+        held.extend(Duration::from_secs(600)).await.expect("extend");
     });
     rt.block_on(held.release()).expect("release");
 }

@@ -24,6 +24,14 @@ const EXTEND: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis
 /// The library's acquire script (see `src/scripts.rs`, `ACQUIRE`), copied so the floor can run it.
 const ACQUIRE_FENCED: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0";
 
+/// quorumlock's key layout for a user key: the lock and its fencing counter (same hash tag).
+pub(crate) fn fenced_keys(key: &str) -> (String, String) {
+    (
+        format!("quorumlock:{{{key}}}"),
+        format!("quorumlock:{{{key}}}:fence"),
+    )
+}
+
 /// A hand-written Redlock round over multiplexed connections.
 #[derive(Clone)]
 pub(crate) struct Floor {

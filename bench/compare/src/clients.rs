@@ -102,10 +102,7 @@ impl Client {
             }
             Client::FloorFenced(f) => {
                 // The same key layout as quorumlock's.
-                let (lock_key, fence_key) = (
-                    format!("quorumlock:{{{key}}}"),
-                    format!("quorumlock:{{{key}}}:fence"),
-                );
+                let (lock_key, fence_key) = crate::floor::fenced_keys(key);
                 let value = Floor::new_value();
                 if f.acquire_fenced(&lock_key, &fence_key, &value, TTL_MS)
                     .await

@@ -410,6 +410,25 @@ fn check(ok: bool) -> &'static str {
     if ok { "met" } else { "**MISSED**" }
 }
 
+/// One target line: the ratio, the two figures it comes from, and whether it was met.
+fn target(
+    s: &mut String,
+    what: &str,
+    r: Option<f64>,
+    ours: Option<Duration>,
+    base: Option<Duration>,
+    met: bool,
+) {
+    let _ = writeln!(
+        s,
+        "- {what}: {} ({} vs {}, {}).",
+        fmt_ratio(r),
+        opt(ours),
+        opt(base),
+        check(met)
+    );
+}
+
 /// The targets, from this run's figures.
 fn targets(rows: &[Row]) -> String {
     let mut s = String::from("Targets (ratios from this run):\n\n");
@@ -419,33 +438,38 @@ fn targets(rows: &[Row]) -> String {
     if let (Some(o), Some(f)) = (ours_h, floor_h) {
         let p50 = ratio(secs(o.p50()), secs(f.p50()));
         let p99 = ratio(secs(o.p99()), secs(f.p99()));
-        let _ = writeln!(
-            s,
-            "- healthy acquire+release p50 within 1.25× of the floor: {} ({} vs {}, {}).",
-            fmt_ratio(p50),
-            opt(o.p50()),
-            opt(f.p50()),
-            check(p50.is_some_and(|r| r <= 1.25))
+        let what = "healthy acquire+release p50 within 1.25× of the floor";
+        target(
+            &mut s,
+            what,
+            p50,
+            o.p50(),
+            f.p50(),
+            p50.is_some_and(|r| r <= 1.25),
         );
-        let _ = writeln!(
-            s,
-            "- healthy acquire+release p99 within 1.5× of the floor: {} ({} vs {}, {}).",
-            fmt_ratio(p99),
-            opt(o.p99()),
-            opt(f.p99()),
-            check(p99.is_some_and(|r| r <= 1.5))
+        let what = "healthy acquire+release p99 within 1.5× of the floor";
+        target(
+            &mut s,
+            what,
+            p99,
+            o.p99(),
+            f.p99(),
+            p99.is_some_and(|r| r <= 1.5),
         );
         for phase in [Phase::Paused1, Phase::Paused2] {
             if let Some(h) = find(rows, phase, ar, "quorumlock") {
                 let r = ratio(secs(h.p99()), secs(o.p99()));
-                let _ = writeln!(
-                    s,
-                    "- {}: our acquire+release p99 within 1.5× of our healthy p99: {} ({} vs {}, {}).",
-                    phase.label(),
-                    fmt_ratio(r),
-                    opt(h.p99()),
-                    opt(o.p99()),
-                    check(r.is_some_and(|r| r <= 1.5))
+                let what = format!(
+                    "{}: our acquire+release p99 within 1.5× of our healthy p99",
+                    phase.label()
+                );
+                target(
+                    &mut s,
+                    &what,
+                    r,
+                    h.p99(),
+                    o.p99(),
+                    r.is_some_and(|r| r <= 1.5),
                 );
             }
         }
