@@ -459,9 +459,15 @@ fn targets(rows: &[Row]) -> String {
         for phase in [Phase::Paused1, Phase::Paused2] {
             if let Some(h) = find(rows, phase, ar, "quorumlock") {
                 let r = ratio(secs(h.p99()), secs(o.p99()));
+                // The floor never waits for a hung node either: its own ratio between the same
+                // two phases shows how much of ours is a change of load on the machine.
+                let control = find(rows, phase, ar, "floor")
+                    .and_then(|fp| ratio(secs(fp.p99()), secs(f.p99())));
                 let what = format!(
-                    "{}: our acquire+release p99 within 1.5× of our healthy p99",
-                    phase.label()
+                    "{}: our acquire+release p99 within 1.5× of our healthy p99 \
+                     (load control: the floor's same ratio is {})",
+                    phase.label(),
+                    fmt_ratio(control)
                 );
                 target(
                     &mut s,
