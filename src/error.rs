@@ -271,6 +271,12 @@ pub enum ConfigError {
     /// The drift factor must be in `[0, 0.5)`.
     #[error("drift factor {0} must be at least 0 and below 0.5")]
     DriftFactor(f64),
+    /// Leader election and run-once scheduling need fencing tokens, and the client was built
+    /// with `fencing(false)`.
+    #[error(
+        "elections and run-once jobs need fencing tokens; build the client without .fencing(false)"
+    )]
+    FencingRequired,
     /// A timeout that must be positive is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),

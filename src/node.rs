@@ -24,8 +24,14 @@ use crate::scripts::{self, ScriptCall};
 
 type Connected = Result<(MultiplexedConnection, u64), NodeError>;
 
+/// How long calls fail fast with the last connect error before the next connect is tried, so a
+/// dead node costs no connect attempt (and no task) per call.
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(25);
+
 enum Slot {
     Empty,
+    /// The last connect failed: calls fail fast with its error until the instant passes.
+    Failed(NodeError, Instant),
     Connecting(Shared<BoxFuture<'static, Connected>>),
     Ready(MultiplexedConnection, u64),
 }
@@ -267,7 +273,10 @@ impl Node {
             )),
         };
         match &result {
+            #[cfg(feature = "metrics")]
             Ok(_) => metrics::node_latency(&self.name, op, start.elapsed()),
+            #[cfg(not(feature = "metrics"))]
+            Ok(_) => {}
             Err(e) => {
                 metrics::node_error(&self.name, op, e.label());
                 tracing::debug!(node = %self.name, op, error = %e, "node call failed");
@@ -288,9 +297,20 @@ impl Node {
         {
             return Err(reason);
         }
-        let reply = match conn.send_packed_command(call.evalsha()).await {
+        // A server error comes back as a value; `extract_error` turns it into an error.
+        let reply = match conn
+            .send_packed_command(call.evalsha())
+            .await
+            .and_then(Value::extract_error)
+        {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                conn.send_packed_command(&call.eval()).await
+                match call.eval() {
+                    Some(eval) => conn
+                        .send_packed_command(&eval)
+                        .await
+                        .and_then(Value::extract_error),
+                    None => Err(e),
+                }
             }
             other => other,
         };
@@ -309,7 +329,8 @@ impl Node {
             match &*slot {
                 Slot::Ready(conn, generation) => return Ok((conn.clone(), *generation)),
                 Slot::Connecting(pending) => pending.clone(),
-                Slot::Empty => {
+                Slot::Failed(e, until) if Instant::now() < *until => return Err(e.clone()),
+                Slot::Failed(..) | Slot::Empty => {
                     let pending = self.spawn_connect();
                     *slot = Slot::Connecting(pending.clone());
                     pending
@@ -333,7 +354,7 @@ impl Node {
                 Ok((conn, generation)) => Slot::Ready(conn.clone(), *generation),
                 Err(e) => {
                     tracing::debug!(node = %node.name, error = %e, "connect failed");
-                    Slot::Empty
+                    Slot::Failed(e.clone(), Instant::now() + RECONNECT_BACKOFF)
                 }
             };
             result

@@ -350,3 +350,29 @@ async fn t33_an_unrepaired_node_stays_out() {
     })
     .await;
 }
+
+/// Fencing can be turned off for raw throughput: locks still exclude each other, tokens are 0,
+/// no counter is written, and elections refuse such a client.
+#[tokio::test]
+async fn t40_without_fencing_locks_still_exclude_and_hand_out_no_tokens() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = builder(&cluster).fencing(false).build().unwrap();
+    let lock = locks.try_acquire("plain", TTL).await.unwrap();
+    assert_eq!(lock.token().get(), 0);
+    assert!(locks.try_acquire("plain", TTL).await.unwrap_err().is_held());
+    lock.extend(TTL).await.unwrap();
+    lock.release().await.unwrap();
+    wait_until(WAIT, "released everywhere", || async {
+        holders(&urls, "plain") == 0
+    })
+    .await;
+    assert!(urls.iter().all(|u| fence_on(u, "plain") == 0));
+    let err = quorumlock::Election::builder(locks, "e")
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Config(quorumlock::ConfigError::FencingRequired)),
+        "{err}"
+    );
+}
