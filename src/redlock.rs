@@ -113,6 +113,35 @@ impl LockStatus {
             .copied()
     }
 
+    /// `Ok` when a quorum of nodes answered; otherwise [`Error::NoQuorum`] naming each node that
+    /// did not, and why.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoQuorum`].
+    pub fn require_quorum(&self) -> Result<(), Error> {
+        if self.answered() >= self.quorum {
+            return Ok(());
+        }
+        let failures = self
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                n.state.as_ref().err().map(|cause| NodeFailure {
+                    node: n.node.clone(),
+                    cause: cause.clone(),
+                })
+            })
+            .collect();
+        Err(Error::NoQuorum {
+            key: self.key.clone(),
+            reached: self.answered(),
+            nodes: self.nodes.len(),
+            needed: self.quorum,
+            failures,
+        })
+    }
+
     /// The highest fencing counter any node reports.
     pub fn max_fence(&self) -> u64 {
         self.nodes
