@@ -7,7 +7,7 @@
 //! to a node travels in order on it, so a release always reaches the node after the acquire it
 //! undoes.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -78,6 +78,28 @@ impl MaxTtl {
         self.fixed.unwrap_or_else(|| {
             Duration::from_millis(self.seen_ms.load(Ordering::Relaxed)).max(Self::FLOOR)
         })
+    }
+}
+
+/// Per-round flags: which nodes' calls have been handed to their connection. A call handed over
+/// runs on the server whether or not its future lives on; one still waiting for a connection
+/// runs only if its future is driven.
+#[derive(Debug, Clone)]
+pub(crate) struct Sent(Arc<[AtomicBool]>);
+
+impl Sent {
+    pub(crate) fn new(n: usize) -> Self {
+        Sent((0..n).map(|_| AtomicBool::new(false)).collect())
+    }
+
+    pub(crate) fn mark(&self, i: usize) {
+        if let Some(flag) = self.0.get(i) {
+            flag.store(true, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn get(&self, i: usize) -> bool {
+        self.0.get(i).is_some_and(|f| f.load(Ordering::Acquire))
     }
 }
 
@@ -266,7 +288,9 @@ impl Node {
         op: &'static str,
     ) -> Result<Value, NodeError> {
         let start = Instant::now();
-        match tokio::time::timeout_at(deadline, Arc::clone(&self).call(call, hold_out, op)).await {
+        match tokio::time::timeout_at(deadline, Arc::clone(&self).call(call, hold_out, op, None))
+            .await
+        {
             Ok(r) => r,
             Err(_) => {
                 let e = NodeError::Timeout(deadline.saturating_duration_since(start));
@@ -283,10 +307,11 @@ impl Node {
         call: Arc<ScriptCall>,
         hold_out: HoldOut,
         op: &'static str,
+        sent: Option<(Sent, usize)>,
     ) -> Result<Value, NodeError> {
         #[cfg(feature = "metrics")]
         let start = Instant::now();
-        let result = self.run_now(&call, hold_out).await;
+        let result = self.run_now(&call, hold_out, sent).await;
         match &result {
             #[cfg(feature = "metrics")]
             Ok(_) => metrics::node_latency(&self.name, op, start.elapsed()),
@@ -306,15 +331,11 @@ impl Node {
         tracing::debug!(node = %self.name, op, error = %e, "node call failed");
     }
 
-    /// Whether the node has a live connection: a call to it is sent on its first poll.
-    pub(crate) fn is_connected(&self) -> bool {
-        matches!(&*lock(&self.slot), Slot::Ready(..))
-    }
-
     async fn run_now(
         self: &Arc<Self>,
         call: &ScriptCall,
         hold_out: HoldOut,
+        sent: Option<(Sent, usize)>,
     ) -> Result<Value, NodeError> {
         let (mut conn, generation) = self.connection().await?;
         // Checked after connecting: a (re)connect is what reads the node's run id and uptime.
@@ -322,6 +343,11 @@ impl Node {
             && let Some(reason) = self.held_out()
         {
             return Err(reason);
+        }
+        // The first poll of the send below hands the command to the connection (unless its
+        // queue is full, in which case a dropped call is simply not sent: never unsafe).
+        if let Some((sent, i)) = &sent {
+            sent.mark(*i);
         }
         // A server error comes back as a value; `extract_error` turns it into an error.
         let reply = match conn

@@ -17,7 +17,7 @@ use crate::error::{ArgumentError, Error, LostReason, NodeError, NodeFailure};
 use crate::fencing::FencingToken;
 use crate::guard::{Lock, LockState};
 use crate::metrics;
-use crate::node::{HoldOut, MaxTtl, Node};
+use crate::node::{HoldOut, MaxTtl, Node, Sent};
 use crate::quorum::{self, Answer, Tally, Verdict};
 use crate::scripts::{self, ScriptCall};
 
@@ -176,19 +176,21 @@ struct Round {
 struct Tail {
     calls: FuturesUnordered<NodeFuture>,
     answered: Vec<bool>,
+    sent: Sent,
     deadline: Instant,
 }
 
 impl Tail {
-    /// Whether the unanswered calls need driving: a call to a connected node was sent on its
-    /// first poll and runs on the server whether or not its future lives, but a call waiting for
-    /// a connection is sent only if something keeps polling it.
-    fn needs_driving(&self, nodes: &[Arc<Node>]) -> bool {
+    /// Whether the unanswered calls need driving: one handed to its connection runs on the
+    /// server whether or not its future lives, but one still waiting for a connection is sent
+    /// only if something keeps polling it.
+    fn needs_driving(&self) -> bool {
         !self.calls.is_empty()
-            && nodes
+            && self
+                .answered
                 .iter()
-                .zip(&self.answered)
-                .any(|(node, &answered)| !answered && !node.is_connected())
+                .enumerate()
+                .any(|(i, &answered)| !answered && !self.sent.get(i))
     }
 
     /// Drives the unanswered calls to their end (bounded by the round's deadline), handing each
@@ -497,7 +499,7 @@ impl Redlock {
     /// flag is set before any release is sent, so either the release ran after the late acquire
     /// on the node's ordered connection, or this check sees the flag.
     fn finish_late_answers(&self, late: Tail, state: &Arc<LockState>) {
-        if !late.needs_driving(&self.inner.nodes) {
+        if !late.needs_driving() {
             return;
         }
         let client = self.clone();
@@ -620,13 +622,15 @@ impl Redlock {
     ) -> Round {
         let n = self.inner.nodes.len();
         let start = Instant::now();
+        let sent = Sent::new(n);
         let mut rest: FuturesUnordered<NodeFuture> = self
             .inner
             .nodes
             .iter()
             .enumerate()
             .map(|(i, node)| {
-                let fut = Arc::clone(node).call(Arc::clone(&call), hold_out, op);
+                let fut =
+                    Arc::clone(node).call(Arc::clone(&call), hold_out, op, Some((sent.clone(), i)));
                 Box::pin(async move { (i, fut.await) }) as NodeFuture
             })
             .collect();
@@ -682,6 +686,7 @@ impl Redlock {
             rest: Tail {
                 calls: rest,
                 answered,
+                sent,
                 deadline,
             },
         }
@@ -759,7 +764,7 @@ impl Redlock {
         let round = self
             .round(Arc::new(call), deadline, HoldOut::Ignore, "release")
             .await;
-        if round.rest.needs_driving(&self.inner.nodes) {
+        if round.rest.needs_driving() {
             self.inner.tasks.spawn(round.rest.drive(|_, _| async {}));
         }
         let key = state.key();
