@@ -1,0 +1,59 @@
+//! Regressions: known bugs in the core, pinned by tests that fail today. They are ignored so
+//! the short profile stays green; un-ignore each with its fix.
+
+use std::time::Duration;
+
+use quorumlock::RestartGuard;
+
+use crate::history::Recorder;
+use crate::proxy::ProxyNet;
+use crate::resource::Resource;
+use crate::support::cluster;
+use crate::t50_data_loss::warm_up;
+use crate::workload::{ClientSpec, Held, KEY};
+
+/// At most one node (a minority of three) down at a time, each kept down longer than the ttl
+/// and restarted empty, with the default restart guard: the textbook-safe deployment. Mutual
+/// exclusion holds, but the fencing counters of the restarted nodes start again from zero and
+/// nothing raises them, so a quorum made of the two restarted nodes hands out a token far
+/// below the last one. `FencingToken`'s documented guarantee ("strictly greater than every
+/// earlier holder's token ... or a restarted node kept out of quorums for longer than the
+/// largest ttl") does not hold; the resource then rejects the legitimate holder's writes.
+///
+/// Expected (once fixed): B's token is above A's.
+#[tokio::test]
+#[ignore = "known core bug: fencing counters lost in a restart without persistence are never re-seeded (tokens regress)"]
+async fn tokens_keep_growing_after_minority_restarts_delayed_past_the_ttl() {
+    let mut cluster = cluster(3);
+    let urls = cluster.urls();
+    let (rec, resource) = (Recorder::new(), Resource::gate());
+    let ttl = Duration::from_millis(500);
+    let spec = ClientSpec::new(0, urls.clone(), ttl, 0);
+    warm_up(&spec, &rec, &resource).await; // counters at 1000 and above
+    let net = ProxyNet::start(1, &urls).await.unwrap();
+    let mut b_spec = ClientSpec::new(1, net.urls(0), ttl, 0);
+    b_spec.guard = RestartGuard::Restarted;
+    let b_locks = b_spec.locks();
+    b_locks.status(KEY).await.unwrap();
+
+    let a = Held::acquire(&spec.locks(), 0, ttl, Duration::from_secs(5), &rec)
+        .await
+        .unwrap();
+    let a_token = a.token;
+    a.release(&rec).await.unwrap();
+    for n in [0, 1] {
+        cluster.kill(n).unwrap();
+        tokio::time::sleep(ttl * 3).await; // kept down well past the ttl
+        cluster.restart_empty(n).unwrap();
+    }
+    // Node 2, the only one that kept its counter, is briefly unreachable for B.
+    net.link(0, 2).set_blackhole(true);
+    let b = Held::acquire(&b_locks, 1, ttl, Duration::from_secs(5), &rec)
+        .await
+        .expect("nodes 0 and 1 are a quorum once the guard lets them back");
+    assert!(
+        b.token > a_token,
+        "token went backwards: {} after {a_token}",
+        b.token
+    );
+}
