@@ -171,19 +171,15 @@ pub fn draw(
             .collect()
     };
     match kind {
-        FaultKind::KillMinorityDelayed => {
+        FaultKind::KillMinorityDelayed | FaultKind::KillMinority => {
             let k = rng.random_range(1..=minority);
-            Fault::Kill {
-                nodes: some_of(rng, nodes, k),
-                down: ttls(rng, ttl, 1.2, 2.0),
-            }
-        }
-        FaultKind::KillMinority => {
-            let k = rng.random_range(1..=minority);
-            Fault::Kill {
-                nodes: some_of(rng, nodes, k),
-                down: Duration::ZERO,
-            }
+            let nodes = some_of(rng, nodes, k);
+            let down = if kind == FaultKind::KillMinorityDelayed {
+                ttls(rng, ttl, 1.2, 2.0)
+            } else {
+                Duration::ZERO
+            };
+            Fault::Kill { nodes, down }
         }
         FaultKind::KillMajority => Fault::Kill {
             nodes: some_of(rng, nodes, quorum),

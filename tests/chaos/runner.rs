@@ -158,7 +158,9 @@ pub async fn run(scn: &Scenario, seed: u64, duration: Duration) -> Outcome {
     }
     let child = resource_server.as_ref().map(|server| {
         let mut client = spec(scn.clients, urls.clone());
-        client.work = Duration::from_millis(100);
+        // Mostly "working" between its validity check and its write while it holds the lock,
+        // so that a random SIGSTOP often lands there.
+        client.work = Duration::from_millis(400);
         client.writes = 1..=3;
         ChildClient::spawn(
             &ChildSpec {
@@ -380,3 +382,13 @@ pub fn table_row(name: &str, expected: &str, runs: &[Outcome]) -> String {
 
 /// How long each random case of the short profile lets the nemesis work.
 pub const SHORT: Duration = Duration::from_secs(5);
+
+/// A short-profile case for a fault the lock must survive: runs `scn` for `duration` with the
+/// test's fixed seed (or `QUORUMLOCK_CHAOS_SEED`), and asserts that the clients were busy and
+/// that the checker found no violation.
+pub async fn expect_safe(scn: Scenario, fixed_seed: u64, duration: Duration) -> Outcome {
+    let out = run(&scn, seed(fixed_seed), duration).await;
+    out.assert_busy(10);
+    out.assert_safe();
+    out
+}

@@ -7,7 +7,7 @@
 use quorumlock::RestartGuard;
 
 use crate::nemesis::FaultKind;
-use crate::runner::{SHORT, Scenario, run, seed};
+use crate::runner::{SHORT, Scenario, expect_safe};
 
 /// Up to a minority (2 of 5) killed and kept down longer than the ttl, then restarted empty;
 /// the client's restart guard is off, so the delay alone must keep the lock safe.
@@ -17,9 +17,7 @@ use crate::runner::{SHORT, Scenario, run, seed};
 async fn kill_minority_with_delayed_restart_keeps_exclusion() {
     let scn = Scenario::new("kill-minority-delayed", &[FaultKind::KillMinorityDelayed])
         .guard(RestartGuard::Off);
-    let out = run(&scn, seed(30), SHORT).await;
-    out.assert_busy(10);
-    out.assert_safe();
+    expect_safe(scn, 30, SHORT).await;
 }
 
 /// Up to a minority killed and restarted empty at once; the client's default restart guard
@@ -29,9 +27,7 @@ async fn kill_minority_with_delayed_restart_keeps_exclusion() {
 #[tokio::test]
 async fn kill_minority_with_immediate_restart_is_held_out_by_the_restart_guard() {
     let scn = Scenario::new("kill-minority-immediate+guard", &[FaultKind::KillMinority]);
-    let out = run(&scn, seed(31), SHORT).await;
-    out.assert_busy(10);
-    out.assert_safe();
+    expect_safe(scn, 31, SHORT).await;
 }
 
 /// A majority (3 of 5) killed and restarted at once, with `appendfsync always`: the nodes come
@@ -43,9 +39,7 @@ async fn kill_majority_with_aof_always_keeps_exclusion() {
     let scn = Scenario::new("kill-majority-immediate+aof", &[FaultKind::KillMajority])
         .aof()
         .guard(RestartGuard::Off);
-    let out = run(&scn, seed(32), SHORT).await;
-    out.assert_busy(10);
-    out.assert_safe();
+    expect_safe(scn, 32, SHORT).await;
 }
 
 /// Up to a majority of nodes SIGSTOPped (hung masters that accept connections and never
@@ -56,7 +50,5 @@ async fn kill_majority_with_aof_always_keeps_exclusion() {
 #[tokio::test]
 async fn paused_nodes_cost_availability_only() {
     let scn = Scenario::new("pause-nodes", &[FaultKind::PauseNodes]);
-    let out = run(&scn, seed(33), SHORT).await;
-    out.assert_busy(10);
-    out.assert_safe();
+    expect_safe(scn, 33, SHORT).await;
 }

@@ -5,7 +5,7 @@
 //! `3 x ttl + connect timeout + 1.5 s` (5 s with the 1 s ttl).
 
 use crate::nemesis::FaultKind;
-use crate::runner::{SHORT, Scenario, run, seed};
+use crate::runner::{SHORT, Scenario, expect_safe};
 
 /// 20 to 250 ms added each way on random links (beyond the 300 ms node timeout for a round
 /// trip at the top of the range).
@@ -14,14 +14,7 @@ use crate::runner::{SHORT, Scenario, run, seed};
 /// from the slow round), no hung operation.
 #[tokio::test]
 async fn latency_keeps_exclusion() {
-    let out = run(
-        &Scenario::new("latency", &[FaultKind::Latency]),
-        seed(40),
-        SHORT,
-    )
-    .await;
-    out.assert_busy(10);
-    out.assert_safe();
+    expect_safe(Scenario::new("latency", &[FaultKind::Latency]), 40, SHORT).await;
 }
 
 /// Whole nodes or random links blackholed: bytes stop, connections stay open, and what was
@@ -30,14 +23,12 @@ async fn latency_keeps_exclusion() {
 /// Expected: no overlap, strictly growing tokens, no write past validity, no hung operation.
 #[tokio::test]
 async fn blackholes_keep_exclusion() {
-    let out = run(
-        &Scenario::new("blackhole", &[FaultKind::Blackhole]),
-        seed(41),
+    expect_safe(
+        Scenario::new("blackhole", &[FaultKind::Blackhole]),
+        41,
         SHORT,
     )
     .await;
-    out.assert_busy(10);
-    out.assert_safe();
 }
 
 /// Every connection to random nodes reset with an RST, up to three times in a row.
@@ -46,14 +37,7 @@ async fn blackholes_keep_exclusion() {
 /// clients reconnect (a reset is not a restart: the run id is unchanged, nothing is held out).
 #[tokio::test]
 async fn connection_resets_keep_exclusion() {
-    let out = run(
-        &Scenario::new("reset", &[FaultKind::Reset]),
-        seed(42),
-        SHORT,
-    )
-    .await;
-    out.assert_busy(10);
-    out.assert_safe();
+    expect_safe(Scenario::new("reset", &[FaultKind::Reset]), 42, SHORT).await;
 }
 
 /// Each client sees its own subset of nodes: usually a majority, not the same one, sometimes
@@ -63,7 +47,5 @@ async fn connection_resets_keep_exclusion() {
 #[tokio::test]
 async fn clients_seeing_different_majorities_keep_exclusion_and_token_order() {
     let scn = Scenario::new("client-partition", &[FaultKind::ClientPartition]);
-    let out = run(&scn, seed(43), SHORT).await;
-    out.assert_busy(10);
-    out.assert_safe();
+    expect_safe(scn, 43, SHORT).await;
 }

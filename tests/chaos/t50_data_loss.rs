@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use quorumlock::RestartGuard;
+use quorumlock::testkit::LocalCluster;
 
 use crate::checker::check;
 use crate::history::{Fault, Mono, Recorder};
@@ -35,6 +36,20 @@ pub async fn warm_up(spec: &ClientSpec, rec: &Recorder, resource: &Resource) {
     }
 }
 
+/// Kills nodes 0 and 1 and restarts them empty at once: a wiped majority of three.
+fn wipe(cluster: &mut LocalCluster, rec: &Recorder) {
+    let start = Mono::now();
+    for n in [0, 1] {
+        cluster.kill(n).unwrap();
+        cluster.restart_empty(n).unwrap();
+    }
+    rec.fault(Fault {
+        what: "kill nodes [0, 1], restart empty at once".into(),
+        start,
+        healed: Mono::now(),
+    });
+}
+
 /// Holder A's keys are wiped from two of three nodes by an immediate empty restart, and B's
 /// client has the restart guard off.
 ///
@@ -60,16 +75,7 @@ async fn majority_wiped_without_restart_guard_breaks_exclusion_and_fencing_catch
     assert!(a.write(&resource, &rec).await);
 
     tracing::info!("--- nodes 0 and 1 are killed and restarted empty at once");
-    let start = Mono::now();
-    for n in [0, 1] {
-        cluster.kill(n).unwrap();
-        cluster.restart_empty(n).unwrap();
-    }
-    rec.fault(Fault {
-        what: "kill nodes [0, 1], restart empty at once".into(),
-        start,
-        healed: Mono::now(),
-    });
+    wipe(&mut cluster, &rec);
 
     tracing::info!("--- B acquires on the wiped majority while A still holds");
     let b = Held::acquire(&b_locks, 1, ttl, WAIT, &rec)
@@ -128,16 +134,7 @@ async fn majority_wiped_with_restart_guard_keeps_exclusion() {
 
     let a = Held::acquire(&a_locks, 0, ttl, WAIT, &rec).await.unwrap();
     assert!(a.write(&resource, &rec).await);
-    let start = Mono::now();
-    for n in [0, 1] {
-        cluster.kill(n).unwrap();
-        cluster.restart_empty(n).unwrap();
-    }
-    rec.fault(Fault {
-        what: "kill nodes [0, 1], restart empty at once".into(),
-        start,
-        healed: Mono::now(),
-    });
+    wipe(&mut cluster, &rec);
 
     let b = Held::acquire(&b_locks, 1, ttl, WAIT, &rec)
         .await

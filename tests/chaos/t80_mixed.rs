@@ -1,7 +1,7 @@
 //! Every fault that the lock is meant to survive, mixed in one seeded schedule.
 
 use crate::nemesis::FaultKind;
-use crate::runner::{SHORT, Scenario, run, seed};
+use crate::runner::{SHORT, Scenario, expect_safe};
 
 /// The faults a correctly deployed Redlock survives.
 pub const SURVIVABLE: &[FaultKind] = &[
@@ -21,7 +21,5 @@ pub const SURVIVABLE: &[FaultKind] = &[
 /// the lock is acquired again within 5 s of every heal.
 #[tokio::test]
 async fn survivable_faults_mixed_keep_exclusion() {
-    let out = run(&Scenario::new("mixed", SURVIVABLE), seed(80), SHORT * 2).await;
-    out.assert_busy(10);
-    out.assert_safe();
+    expect_safe(Scenario::new("mixed", SURVIVABLE), 80, SHORT * 2).await;
 }

@@ -29,6 +29,10 @@ enum Expect {
     Unsafe,
 }
 
+/// Where restarts lose fencing counters: safe, but tokens can go backwards (the known core bug
+/// pinned in `t90_regressions`), and the resource then rejects a legitimate holder.
+const LOST_COUNTERS: &str = "no overlap; tokens may regress (known bug)";
+
 fn rows() -> Vec<(Scenario, Expect, &'static str)> {
     use FaultKind::*;
     vec![
@@ -185,6 +189,11 @@ async fn long_profile() {
             }
             outcomes.push(out);
         }
+        let expected = if *expect == Expect::Safe && scn.loses_counters() {
+            LOST_COUNTERS
+        } else {
+            expected
+        };
         let row = table_row(scn.name, expected, &outcomes);
         println!("{row}");
         table.push(row);
