@@ -188,6 +188,8 @@ impl ChildSpec {
         client.once = num("once") == 1;
         // The heartbeat a real worker would run: it freezes with the process.
         client.keep_alive = true;
+        // Checks its validity before its work, not again before writing.
+        client.recheck = false;
         ChildSpec {
             client,
             resource_url: get("resource"),

@@ -53,6 +53,9 @@ pub struct ClientSpec {
     pub keep_alive: bool,
     /// Stop after one critical section.
     pub once: bool,
+    /// Check validity again after the work, right before writing (a careful client). Without
+    /// it, a pause during the work goes unnoticed: the GC-pause story the child client plays.
+    pub recheck: bool,
     pub seed: u64,
 }
 
@@ -67,6 +70,7 @@ impl ClientSpec {
             writes: 1..=4,
             keep_alive: false,
             once: false,
+            recheck: true,
             seed,
         }
     }
@@ -164,6 +168,9 @@ async fn critical_section(
         }
         rec.checked(held.session, Mono::now());
         tokio::time::sleep(work).await;
+        if spec.recheck && (held.lock.is_lost() || held.lock.validity() < WRITE_MARGIN) {
+            break;
+        }
         held.write(resource, rec).await;
     }
     let _ = held.release(rec).await;
