@@ -38,7 +38,8 @@ pub enum FaultKind {
     /// Each client sees its own set of nodes (usually a majority, not the same one).
     ClientPartition,
     /// One client is cut from a minority; a node of the bare majority it still sees has its
-    /// clock jump forward by 0.5..2 ttl (simulated, see `jump_clock`).
+    /// clock jump forward by 1..2 ttl (simulated, see `jump_clock`), as soon as that client
+    /// holds the lock there (or at half time).
     ClockJump,
     /// SIGSTOP the child client for 0.3..2.5 ttl.
     PauseClient,
@@ -250,7 +251,7 @@ pub fn draw(
                 client,
                 node: *rest.choose(rng).expect("a majority is left"),
                 cut,
-                jump: ttls(rng, ttl, 0.5, 2.0),
+                jump: ttls(rng, ttl, 1.0, 2.0),
                 hold: ttls(rng, ttl, 1.0, 2.0),
             }
         }
@@ -377,7 +378,15 @@ pub async fn inject(env: &mut Env, fault: &Fault, rec: &Recorder) {
             for &n in cut {
                 env.net.link(*client, n).set_blackhole(true);
             }
-            tokio::time::sleep(*hold / 2).await;
+            // Targeted: jump as soon as the cut client holds the lock on its bare majority (a
+            // value on `node` that no cut node has), or at half time anyway.
+            let mut conns = connect_all(&env.urls).await;
+            let _ = tokio::time::timeout(*hold / 2, async {
+                while !bare_majority_holder(&mut conns, cut, *node).await {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+            .await;
             jump_clock(&env.urls[*node], *jump).await;
             tokio::time::sleep(*hold / 2).await;
             env.net.heal();
@@ -394,6 +403,47 @@ pub async fn inject(env: &mut Env, fault: &Fault, rec: &Recorder) {
         start,
         healed: Mono::now(),
     });
+}
+
+/// Whether `node` holds a lock value that none of the `cut` nodes has: a holder that could not
+/// reach them and counts on `node` for its majority. `conns` are direct connections to every node.
+async fn bare_majority_holder(
+    conns: &mut [redis::aio::MultiplexedConnection],
+    cut: &[usize],
+    node: usize,
+) -> bool {
+    let key = crate::support::lock_key(crate::workload::KEY);
+    let mut get = redis::cmd("GET");
+    get.arg(&key);
+    let Ok(Some(held)) = get.query_async::<Option<String>>(&mut conns[node]).await else {
+        return false;
+    };
+    for &n in cut {
+        if get
+            .query_async::<Option<String>>(&mut conns[n])
+            .await
+            .ok()
+            .flatten()
+            == Some(held.clone())
+        {
+            return false;
+        }
+    }
+    true
+}
+
+async fn connect_all(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
+    let mut conns = Vec::with_capacity(urls.len());
+    for url in urls {
+        let client = redis::Client::open(url.as_str()).expect("node url");
+        conns.push(
+            client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect to a node directly"),
+        );
+    }
+    conns
 }
 
 /// A forward clock jump of `jump` on one node, simulated: every key's remaining time to live

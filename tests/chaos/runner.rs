@@ -282,6 +282,21 @@ impl Outcome {
         );
     }
 
+    /// Panics unless every violation was made harmless by fencing: overlaps and late writes are
+    /// allowed, but tokens must grow, no write that fencing should have refused got through,
+    /// nothing hung and the lock came back after every heal.
+    pub fn assert_caught(&self) {
+        let r = &self.report;
+        assert!(
+            r.uncaught.is_empty()
+                && r.token_regressions.is_empty()
+                && r.hung.is_empty()
+                && r.slow_recoveries.is_empty(),
+            "expected every violation to be caught by fencing\n{}",
+            self.explain()
+        );
+    }
+
     /// Panics unless the clients really used the lock (so "no violation" means something).
     pub fn assert_busy(&self, sections: usize) {
         assert!(
