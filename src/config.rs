@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::node::{MaxTtl, Node, redact};
+use crate::node::{MaxTtl, Node, node_name, redact};
 use crate::redlock::Redlock;
 
 /// How the client treats a node that may have lost its lock keys in a restart.
@@ -177,11 +177,12 @@ impl RedlockBuilder {
                 })?;
             let info = client.get_connection_info();
             let identity = format!("{}/{}", info.addr(), info.redis_settings().db());
+            let name = node_name(info);
             if !seen.insert(identity) {
-                return Err(ConfigError::DuplicateNode(redact(url)));
+                return Err(ConfigError::DuplicateNode(name));
             }
             nodes.push(Arc::new(Node::new(
-                redact(url),
+                name,
                 client,
                 &self,
                 Arc::clone(&max_ttl),

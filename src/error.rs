@@ -161,8 +161,9 @@ pub struct NodeFailure {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum NodeError {
-    /// No answer within the per-node timeout (or before the validity budget ran out).
-    #[error("timed out after {0:?}")]
+    /// No answer within the per-node timeout (or before the validity budget ran out), or no
+    /// connection within the connect timeout.
+    #[error("timed out after {}", humanize(*.0))]
     Timeout(Duration),
     /// The node refused the connection (nothing listening).
     #[error("connection refused")]
@@ -172,7 +173,9 @@ pub enum NodeError {
     Dropped(#[source] redis::RedisError),
     /// The node restarted (or started) less than the maximum ttl ago and may have lost lock keys;
     /// it is kept out of every quorum until `remaining` has passed.
-    #[error("held out of quorums for {remaining:?} more after a restart (delayed-restart rule)")]
+    #[error(
+        "held out of quorums for {remaining:?} more: it (re)started less than the max ttl ago and may have lost lock keys (delayed-restart rule)"
+    )]
     HeldOut {
         /// How long until the node counts again.
         remaining: Duration,
@@ -264,6 +267,17 @@ pub enum ConfigError {
     /// A timeout that must be positive is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),
+}
+
+/// `1.2s`, `50ms`, `750µs`: short and readable in one-line errors.
+fn humanize(d: Duration) -> String {
+    if d >= Duration::from_secs(1) {
+        format!("{:.1}s", d.as_secs_f64())
+    } else if d >= Duration::from_millis(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}µs", d.as_micros())
+    }
 }
 
 /// Formats a list of node failures as `a: cause; b: cause`.

@@ -2,6 +2,7 @@
 //! and the "lost" signal.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ pub(crate) struct LockState {
     deadline: Mutex<Instant>,
     lost: CancellationToken,
     reason: Mutex<Option<LostReason>>,
+    released: AtomicBool,
 }
 
 impl LockState {
@@ -49,6 +51,7 @@ impl LockState {
             deadline: Mutex::new(deadline),
             lost: CancellationToken::new(),
             reason: Mutex::new(None),
+            released: AtomicBool::new(false),
         }
     }
 
@@ -69,6 +72,15 @@ impl LockState {
     }
     pub(crate) fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    /// Set before any release of the lock is sent (explicit release or Drop).
+    pub(crate) fn mark_released(&self) {
+        self.released.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::SeqCst)
     }
 
     pub(crate) fn deadline(&self) -> Instant {
@@ -303,6 +315,7 @@ impl Lock {
     /// Cancel-safe: if dropped midway, the guard's Drop sends the release in the background.
     pub async fn release(mut self) -> Result<(), Error> {
         self.stop_task();
+        self.state.mark_released();
         let result = self.client.release_state(&self.state).await;
         self.done = true;
         self.state.lost.cancel();
@@ -325,8 +338,10 @@ impl Drop for Lock {
     fn drop(&mut self) {
         self.stop_task();
         if !self.done {
+            let s = &self.state;
+            s.mark_released();
             self.client
-                .spawn_release(&self.state.lock_key, &self.state.value);
+                .spawn_release(&s.lock_key, &s.fence_key, &s.value, s.token.get());
             self.state.lost.cancel();
         }
     }

@@ -3,21 +3,27 @@
 #![cfg_attr(not(test), warn(clippy::print_stdout, clippy::print_stderr))]
 
 mod config;
+mod election;
 mod error;
 mod fencing;
+#[cfg(test)]
+mod fencing_model;
 mod guard;
 mod lease;
 mod metrics;
 mod node;
 mod quorum;
 mod redlock;
+mod schedule;
 mod scripts;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
 pub use config::{RedlockBuilder, RestartGuard};
+pub use election::{Election, ElectionBuilder, Health, Leader, Leadership, Observation};
 pub use error::{ArgumentError, ConfigError, Error, LostReason, NodeError, NodeFailure, Result};
 pub use fencing::{FenceGate, FencedWrite, FencingToken, StaleToken, fenced_set};
 pub use guard::Lock;
 pub use lease::LockContext;
 pub use redlock::{KeyState, LockStatus, NodeStatus, Redlock};
+pub use schedule::{Outcome, RunOnce, RunOnceBuilder, SkipReason, TickContext, tick_of};

@@ -142,13 +142,8 @@ impl Node {
         hold_out: HoldOut,
         op: &'static str,
     ) -> Result<Value, NodeError> {
-        if hold_out == HoldOut::Respect
-            && let Some(remaining) = self.held_out()
-        {
-            return Err(NodeError::HeldOut { remaining });
-        }
         let start = Instant::now();
-        let result = match tokio::time::timeout_at(deadline, self.run_now(&call)).await {
+        let result = match tokio::time::timeout_at(deadline, self.run_now(&call, hold_out)).await {
             Ok(r) => r,
             Err(_) => Err(NodeError::Timeout(
                 deadline.saturating_duration_since(start),
@@ -164,8 +159,18 @@ impl Node {
         result
     }
 
-    async fn run_now(self: &Arc<Self>, call: &ScriptCall) -> Result<Value, NodeError> {
+    async fn run_now(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+        hold_out: HoldOut,
+    ) -> Result<Value, NodeError> {
         let (mut conn, generation) = self.connection().await?;
+        // Checked after connecting: a (re)connect is what reads the node's run id and uptime.
+        if hold_out == HoldOut::Respect
+            && let Some(remaining) = self.held_out()
+        {
+            return Err(NodeError::HeldOut { remaining });
+        }
         let reply = match conn.send_packed_command(call.evalsha()).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 conn.send_packed_command(&call.eval()).await
@@ -234,7 +239,7 @@ impl Node {
             .client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(NodeError::from_redis)?;
+            .map_err(|e| self.connect_error(e))?;
         let mut pipe = redis::pipe();
         pipe.cmd("INFO").arg("server");
         for lua in scripts::all() {
@@ -243,12 +248,21 @@ impl Node {
         let (info,): (String,) = pipe
             .query_async(&mut conn)
             .await
-            .map_err(NodeError::from_redis)?;
+            .map_err(|e| self.connect_error(e))?;
         let (run_id, uptime) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
         self.observe_start(run_id, uptime);
         tracing::debug!(node = %self.name, "connected");
         Ok(conn)
+    }
+
+    /// A connect-time error; a timeout there is the connect timeout.
+    fn connect_error(&self, e: redis::RedisError) -> NodeError {
+        if e.is_timeout() {
+            NodeError::Timeout(self.connect_timeout)
+        } else {
+            NodeError::from_redis(e)
+        }
     }
 
     /// The restart guard: compares the run id with the last one seen.
@@ -300,8 +314,59 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A URL with its password replaced by `***`.
+/// A node's display name from its parsed address: scheme, user, host and port (or socket path)
+/// and db, never the password.
+pub(crate) fn node_name(info: &redis::ConnectionInfo) -> String {
+    let settings = info.redis_settings();
+    let user = settings
+        .username()
+        .map(|u| format!("{u}@"))
+        .unwrap_or_default();
+    let db = settings.db();
+    match info.addr() {
+        redis::ConnectionAddr::Unix(path) if db != 0 => {
+            format!("unix://{}?db={db}", path.display())
+        }
+        redis::ConnectionAddr::Unix(path) => format!("unix://{}", path.display()),
+        addr => {
+            let scheme = if matches!(addr, redis::ConnectionAddr::TcpTls { .. }) {
+                "rediss"
+            } else {
+                "redis"
+            };
+            let db = if db != 0 {
+                format!("/{db}")
+            } else {
+                String::new()
+            };
+            format!("{scheme}://{user}{addr}{db}")
+        }
+    }
+}
+
+/// A URL with its password replaced by `***` (in the authority and in `pass=` / `password=`
+/// query parameters), for URLs that could not be parsed.
 pub(crate) fn redact(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut out = redact_authority(base);
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, _)) if k == "pass" || k == "password" => format!("{k}=***"),
+                _ => p.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
+    }
+    out
+}
+
+fn redact_authority(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_owned();
     };
@@ -328,6 +393,23 @@ mod tests {
         );
         assert_eq!(redact("rediss://:secret@h:1"), "rediss://:***@h:1");
         assert_eq!(redact("unix:///tmp/r.sock"), "unix:///tmp/r.sock");
+        assert_eq!(
+            redact("unix:///tmp/r.sock?db=2&pass=secret"),
+            "unix:///tmp/r.sock?db=2&pass=***"
+        );
+    }
+
+    #[test]
+    fn node_names_never_carry_the_password() {
+        for (url, name) in [
+            ("redis://127.0.0.1:7001", "redis://127.0.0.1:7001"),
+            ("redis://u:pw@h:1/3", "redis://u@h:1/3"),
+            ("redis://:pw@h:1", "redis://h:1"),
+            ("unix:///tmp/r.sock?pass=pw&db=2", "unix:///tmp/r.sock?db=2"),
+        ] {
+            let client = redis::Client::open(url).unwrap();
+            assert_eq!(node_name(client.get_connection_info()), name, "{url}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use redis::Value;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use crate::config::RedlockBuilder;
 use crate::error::{ArgumentError, Error, LostReason, NodeError, NodeFailure};
@@ -54,6 +55,8 @@ pub(crate) struct Inner {
     pub(crate) nodes: Vec<Arc<Node>>,
     pub(crate) cfg: RedlockBuilder,
     max_ttl: Arc<MaxTtl>,
+    /// Background releases and late answers, so `flush` can wait for them.
+    tasks: TaskTracker,
 }
 
 /// What one node says about a key, from [`Redlock::status`].
@@ -160,6 +163,7 @@ impl Redlock {
                 nodes,
                 cfg,
                 max_ttl,
+                tasks: TaskTracker::new(),
             }),
         }
     }
@@ -181,6 +185,21 @@ impl Redlock {
             .iter()
             .map(|n| n.name().to_owned())
             .collect()
+    }
+
+    /// Waits until the work this client does in the background has finished: releases of failed,
+    /// cancelled or dropped acquisitions, the unanswered part of a release, and calls still in
+    /// flight after a won round. Each is bounded by the node timeout. Call it before a
+    /// short-lived process exits, so its releases are not cut off.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe: it only waits; the background work goes on.
+    pub async fn flush(&self) {
+        let tasks = &self.inner.tasks;
+        tasks.close();
+        tasks.wait().await;
+        tasks.reopen();
     }
 
     /// One attempt round, no retries: the lock, or why not at once.
@@ -250,15 +269,15 @@ impl Redlock {
             round_no += 1;
             let value = new_value();
             // Armed before the first await: a cancelled or failed round is released everywhere.
-            let undo = UndoRelease::arm(self, &lock_key, &value);
+            let undo = UndoRelease::arm(self, &lock_key, &fence_key, &value);
             let result = self
                 .attempt(key, &lock_key, &fence_key, &value, ttl, drift)
                 .await;
             let err = match result {
-                Ok((token, start, validity)) => {
+                Ok((token, start, validity, late)) => {
                     undo.disarm();
                     metrics::acquire("acquired", called.elapsed());
-                    let state = LockState::new(
+                    let state = Arc::new(LockState::new(
                         key.to_owned(),
                         lock_key,
                         fence_key,
@@ -266,8 +285,9 @@ impl Redlock {
                         token,
                         ttl,
                         start + validity,
-                    );
-                    return Ok(Lock::new(self.clone(), Arc::new(state)));
+                    ));
+                    self.finish_late_answers(late, &state);
+                    return Ok(Lock::new(self.clone(), state));
                 }
                 Err(e) => e,
             };
@@ -326,7 +346,15 @@ impl Redlock {
         value: &str,
         ttl: Duration,
         drift: Duration,
-    ) -> Result<(FencingToken, Instant, Duration), Error> {
+    ) -> Result<
+        (
+            FencingToken,
+            Instant,
+            Duration,
+            FuturesUnordered<NodeFuture>,
+        ),
+        Error,
+    > {
         metrics::attempt();
         let start = Instant::now();
         let budget_end = start + quorum::budget(ttl, drift);
@@ -339,7 +367,7 @@ impl Redlock {
         let round = self
             .round(Arc::new(call), deadline, HoldOut::Respect, "acquire")
             .await;
-        drop(round.rest);
+
         match round.verdict {
             Verdict::Quorum => {}
             Verdict::Refused => {
@@ -377,7 +405,7 @@ impl Redlock {
                     ?validity,
                     "lock acquired"
                 );
-                Ok((FencingToken::new(max), start, validity))
+                Ok((FencingToken::new(max), start, validity, round.rest))
             }
             None => {
                 tracing::warn!(key, ?elapsed, ?ttl, "quorum reached but no validity left");
@@ -388,6 +416,40 @@ impl Redlock {
                 })
             }
         }
+    }
+
+    /// After a won round, lets the calls still in flight (nodes slower than the quorum, or still
+    /// connecting) reach their nodes, so the lock stands on every node that answers in time. A
+    /// late yes that arrives after the lock was released is undone on that node: the release
+    /// flag is set before any release is sent, so either the release ran after the late acquire
+    /// on the node's ordered connection, or this check sees the flag.
+    fn finish_late_answers(&self, mut late: FuturesUnordered<NodeFuture>, state: &Arc<LockState>) {
+        if late.is_empty() {
+            return;
+        }
+        let client = self.clone();
+        let state = Arc::clone(state);
+        self.inner.tasks.spawn(async move {
+            while let Some((i, reply)) = late.next().await {
+                if matches!(reply, Ok(Value::Int(v)) if v > 0) && state.is_released() {
+                    client.release_on(i, &state).await;
+                }
+            }
+        });
+    }
+
+    /// Releases a lock's value on one node (a late acquisition after the release).
+    async fn release_on(&self, i: usize, state: &LockState) {
+        let token = state.token().get().to_string();
+        let call = scripts::RELEASE.call(
+            &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
+            &[state.value().as_bytes(), token.as_bytes()],
+        );
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let node = Arc::clone(&self.inner.nodes[i]);
+        let _ = node
+            .run(Arc::new(call), deadline, HoldOut::Ignore, "release")
+            .await;
     }
 
     /// Brings the counters of the yes-nodes below `max` up to it, so that a quorum stands at the
@@ -575,14 +637,17 @@ impl Redlock {
     /// Releases a held lock on every node; returns once a quorum has answered (the remaining
     /// releases finish in the background).
     pub(crate) async fn release_state(&self, state: &LockState) -> Result<(), Error> {
-        let call =
-            scripts::RELEASE.call(&[state.lock_key().as_bytes()], &[state.value().as_bytes()]);
+        let token = state.token().get().to_string();
+        let call = scripts::RELEASE.call(
+            &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
+            &[state.value().as_bytes(), token.as_bytes()],
+        );
         let deadline = Instant::now() + self.inner.cfg.node_timeout;
         let round = self
             .round(Arc::new(call), deadline, HoldOut::Ignore, "release")
             .await;
         if !round.rest.is_empty() {
-            tokio::spawn(round.rest.for_each(|_| async {}));
+            self.inner.tasks.spawn(round.rest.for_each(|_| async {}));
         }
         let key = state.key();
         match round.verdict {
@@ -605,7 +670,7 @@ impl Redlock {
     /// Sends a release of `value` to every node in the background (failed rounds, cancelled
     /// acquisitions, dropped guards). Needs a running tokio runtime; without one, the ttl cleans
     /// up.
-    pub(crate) fn spawn_release(&self, lock_key: &str, value: &str) {
+    pub(crate) fn spawn_release(&self, lock_key: &str, fence_key: &str, value: &str, token: u64) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             tracing::debug!(
                 lock_key,
@@ -613,7 +678,11 @@ impl Redlock {
             );
             return;
         };
-        let call = Arc::new(scripts::RELEASE.call(&[lock_key.as_bytes()], &[value.as_bytes()]));
+        let token = token.to_string();
+        let call = Arc::new(scripts::RELEASE.call(
+            &[lock_key.as_bytes(), fence_key.as_bytes()],
+            &[value.as_bytes(), token.as_bytes()],
+        ));
         let deadline = Instant::now() + self.inner.cfg.node_timeout;
         let calls: FuturesUnordered<_> = self
             .inner
@@ -621,7 +690,9 @@ impl Redlock {
             .iter()
             .map(|n| Arc::clone(n).run(Arc::clone(&call), deadline, HoldOut::Ignore, "release"))
             .collect();
-        handle.spawn(calls.for_each(|_| async {}));
+        self.inner
+            .tasks
+            .spawn_on(calls.for_each(|_| async {}), &handle);
     }
 
     /// Every node's view of `key`: value, remaining ttl and fencing counter. Waits for every node
@@ -687,15 +758,17 @@ impl Redlock {
 struct UndoRelease<'a> {
     client: &'a Redlock,
     lock_key: &'a str,
+    fence_key: &'a str,
     value: &'a str,
     armed: bool,
 }
 
 impl<'a> UndoRelease<'a> {
-    fn arm(client: &'a Redlock, lock_key: &'a str, value: &'a str) -> Self {
+    fn arm(client: &'a Redlock, lock_key: &'a str, fence_key: &'a str, value: &'a str) -> Self {
         UndoRelease {
             client,
             lock_key,
+            fence_key,
             value,
             armed: true,
         }
@@ -709,7 +782,8 @@ impl<'a> UndoRelease<'a> {
 impl Drop for UndoRelease<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.client.spawn_release(self.lock_key, self.value);
+            self.client
+                .spawn_release(self.lock_key, self.fence_key, self.value, 0);
         }
     }
 }

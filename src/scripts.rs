@@ -167,14 +167,23 @@ return r
     )
 });
 
-/// Release our lock.
+/// Release our lock, and bring the node's fencing counter up to our token.
 ///
-/// - KEYS[1]: lock key
-/// - ARGV[1]: our value
+/// Raising a counter is always safe (it only makes later tokens larger), so it is done even
+/// where the key is no longer ours. Releases go to every node, so after a release every node
+/// that answered stands at or above the token: a later loss of a minority's data cannot make
+/// tokens go backwards (see `docs/safety.md`).
+///
+/// - KEYS[1]: lock key, KEYS[2]: fencing counter
+/// - ARGV[1]: our value, ARGV[2]: our token (`0` when the attempt failed before it had one)
 /// - Reply: `1` deleted, `0` the key is gone or holds another value (left alone).
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
+local t = tonumber(ARGV[2])
+if t > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') < t then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end

@@ -79,6 +79,10 @@ pub struct ServerOptions {
     /// Persist with an append-only file fsynced on every write (`appendfsync always`), so a
     /// restart keeps the lock keys and fencing counters.
     pub aof_always: bool,
+    /// Require this password (`requirepass`); [`RedisServer::url`] then carries it.
+    pub password: Option<String>,
+    /// Also listen on a unix socket in the server's directory ([`RedisServer::unix_url`]).
+    pub unix_socket: bool,
 }
 
 impl ServerOptions {
@@ -90,6 +94,18 @@ impl ServerOptions {
     /// With `appendonly yes` and `appendfsync always`.
     pub fn aof_always(mut self) -> Self {
         self.aof_always = true;
+        self
+    }
+
+    /// With `requirepass`.
+    pub fn password(mut self, password: &str) -> Self {
+        self.password = Some(password.to_owned());
+        self
+    }
+
+    /// With a unix socket beside the TCP port.
+    pub fn unix_socket(mut self) -> Self {
+        self.unix_socket = true;
         self
     }
 }
@@ -148,6 +164,14 @@ impl RedisServer {
             .arg("--logfile")
             .arg(self.log_path())
             .args(["--daemonize", "no"]);
+        if let Some(password) = &self.options.password {
+            cmd.args(["--requirepass", password]);
+        }
+        if self.options.unix_socket {
+            cmd.arg("--unixsocket")
+                .arg(self.socket_path())
+                .args(["--unixsocketperm", "700"]);
+        }
         if self.options.aof_always {
             cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
         } else {
@@ -180,7 +204,7 @@ impl RedisServer {
                 self.child = None;
                 return Err(self.not_ready(format!("exited with {status}")));
             }
-            if ping(addr) {
+            if ping(addr, self.options.password.as_deref()) {
                 return Ok(());
             }
             if start.elapsed() > READY_TIMEOUT {
@@ -213,9 +237,29 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// `redis://127.0.0.1:PORT`, or `redis://:PASSWORD@127.0.0.1:PORT` with a password.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.options.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// `unix:///path/redis.sock` (with `?pass=PASSWORD` when one is set), when started with
+    /// [`ServerOptions::unix_socket`].
+    pub fn unix_url(&self) -> Option<String> {
+        if !self.options.unix_socket {
+            return None;
+        }
+        let path = self.socket_path();
+        Some(match &self.options.password {
+            Some(password) => format!("unix://{}?pass={password}", path.display()),
+            None => format!("unix://{}", path.display()),
+        })
+    }
+
+    fn socket_path(&self) -> PathBuf {
+        self.dir.path().join("redis.sock")
     }
 
     /// The process id, while running.
@@ -421,11 +465,21 @@ fn free_port() -> Result<u16, TestkitError> {
     Ok(port)
 }
 
-fn ping(addr: SocketAddr) -> bool {
+fn ping(addr: SocketAddr, password: Option<&str>) -> bool {
     let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if let Some(password) = password {
+        let auth = format!("*2\r\n$4\r\nAUTH\r\n${}\r\n{password}\r\n", password.len());
+        let mut ok = [0u8; 5];
+        if stream.write_all(auth.as_bytes()).is_err()
+            || stream.read_exact(&mut ok).is_err()
+            || &ok != b"+OK\r\n"
+        {
+            return false;
+        }
+    }
     if stream.write_all(b"PING\r\n").is_err() {
         return false;
     }

@@ -184,6 +184,36 @@ async fn t15_a_failed_attempt_leaves_no_key_even_from_late_answers() {
     }
 }
 
+/// A won round leaves a hung node's acquire in flight; when the node wakes after the release,
+/// the release queued behind it on the same connection removes the key.
+#[tokio::test]
+async fn t15b_a_late_yes_after_release_is_undone() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = client(&cluster);
+    locks
+        .try_acquire("warm", TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    cluster.pause(4).unwrap();
+    let lock = locks.try_acquire("job", TTL).await.unwrap();
+    lock.release().await.unwrap();
+    wait_until(WAIT, "released on the live nodes", || async {
+        holders(&urls[..4], "job") == 0
+    })
+    .await;
+    cluster.resume(4).unwrap();
+    // Node 4 runs the late acquire, then the release: never left holding the key.
+    wait_until(WAIT, "node 4 answers again", || async {
+        locks.status("job").await.unwrap().nodes[4].state.is_ok()
+    })
+    .await;
+    assert_eq!(value_on(&urls[4], "job"), None);
+}
+
 #[tokio::test]
 async fn t16_a_cancelled_acquire_leaves_no_partial_lock() {
     let mut cluster = cluster(5);
@@ -538,4 +568,66 @@ async fn t34_dropping_the_guard_releases_in_the_background() {
         || async { holders(&urls, "job") == 0 },
     )
     .await;
+}
+
+/// Every URL form a user configures: a unix socket, a password, a user and password, a db.
+#[tokio::test]
+async fn t35_unix_sockets_passwords_users_and_databases() {
+    use quorumlock::testkit::{RedisServer, ServerOptions};
+    init_tracing();
+    let options = ServerOptions::new().password("s3cret").unix_socket();
+    let servers: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start(&options).unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    let urls = [
+        servers[0].unix_url().unwrap(),
+        format!("redis://:s3cret@127.0.0.1:{}/3", servers[1].port()),
+        format!("redis://default:s3cret@127.0.0.1:{}/0", servers[2].port()),
+    ];
+    let locks = Redlock::builder(&urls)
+        .node_timeout(NODE_TIMEOUT)
+        .build()
+        .unwrap();
+    assert!(
+        locks.node_names().iter().all(|n| !n.contains("s3cret")),
+        "passwords are redacted"
+    );
+    let lock = locks
+        .try_acquire("job", TTL)
+        .await
+        .expect("acquire on all three forms");
+    wait_until(WAIT, "the key is in db 3 on node 1", || async {
+        let mut conn = redis::Client::open(urls[1].as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        redis::cmd("EXISTS")
+            .arg(lock_key("job"))
+            .query::<bool>(&mut conn)
+            .unwrap()
+    })
+    .await;
+    lock.release().await.unwrap();
+
+    // A wrong password is a per-node failure with the server's reason, not a hang or a panic.
+    let wrong = [
+        format!("redis://:nope@127.0.0.1:{}", servers[1].port()),
+        format!("redis://:nope@127.0.0.1:{}", servers[2].port()),
+        urls[0].clone(),
+    ];
+    let locks = Redlock::builder(&wrong)
+        .node_timeout(NODE_TIMEOUT)
+        .build()
+        .unwrap();
+    let err = locks.try_acquire("job", TTL).await.unwrap_err();
+    let Error::NoQuorum { failures, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(
+        failures
+            .iter()
+            .all(|f| matches!(f.cause, NodeError::Redis(_))),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("nope"), "{err}");
 }

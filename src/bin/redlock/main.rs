@@ -1,0 +1,324 @@
+//! `redlock`: a distributed `flock(1)`. Runs a command while holding a Redlock lock across N
+//! independent Redis masters. The contract (options, environment, exit codes) is in
+//! `docs/cli.md`; this file parses arguments and owns the mapping from errors to exit codes.
+
+/// `println!` that treats a closed stdout (`redlock demo | head`) as nothing to do, not a panic.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+mod demo;
+mod run;
+mod status;
+
+use std::ffi::OsString;
+use std::fmt::Display;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use quorumlock::{ConfigError, Error, Redlock, RestartGuard};
+
+// When CMD ran to its end while the lock was held, `redlock` exits with CMD's own code.
+
+/// Usage error: bad flag, bad duration, bad node URL, no nodes given.
+const EXIT_USAGE: u8 = 64;
+/// Too few nodes reachable for a quorum (after the retries).
+const EXIT_NO_QUORUM: u8 = 69;
+/// The lock is held by another owner (after `--wait`).
+const EXIT_HELD: u8 = 75;
+/// The lock was lost while CMD ran; CMD was terminated.
+const EXIT_LOST: u8 = 79;
+
+/// Run a command while holding a distributed lock across N independent Redis masters
+/// (Redlock): a distributed flock(1).
+#[derive(Debug, Parser)]
+#[command(name = "redlock", version, propagate_version = true)]
+#[command(
+    after_help = "Exit codes: CMD's own (128+signal if it died of a signal), \
+    64 usage error, 69 too few nodes reachable for a quorum, 75 held by another owner, \
+    79 lock lost while CMD ran. See docs/cli.md."
+)]
+struct Cli {
+    #[command(flatten)]
+    nodes: NodeArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// How to reach the nodes (every subcommand but `demo`).
+#[derive(Debug, Args)]
+struct NodeArgs {
+    /// The Redis masters: redis://[user:pass@]host:port[/db], rediss://..., unix:///path.sock
+    #[arg(
+        long,
+        global = true,
+        env = "REDLOCK_NODES",
+        value_delimiter = ',',
+        value_name = "URL[,URL...]",
+        hide_env_values = true
+    )]
+    nodes: Vec<String>,
+
+    /// How long one node may take to answer one call.
+    #[arg(long, global = true, env = "REDLOCK_NODE_TIMEOUT", hide_env_values = true, value_name = "D",
+          default_value = "250ms", value_parser = humantime::parse_duration)]
+    node_timeout: Duration,
+
+    /// Which nodes are kept out of quorums because they may have restarted without their lock
+    /// keys: `strict` (default) holds out every node whose uptime is below the max ttl.
+    #[arg(
+        long,
+        global = true,
+        env = "REDLOCK_RESTART_GUARD",
+        hide_env_values = true,
+        value_name = "GUARD",
+        default_value = "strict"
+    )]
+    restart_guard: Guard,
+
+    /// The largest ttl any client uses on these nodes (default: this run's --ttl); a node up
+    /// for less than this is held out under the strict guard.
+    #[arg(long, global = true, env = "REDLOCK_MAX_TTL", hide_env_values = true, value_name = "D",
+          value_parser = humantime::parse_duration)]
+    max_ttl: Option<Duration>,
+}
+
+/// The `--restart-guard` values (see `quorumlock::RestartGuard`).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Guard {
+    /// Trust every node.
+    Off,
+    /// Hold out a node only after seeing its run id change (never happens in one short run).
+    Restarted,
+    /// Also hold out nodes whose uptime is below the max ttl when first contacted.
+    Strict,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Acquire KEY, run CMD while extending the lock, release it when CMD exits.
+    #[command(override_usage = "redlock run [OPTIONS] KEY -- CMD [ARGS...]")]
+    Run(RunArgs),
+    /// Show, per node, who holds KEY, for how long, and the node's fencing counter.
+    Status(StatusArgs),
+    /// Start 5 throwaway local redis-servers and watch workers hand a lock over.
+    Demo(demo::DemoArgs),
+}
+
+/// `redlock run [OPTIONS] KEY -- CMD [ARGS...]`
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// The lease: how long the lock lives unless extended (extended every ttl/3 while CMD runs).
+    #[arg(long, value_name = "D", default_value = "30s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// How long to keep trying while another owner holds the lock (0: one try, with the usual
+    /// short randomized retries).
+    #[arg(long, value_name = "D", default_value = "0s", value_parser = humantime::parse_duration)]
+    wait: Duration,
+    /// After the lock is lost, how long CMD has between SIGTERM and SIGKILL.
+    #[arg(long, value_name = "D", default_value = "5s", value_parser = humantime::parse_duration)]
+    kill_after: Duration,
+    /// The lock's name.
+    key: String,
+    /// The command to run (directly, no shell) and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    cmd: Vec<OsString>,
+}
+
+/// `redlock status KEY`
+#[derive(Debug, Args)]
+struct StatusArgs {
+    /// The lock's name.
+    key: String,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return ExitCode::from(usage_error(&e)),
+    };
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            report(&format_args!("cannot start the async runtime: {e}"));
+            return ExitCode::from(EXIT_OS_ERROR);
+        }
+    };
+    let code = runtime.block_on(async {
+        let node_timeout = cli.nodes.node_timeout;
+        let (code, locks) = match cli.command {
+            Command::Run(args) => match client(&cli.nodes, Some(args.ttl)) {
+                Ok(locks) => (run::run(locks.clone(), args).await, Some(locks)),
+                Err(e) => (fail(&e), None),
+            },
+            Command::Status(args) => match client(&cli.nodes, None) {
+                Ok(locks) => (status::status(locks.clone(), &args.key).await, Some(locks)),
+                Err(e) => (fail(&e), None),
+            },
+            Command::Demo(args) => (demo::demo(args).await, None),
+        };
+        // Let the background releases reach the nodes before the process exits.
+        if let Some(locks) = locks {
+            let _ = tokio::time::timeout(node_timeout, locks.flush()).await;
+        }
+        code
+    });
+    ExitCode::from(code)
+}
+
+/// Exit code when the operating system refuses something no user input can cause (EX_OSERR).
+const EXIT_OS_ERROR: u8 = 71;
+
+/// The one place where a library error becomes an exit code (the contract's table).
+fn exit_code(e: &Error) -> u8 {
+    match e {
+        Error::Held { .. } => EXIT_HELD,
+        // A quorum that answered too slowly to leave any validity is, for the caller, a quorum
+        // that could not be reached in time.
+        Error::NoQuorum { .. } | Error::ValidityExpired { .. } => EXIT_NO_QUORUM,
+        Error::Lost { .. } => EXIT_LOST,
+        Error::InvalidArgument(_) | Error::Config(_) => EXIT_USAGE,
+        _ => EXIT_USAGE,
+    }
+}
+
+/// Prints the one-line cause of a failure on stderr.
+fn report(cause: &dyn Display) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "redlock: {cause}");
+}
+
+/// Reports a library error and returns its exit code.
+fn fail(e: &Error) -> u8 {
+    match e {
+        Error::Config(ConfigError::NoNodes) => {
+            report(&format_args!("{e} (use --nodes URL,... or REDLOCK_NODES)"));
+        }
+        _ => report(e),
+    }
+    exit_code(e)
+}
+
+/// Help and version go to stdout with exit 0; every other parse error is one line and 64.
+fn usage_error(e: &clap::Error) -> u8 {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            0
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            report(&"a subcommand is required: run, status or demo (see 'redlock --help')");
+            EXIT_USAGE
+        }
+        _ => {
+            // clap's message is "error: <cause>" (possibly over a few lines), a blank line, then
+            // tips and usage: keep the cause, on one line.
+            let rendered = e.render().to_string();
+            let cause = rendered
+                .split("\n\n")
+                .next()
+                .unwrap_or_default()
+                .trim_start_matches("error: ")
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            report(&format_args!("{cause} (see 'redlock --help')"));
+            EXIT_USAGE
+        }
+    }
+}
+
+/// Builds the client from the node options. Empty entries (a trailing comma) are ignored.
+///
+/// The max ttl (how long a fresh node is held out) is `--max-ttl`, raised to this run's `ttl`.
+/// It is fixed here rather than learnt from the first acquisition because the strict guard
+/// judges each node when it first connects.
+fn client(args: &NodeArgs, ttl: Option<Duration>) -> Result<Redlock, Error> {
+    let urls: Vec<&str> = args
+        .nodes
+        .iter()
+        .map(|u| u.trim())
+        .filter(|u| !u.is_empty())
+        .collect();
+    let guard = match args.restart_guard {
+        Guard::Off => RestartGuard::Off,
+        Guard::Restarted => RestartGuard::Restarted,
+        Guard::Strict => RestartGuard::Strict,
+    };
+    let mut builder = Redlock::builder(urls)
+        .node_timeout(args.node_timeout)
+        .restart_guard(guard);
+    if let Some(max_ttl) = args.max_ttl.max(ttl) {
+        builder = builder.max_ttl(max_ttl);
+    }
+    Ok(builder.build()?)
+}
+
+/// Library diagnostics (`tracing`) on stderr, off unless `REDLOCK_LOG` asks for them
+/// (e.g. `REDLOCK_LOG=warn` or `REDLOCK_LOG=quorumlock=debug`).
+fn init_logging() {
+    let Ok(filter) = std::env::var("REDLOCK_LOG") else {
+        return;
+    };
+    use std::io::IsTerminal as _;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        // Its own complaint about a closed stderr would go to that stderr, and panic.
+        .log_internal_errors(false)
+        .try_init();
+}
+
+/// Lets the releases the library sends in the background (the nodes beyond the quorum, failed
+/// acquisition rounds) reach their nodes before the process exits. Each of them is bounded by
+/// the node timeout, so this waits at most that long, and not at all once they are done.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_argument_definitions_are_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn exit_codes_follow_the_contract() {
+        let held = Error::Held {
+            key: "k".into(),
+            held: 3,
+            nodes: 5,
+            needed: 3,
+        };
+        assert_eq!(exit_code(&held), 75);
+        let no_quorum = Error::NoQuorum {
+            key: "k".into(),
+            reached: 2,
+            nodes: 5,
+            needed: 3,
+            failures: vec![],
+        };
+        assert_eq!(exit_code(&no_quorum), 69);
+        let lost = Error::Lost {
+            key: "k".into(),
+            reason: quorumlock::LostReason::Expired,
+        };
+        assert_eq!(exit_code(&lost), 79);
+        assert_eq!(exit_code(&Error::Config(ConfigError::NoNodes)), 64);
+    }
+}

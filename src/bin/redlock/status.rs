@@ -1,0 +1,98 @@
+//! `redlock status KEY`: every node's view of one key, as a table on stdout.
+
+use std::fmt::Write as _;
+
+use quorumlock::{Error, LockStatus, NodeFailure, Redlock};
+
+use crate::fail;
+
+/// Prints the table; exits 0 when a quorum answered, otherwise 69 naming the nodes that did
+/// not (the table is printed either way).
+pub(crate) async fn status(locks: Redlock, key: &str) -> u8 {
+    let status = match locks.status(key).await {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    out!("{}", render(&status).trim_end());
+    if status.answered() >= status.quorum {
+        return 0;
+    }
+    let failures = status
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            n.state.as_ref().err().map(|cause| NodeFailure {
+                node: n.node.clone(),
+                cause: cause.clone(),
+            })
+        })
+        .collect();
+    fail(&Error::NoQuorum {
+        key: key.to_owned(),
+        reached: status.answered(),
+        nodes: status.nodes.len(),
+        needed: status.quorum,
+        failures,
+    })
+}
+
+/// The status of one key as a few readable lines: a summary, then one line per node.
+///
+/// ```text
+/// key "job": held by 5d1c… on 4 of 5 nodes (quorum 3); highest fencing counter 7
+///   redis://127.0.0.1:7001  held by 5d1c…  ttl 29.8s  fence 7
+///   redis://127.0.0.1:7003  unreachable: connection refused
+/// ```
+pub(crate) fn render(status: &LockStatus) -> String {
+    let mut out = String::new();
+    let nodes = status.nodes.len();
+    let _ = write!(out, "key {:?}: ", status.key);
+    match status.holder() {
+        Some(holder) => {
+            let on = status
+                .nodes
+                .iter()
+                .filter(|n| {
+                    n.state
+                        .as_ref()
+                        .is_ok_and(|s| s.value.as_deref() == Some(holder))
+                })
+                .count();
+            let _ = write!(out, "held by {holder} on {on} of {nodes} nodes");
+        }
+        None if status.answered() >= status.quorum => {
+            out.push_str("free (no owner holds it on a quorum)");
+        }
+        None => out.push_str("unknown (too few nodes answered)"),
+    }
+    let _ = writeln!(
+        out,
+        " (quorum {}, {} answered); highest fencing counter {}",
+        status.quorum,
+        status.answered(),
+        status.max_fence()
+    );
+    let width = status.nodes.iter().map(|n| n.node.len()).max().unwrap_or(0);
+    for node in &status.nodes {
+        let _ = write!(out, "  {:width$}  ", node.node);
+        match &node.state {
+            Ok(state) => {
+                let held = match (&state.value, state.ttl) {
+                    (Some(value), Some(ttl)) => format!("held by {value}  ttl {:>8}", seconds(ttl)),
+                    (Some(value), None) => format!("held by {value}  ttl     none"),
+                    (None, _) => "free".to_owned(),
+                };
+                let _ = writeln!(out, "{held:54}  fence {}", state.fence);
+            }
+            Err(cause) => {
+                let _ = writeln!(out, "unreachable: {cause}");
+            }
+        }
+    }
+    out
+}
+
+/// A duration as seconds with millisecond precision, e.g. `29.812s`.
+pub(crate) fn seconds(d: std::time::Duration) -> String {
+    format!("{:.3}s", d.as_secs_f64())
+}

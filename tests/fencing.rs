@@ -1,0 +1,265 @@
+//! Fencing tokens against real servers: monotonic across different majorities and empty
+//! restarts, counters raised to a quorum, the resource-side checks, and the restart guard.
+
+mod support;
+
+use std::time::Duration;
+
+use quorumlock::{Error, FenceGate, FencedWrite, NodeError, RestartGuard, fenced_set};
+use support::*;
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// Tokens strictly increase over many acquisitions while different minorities are paused or
+/// killed between them, so that different majorities win different rounds.
+#[tokio::test]
+async fn t10_tokens_grow_across_different_majorities() {
+    let mut cluster = cluster(5);
+    let locks = builder(&cluster)
+        .restart_guard(RestartGuard::Off)
+        .build()
+        .unwrap();
+    let mut last = 0;
+    // (paused, killed) per round: every pair of nodes sits out at some point.
+    let faults: &[(&[usize], &[usize])] = &[
+        (&[], &[]),
+        (&[0, 1], &[]),
+        (&[2], &[3]),
+        (&[], &[4, 0]),
+        (&[1, 3], &[]),
+        (&[4], &[2]),
+        (&[0], &[1]),
+        (&[], &[]),
+    ];
+    for (round, (paused, killed)) in faults.iter().enumerate() {
+        for &i in *paused {
+            cluster.pause(i).unwrap();
+        }
+        for &i in *killed {
+            cluster.kill(i).unwrap();
+        }
+        for _ in 0..3 {
+            let lock = locks
+                .acquire("fenced", TTL)
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            let token = lock.token().get();
+            assert!(token > last, "round {round}: token {token} after {last}");
+            last = token;
+            lock.release().await.unwrap();
+        }
+        for &i in *paused {
+            cluster.resume(i).unwrap();
+        }
+        for &i in *killed {
+            cluster.restart(i).unwrap(); // back empty: counter 0 there
+        }
+    }
+}
+
+/// When the winning majority's counters disagree, the lower ones are raised so that a quorum
+/// stands at the token; the next holder, whatever its majority, gets a greater token.
+#[tokio::test]
+async fn t11_counters_are_raised_to_a_quorum() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = builder(&cluster)
+        .restart_guard(RestartGuard::Off)
+        .build()
+        .unwrap();
+    // Node 0 saw many earlier terms the others missed; with nodes 3 and 4 down, every quorum
+    // is {0, 1, 2} and node 0's counter is the maximum.
+    set_fence(&urls[0], "k", 100);
+    cluster.kill(3).unwrap();
+    cluster.kill(4).unwrap();
+    let lock = locks.acquire("k", TTL).await.unwrap();
+    assert_eq!(lock.token().get(), 101);
+    for url in &urls[..3] {
+        assert!(
+            fence_on(url, "k") >= 101,
+            "{url} was not raised to the token"
+        );
+    }
+    lock.release().await.unwrap();
+
+    // Without node 0, and with 3 and 4 back empty, nodes 1 and 2 still know 101.
+    cluster.kill(0).unwrap();
+    cluster.restart(3).unwrap();
+    cluster.restart(4).unwrap();
+    let next = locks.acquire("k", TTL).await.unwrap();
+    assert!(next.token().get() > 101, "{}", next.token());
+    next.release().await.unwrap();
+}
+
+/// Nodes restarted empty (a minority, counters lost) do not make tokens go backwards, because a
+/// majority kept its counters.
+#[tokio::test]
+async fn t12_tokens_survive_a_minority_restarted_empty() {
+    let mut cluster = cluster(5);
+    let locks = builder(&cluster)
+        .restart_guard(RestartGuard::Off)
+        .build()
+        .unwrap();
+    let mut last = 0;
+    for _ in 0..5 {
+        let lock = locks.acquire("k", TTL).await.unwrap();
+        last = lock.token().get();
+        lock.release().await.unwrap();
+    }
+    cluster.restart_empty(0).unwrap();
+    cluster.restart_empty(1).unwrap();
+    // Three nodes kept their counters; every quorum includes one of them.
+    for _ in 0..5 {
+        let lock = locks
+            .acquire("k", TTL)
+            .await
+            .expect("3 intact nodes answer");
+        let t = lock.token().get();
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+        lock.release().await.unwrap();
+    }
+}
+
+/// The post-mortem (seed 002): a holder stalls past its ttl, a second takes the lock with a
+/// greater token, and the resource rejects the first holder's late write; the first holder's
+/// lost signal has fired by the time it could check.
+#[tokio::test]
+async fn t20_a_stalled_holder_is_fenced_off() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let a = client(&cluster);
+    let b = client(&cluster);
+    let gate = FenceGate::new();
+    let mut store = redis::Client::open(urls[0].as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+
+    let worker_a = a
+        .acquire("payout-42", Duration::from_millis(400))
+        .await
+        .unwrap();
+    gate.admit(worker_a.token()).expect("A's first write");
+    // A stalls (no extension, as in a stop-the-world pause) until its lock expires.
+    tokio::time::timeout(WAIT, worker_a.lost())
+        .await
+        .expect("lost fires at the deadline");
+    let worker_b = b
+        .acquire_timeout("payout-42", TTL, WAIT)
+        .await
+        .expect("B takes over after expiry");
+    assert!(worker_b.token() > worker_a.token());
+    gate.admit(worker_b.token()).expect("B writes");
+    assert_eq!(
+        fenced_set(&mut store, "payout:42", worker_b.token(), "paid-by-b")
+            .await
+            .unwrap(),
+        FencedWrite::Written
+    );
+
+    // A wakes up: it can see it lost, and the resource refuses it anyway.
+    assert!(worker_a.is_lost());
+    let stale = gate.admit(worker_a.token()).unwrap_err();
+    assert_eq!(stale.highest, worker_b.token());
+    assert_eq!(
+        fenced_set(&mut store, "payout:42", worker_a.token(), "paid-by-a")
+            .await
+            .unwrap(),
+        FencedWrite::Stale {
+            highest: worker_b.token()
+        }
+    );
+    let stored: String = redis::cmd("GET")
+        .arg("payout:42")
+        .query_async(&mut store)
+        .await
+        .unwrap();
+    assert_eq!(stored, "paid-by-b");
+    // B may write again with the same token.
+    assert_eq!(
+        fenced_set(&mut store, "payout:42", worker_b.token(), "paid-by-b-2")
+            .await
+            .unwrap(),
+        FencedWrite::Written
+    );
+    worker_b.release().await.unwrap();
+}
+
+/// The delayed-restart rule (default guard): a node this client saw restart empty counts
+/// toward no quorum until the max ttl has passed, and errors say so.
+#[tokio::test]
+async fn t30_a_node_seen_restarting_is_held_out() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = builder(&cluster)
+        .max_ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    locks
+        .acquire("k", TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    cluster.restart_empty(0).unwrap();
+    // The broken connection is replaced on the next call, which reads the new run id.
+    wait_until(WAIT, "node 0 reconnected", || async {
+        locks.status("k").await.unwrap().nodes[0].state.is_ok()
+    })
+    .await;
+    // With two more nodes down, the held-out node cannot make up the quorum.
+    cluster.kill(1).unwrap();
+    cluster.kill(2).unwrap();
+    let err = locks.try_acquire("k3", TTL).await.unwrap_err();
+    let Error::NoQuorum { failures, .. } = &err else {
+        panic!("{err}")
+    };
+    let held_out = failures
+        .iter()
+        .find(|f| f.node == urls[0])
+        .expect("node 0 listed");
+    match held_out.cause {
+        NodeError::HeldOut { remaining } => {
+            assert!(remaining > Duration::from_secs(50) && remaining <= Duration::from_secs(60))
+        }
+        ref other => panic!("node 0: {other}"),
+    }
+    assert!(err.to_string().contains("held out"), "{err}");
+}
+
+/// The strict guard, for short-lived processes: nodes started less than the max ttl ago are
+/// held out on first contact, and the error names each with how long.
+#[tokio::test]
+async fn t31_strict_guard_holds_out_freshly_started_nodes() {
+    let cluster = cluster(3);
+    let locks = builder(&cluster)
+        .restart_guard(RestartGuard::Strict)
+        .max_ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    // Even the first round, which connects and learns the uptimes, must not count them.
+    let err = locks.try_acquire("k", TTL).await.unwrap_err();
+    let Error::NoQuorum { failures, .. } = &err else {
+        panic!("{err}")
+    };
+    // The round stops as soon as a quorum is impossible: at least 2 of 3 are listed.
+    assert!(failures.len() >= 2, "{err}");
+    for f in failures {
+        let NodeError::HeldOut { remaining } = f.cause else {
+            panic!("{f}")
+        };
+        assert!(remaining > Duration::from_secs(20), "{f}");
+    }
+    // The default guard trusts the same fresh nodes.
+    let relaxed = client(&cluster);
+    relaxed
+        .try_acquire("k", TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}

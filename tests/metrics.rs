@@ -1,0 +1,97 @@
+//! The `metrics` feature: contention and node health reach a metrics recorder.
+
+mod support;
+
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use support::*;
+
+type Entries = Vec<(
+    metrics_util::CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    DebugValue,
+)>;
+
+/// Sums the counters (or counts the histogram samples) named `name`, with `label` if given.
+fn counter(entries: &Entries, name: &str, label: Option<(&str, &str)>) -> u64 {
+    entries
+        .iter()
+        .filter(|(key, _, _, _)| {
+            key.key().name() == name
+                && label
+                    .is_none_or(|(k, v)| key.key().labels().any(|l| l.key() == k && l.value() == v))
+        })
+        .map(|(_, _, _, value)| match value {
+            DebugValue::Counter(c) => *c,
+            DebugValue::Histogram(h) => h.len() as u64,
+            DebugValue::Gauge(_) => 0,
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn t10_attempts_outcomes_node_errors_and_losses_are_counted() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::set_global_recorder(recorder).expect("only test in this binary sets it");
+
+    let mut cluster = cluster(5);
+    let locks = client(&cluster);
+    let lock = locks
+        .try_acquire("m", Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        locks
+            .try_acquire("m", Duration::from_secs(10))
+            .await
+            .unwrap_err()
+            .is_held()
+    );
+    lock.release().await.unwrap();
+    cluster.kill(0).unwrap();
+    let short = locks
+        .try_acquire("m", Duration::from_millis(200))
+        .await
+        .unwrap();
+    tokio::time::timeout(WAIT, short.lost()).await.unwrap();
+    // The snapshot drains histograms: take it once.
+    let snapshot: Entries = snapshotter.snapshot().into_vec();
+    let entries = &snapshot;
+
+    assert!(counter(entries, "quorumlock_attempts_total", None) >= 3);
+    assert_eq!(
+        counter(
+            entries,
+            "quorumlock_acquire_total",
+            Some(("outcome", "acquired"))
+        ),
+        2
+    );
+    assert_eq!(
+        counter(
+            entries,
+            "quorumlock_acquire_total",
+            Some(("outcome", "held"))
+        ),
+        1
+    );
+    assert_eq!(counter(entries, "quorumlock_acquire_wait_seconds", None), 3);
+    assert!(
+        counter(
+            entries,
+            "quorumlock_node_latency_seconds",
+            Some(("op", "acquire"))
+        ) >= 9
+    );
+    assert!(
+        counter(
+            entries,
+            "quorumlock_node_errors_total",
+            Some(("node", cluster.urls()[0].as_str()))
+        ) >= 1
+    );
+    assert_eq!(counter(entries, "quorumlock_locks_lost_total", None), 1);
+}

@@ -1,0 +1,286 @@
+//! Run-once scheduling against real servers: one run per tick across concurrent instances, the
+//! tick marker against late instances (and its expiry), long jobs keeping their lease, and
+//! skipping when too few nodes answer or the lock is lost.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quorumlock::testkit::LocalCluster;
+use quorumlock::{Error, Outcome, RunOnce, SkipReason};
+use support::*;
+use tokio::sync::Barrier;
+
+fn instance(cluster: &LocalCluster, job: &str, id: &str) -> RunOnce {
+    RunOnce::builder(client(cluster), job)
+        .ttl(Duration::from_secs(2))
+        .marker_ttl(Duration::from_secs(60))
+        .instance(id)
+        .build()
+        .expect("valid job")
+}
+
+/// The job runs with the run's token; the same tick is then skipped as already run (naming the
+/// run that marked it), and the next tick runs again with a larger token.
+#[tokio::test]
+async fn t10_runs_the_job_with_its_token_and_marks_the_tick() {
+    let cluster = cluster(5);
+    let a = instance(&cluster, "s10", "a");
+    let outcome = a
+        .run(1, |ctx| async move {
+            assert_eq!(ctx.job(), "s10");
+            assert_eq!(ctx.tick(), "1");
+            assert!(!ctx.lost().is_cancelled());
+            ctx.token()
+        })
+        .await
+        .unwrap();
+    let Outcome::Ran {
+        token,
+        output,
+        marked,
+        ..
+    } = outcome
+    else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(output, token, "the job saw the run's token");
+    assert!(marked);
+
+    let again = a.run(1, |_| async { unreachable!() }).await.unwrap();
+    match again.skip_reason() {
+        Some(SkipReason::AlreadyRan { by }) => assert_eq!(*by, format!("{token} a")),
+        other => panic!("{other:?}"),
+    }
+    let next = a.run(2, |ctx| async move { ctx.token() }).await.unwrap();
+    assert!(next.output().expect("tick 2 runs") > token);
+}
+
+/// Invariant: each tick runs exactly once. Four instances (each its own client) call the
+/// helper for the same tick at the same moment, tick after tick; then a fifth, late instance
+/// tries every tick again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t20_each_tick_runs_exactly_once_across_four_instances() {
+    const TICKS: u64 = 8;
+    let cluster = cluster(5);
+    let runs: Arc<Mutex<HashMap<u64, usize>>> = Arc::default();
+    let barrier = Arc::new(Barrier::new(4));
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let job = instance(&cluster, "s20", &format!("i{i}"));
+        let (runs, barrier) = (Arc::clone(&runs), Arc::clone(&barrier));
+        tasks.push(tokio::spawn(async move {
+            let mut ran = 0;
+            for tick in 0..TICKS {
+                barrier.wait().await;
+                let runs = Arc::clone(&runs);
+                let outcome = job
+                    .run(tick, |_| async move {
+                        *runs.lock().unwrap().entry(tick).or_default() += 1;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    })
+                    .await
+                    .unwrap();
+                match outcome {
+                    Outcome::Ran { .. } => ran += 1,
+                    Outcome::Skipped {
+                        reason: SkipReason::Running | SkipReason::AlreadyRan { .. },
+                        ..
+                    } => {}
+                    other => panic!("i{i} tick {tick}: {other:?}"),
+                }
+            }
+            ran
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("instances finish")
+            .unwrap();
+    }
+    let runs = runs.lock().unwrap().clone();
+    for tick in 0..TICKS {
+        assert_eq!(
+            runs.get(&tick),
+            Some(&1),
+            "tick {tick} ran {:?} times",
+            runs.get(&tick)
+        );
+    }
+    assert_eq!(total, TICKS as usize);
+
+    let late = instance(&cluster, "s20", "late");
+    for tick in 0..TICKS {
+        let outcome = late.run(tick, |_| async { unreachable!() }).await.unwrap();
+        assert!(
+            matches!(outcome.skip_reason(), Some(SkipReason::AlreadyRan { .. })),
+            "tick {tick}: {outcome:?}"
+        );
+    }
+}
+
+/// The marker is what stops a late instance: without markers the same late call runs the tick
+/// again, and with a short marker expiry it runs again once the marker has expired.
+#[tokio::test]
+async fn t30_marker_blocks_a_late_instance_until_it_expires() {
+    let cluster = cluster(5);
+    let short = |id: &str| {
+        RunOnce::builder(client(&cluster), "s30")
+            .ttl(Duration::from_secs(2))
+            .marker_ttl(Duration::from_millis(1500))
+            .instance(id)
+            .build()
+            .unwrap()
+    };
+    let (a, late) = (short("a"), short("late"));
+    assert!(a.run("T", |_| async {}).await.unwrap().ran());
+    let blocked = late.run("T", |_| async {}).await.unwrap();
+    assert!(matches!(
+        blocked.skip_reason(),
+        Some(SkipReason::AlreadyRan { .. })
+    ));
+
+    let unmarked = RunOnce::builder(client(&cluster), "s30")
+        .without_marker()
+        .build()
+        .unwrap();
+    assert!(
+        unmarked.run("T", |_| async {}).await.unwrap().ran(),
+        "without markers, only the lock keeps instances apart"
+    );
+
+    let runs = AtomicUsize::new(0);
+    wait_until(
+        WAIT,
+        "the marker expires and the late instance runs",
+        || async {
+            late.run("T", |_| async { runs.fetch_add(1, Ordering::SeqCst) })
+                .await
+                .unwrap()
+                .ran()
+        },
+    )
+    .await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A job longer than several ttls keeps its lock: another instance skips as "running" meanwhile
+/// (even for another tick), and the job finishes without its lost signal firing.
+#[tokio::test]
+async fn t40_long_job_keeps_its_lease_and_others_skip_as_running() {
+    let cluster = cluster(5);
+    let ttl = Duration::from_millis(500);
+    let make = |id: &str| {
+        RunOnce::builder(client(&cluster), "s40")
+            .ttl(ttl)
+            .instance(id)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (make("a"), make("b"));
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let long = tokio::spawn(async move {
+        a.run(1, |ctx| async move {
+            started_tx.send(()).unwrap();
+            tokio::select! {
+                _ = ctx.lost().cancelled() => panic!("lost while kept alive"),
+                _ = tokio::time::sleep(ttl * 4) => "done",
+            }
+        })
+        .await
+        .unwrap()
+    });
+    started(started_rx).await;
+    tokio::time::sleep(ttl * 2).await; // past the lock's original ttl
+    for tick in [1, 2] {
+        let outcome = b.run(tick, |_| async {}).await.unwrap();
+        assert!(
+            matches!(outcome.skip_reason(), Some(SkipReason::Running)),
+            "tick {tick}: {outcome:?}"
+        );
+    }
+    let outcome = tokio::time::timeout(WAIT, long).await.unwrap().unwrap();
+    assert_eq!(outcome.output(), Some("done"));
+}
+
+/// With three of five nodes down every instance skips, with the failed nodes named.
+#[tokio::test]
+async fn t50_too_few_nodes_skips_as_unavailable() {
+    let mut cluster = cluster(5);
+    let a = instance(&cluster, "s50", "a");
+    for i in 0..3 {
+        cluster.kill(i).unwrap();
+    }
+    let outcome = a.run(1, |_| async { unreachable!() }).await.unwrap();
+    match outcome.skip_reason() {
+        Some(SkipReason::Unavailable(Error::NoQuorum { failures, .. })) => {
+            assert!(!failures.is_empty())
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A job whose lock is lost (a quorum of nodes dies mid-run) is stopped: its future is dropped,
+/// the outcome says lost, and no marker is written for the tick.
+#[tokio::test]
+async fn t60_lost_lock_stops_the_job_and_leaves_no_marker() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let ttl = Duration::from_millis(600);
+    let a = RunOnce::builder(client(&cluster), "s60")
+        .ttl(ttl)
+        .instance("a")
+        .build()
+        .unwrap();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let finished = Arc::new(AtomicUsize::new(0));
+    let run = tokio::spawn({
+        let finished = Arc::clone(&finished);
+        async move {
+            a.run(1, |_| async move {
+                started_tx.send(()).unwrap();
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                finished.fetch_add(1, Ordering::SeqCst);
+            })
+            .await
+            .unwrap()
+        }
+    });
+    started(started_rx).await;
+    for i in 0..3 {
+        cluster.kill(i).unwrap();
+    }
+    let outcome = tokio::time::timeout(ttl + WAIT, run)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Lost { .. }), "{outcome:?}");
+    assert_eq!(finished.load(Ordering::SeqCst), 0, "the job was stopped");
+    for url in &urls[3..] {
+        assert_eq!(marker_on(url, "s60", "1"), None);
+    }
+}
+
+/// Waits until a spawned job says it started.
+async fn started(rx: tokio::sync::oneshot::Receiver<()>) {
+    tokio::time::timeout(WAIT, rx)
+        .await
+        .expect("the job starts")
+        .expect("the job sent its start");
+}
+
+fn marker_on(url: &str, job: &str, tick: &str) -> Option<String> {
+    let client = redis::Client::open(url).expect("url");
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .expect("connect");
+    redis::cmd("GET")
+        .arg(format!("quorumlock:{{{job}}}:tick:{tick}"))
+        .query(&mut conn)
+        .expect("GET")
+}
