@@ -110,6 +110,10 @@ impl fmt::Debug for Sidecar {
 impl Sidecar {
     pub(crate) fn new(locks: &Redlock) -> Result<Self, Error> {
         let cfg = &locks.inner.cfg;
+        if !cfg.fencing {
+            // Terms are told apart, ordered and bound to their record by their tokens.
+            return Err(ConfigError::FencingRequired.into());
+        }
         let nodes = cfg
             .urls
             .iter()

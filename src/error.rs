@@ -180,6 +180,12 @@ pub enum NodeError {
         /// How long until the node counts again.
         remaining: Duration,
     },
+    /// The node restarted and its fencing counters are being restored from the other nodes; it
+    /// counts toward no quorum until that is done.
+    #[error(
+        "held out of quorums until its fencing counters are restored from the other nodes after a restart"
+    )]
+    Repairing,
     /// The node answered with an error, or a reply the scripts never produce.
     #[error("redis error: {0}")]
     Redis(#[source] redis::RedisError),
@@ -209,6 +215,7 @@ impl NodeError {
             NodeError::Refused(_) => "refused",
             NodeError::Dropped(_) => "dropped",
             NodeError::HeldOut { .. } => "held_out",
+            NodeError::Repairing => "repairing",
             NodeError::Redis(_) => "redis",
             NodeError::BadReply(_) => "bad_reply",
         }
@@ -264,6 +271,12 @@ pub enum ConfigError {
     /// The drift factor must be in `[0, 0.5)`.
     #[error("drift factor {0} must be at least 0 and below 0.5")]
     DriftFactor(f64),
+    /// Leader election and run-once scheduling need fencing tokens, and the client was built
+    /// with `fencing(false)`.
+    #[error(
+        "elections and run-once jobs need fencing tokens; build the client without .fencing(false)"
+    )]
+    FencingRequired,
     /// A timeout that must be positive is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),

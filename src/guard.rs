@@ -206,7 +206,8 @@ impl Lock {
     }
 
     /// This acquisition's fencing token: greater than every earlier holder's (see
-    /// [`FencingToken`] for the exact guarantee).
+    /// [`FencingToken`] for the exact guarantee). Always 0 on a client built with
+    /// [`fencing(false)`](crate::RedlockBuilder::fencing).
     pub fn token(&self) -> FencingToken {
         self.state.token
     }

@@ -14,6 +14,7 @@ mod metrics;
 mod node;
 mod quorum;
 mod redlock;
+mod repair;
 mod schedule;
 mod scripts;
 #[cfg(feature = "testkit")]

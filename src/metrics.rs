@@ -50,8 +50,6 @@ mod imp {
     #[inline(always)]
     pub(crate) fn acquire(_outcome: &'static str, _wait: Duration) {}
     #[inline(always)]
-    pub(crate) fn node_latency(_node: &str, _op: &'static str, _d: Duration) {}
-    #[inline(always)]
     pub(crate) fn node_error(_node: &str, _op: &'static str, _kind: &'static str) {}
     #[inline(always)]
     pub(crate) fn lock_lost() {}

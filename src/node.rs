@@ -24,8 +24,14 @@ use crate::scripts::{self, ScriptCall};
 
 type Connected = Result<(MultiplexedConnection, u64), NodeError>;
 
+/// How long calls fail fast with the last connect error before the next connect is tried, so a
+/// dead node costs no connect attempt (and no task) per call.
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(25);
+
 enum Slot {
     Empty,
+    /// The last connect failed: calls fail fast with its error until the instant passes.
+    Failed(NodeError, Instant),
     Connecting(Shared<BoxFuture<'static, Connected>>),
     Ready(MultiplexedConnection, u64),
 }
@@ -34,6 +40,16 @@ enum Slot {
 struct Health {
     run_id: Option<String>,
     held_out_until: Option<Instant>,
+    repair: Repair,
+}
+
+/// Whether a restarted node's fencing counters still have to be restored from the others.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Repair {
+    #[default]
+    Clean,
+    Needed,
+    Running,
 }
 
 /// The largest ttl in use: how long a restarted node is held out.
@@ -116,17 +132,124 @@ impl Node {
         &self.name
     }
 
-    /// How long this node stays out of quorums, if it is held out now.
-    pub(crate) fn held_out(&self) -> Option<Duration> {
+    /// Why this node counts toward no quorum now, if it does not: within the delayed-restart
+    /// window, or while its fencing counters are being restored after a restart.
+    pub(crate) fn held_out(&self) -> Option<NodeError> {
         let mut health = lock(&self.health);
-        let until = health.held_out_until?;
-        let now = Instant::now();
-        if now >= until {
+        if let Some(until) = health.held_out_until {
+            let now = Instant::now();
+            if now < until {
+                return Some(NodeError::HeldOut {
+                    remaining: until - now,
+                });
+            }
             health.held_out_until = None;
-            tracing::info!(node = %self.name, "restarted node counts toward quorums again");
-            return None;
+            if health.repair == Repair::Clean {
+                tracing::info!(node = %self.name, "restarted node counts toward quorums again");
+            }
         }
-        Some(until - now)
+        (health.repair != Repair::Clean).then_some(NodeError::Repairing)
+    }
+
+    /// True while the node's fencing counters may be behind after a restart: it is then no
+    /// source for restoring another node's counters.
+    pub(crate) fn needs_repair(&self) -> bool {
+        lock(&self.health).repair != Repair::Clean
+    }
+
+    /// Claims the restoring of this node's counters (true once per needed repair).
+    pub(crate) fn claim_repair(&self) -> bool {
+        let mut health = lock(&self.health);
+        if health.repair == Repair::Needed {
+            health.repair = Repair::Running;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Ends a repair: clean on success, to be claimed again on failure.
+    pub(crate) fn finish_repair(&self, ok: bool) {
+        let mut health = lock(&self.health);
+        if health.repair == Repair::Running {
+            health.repair = if ok { Repair::Clean } else { Repair::Needed };
+        }
+    }
+
+    /// Every fencing counter on this node: `(counter key, value)`, read with `SCAN` + `MGET`.
+    pub(crate) async fn fence_counters(
+        self: &Arc<Self>,
+        deadline: Instant,
+    ) -> Result<Vec<(Vec<u8>, u64)>, NodeError> {
+        let read = async {
+            let (mut conn, _) = self.connection().await?;
+            let mut counters = Vec::new();
+            let mut cursor = 0u64;
+            loop {
+                let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(scripts::FENCE_PATTERN)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(NodeError::from_redis)?;
+                if !keys.is_empty() {
+                    let values: Vec<Option<String>> = redis::cmd("MGET")
+                        .arg(&keys)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(NodeError::from_redis)?;
+                    counters.extend(
+                        keys.into_iter()
+                            .zip(values)
+                            .filter_map(|(k, v)| Some((k, v?.parse().ok()?))),
+                    );
+                }
+                if next == 0 {
+                    return Ok(counters);
+                }
+                cursor = next;
+            }
+        };
+        tokio::time::timeout_at(deadline, read)
+            .await
+            .unwrap_or_else(|_| Err(NodeError::Timeout(self.connect_timeout)))
+    }
+
+    /// Raises this node's counters to at least the given values.
+    pub(crate) async fn raise_counters(
+        self: &Arc<Self>,
+        counters: &[(Vec<u8>, u64)],
+        deadline: Instant,
+    ) -> Result<(), NodeError> {
+        let write = async {
+            let (mut conn, _) = self.connection().await?;
+            for chunk in counters.chunks(1000) {
+                let mut pipe = redis::pipe();
+                for (key, value) in chunk {
+                    pipe.cmd("EVALSHA")
+                        .arg(scripts::RAISE_COUNTER.script().get_hash())
+                        .arg(1)
+                        .arg(key)
+                        .arg(*value)
+                        .ignore();
+                }
+                pipe.query_async::<()>(&mut conn)
+                    .await
+                    .map_err(NodeError::from_redis)?;
+            }
+            Ok(())
+        };
+        tokio::time::timeout_at(deadline, write)
+            .await
+            .unwrap_or_else(|_| Err(NodeError::Timeout(self.connect_timeout)))
+    }
+
+    /// The connect timeout, which also bounds each step of a repair.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
     }
 
     /// Runs one script call, bounded by `deadline`.
@@ -150,7 +273,10 @@ impl Node {
             )),
         };
         match &result {
+            #[cfg(feature = "metrics")]
             Ok(_) => metrics::node_latency(&self.name, op, start.elapsed()),
+            #[cfg(not(feature = "metrics"))]
+            Ok(_) => {}
             Err(e) => {
                 metrics::node_error(&self.name, op, e.label());
                 tracing::debug!(node = %self.name, op, error = %e, "node call failed");
@@ -167,13 +293,24 @@ impl Node {
         let (mut conn, generation) = self.connection().await?;
         // Checked after connecting: a (re)connect is what reads the node's run id and uptime.
         if hold_out == HoldOut::Respect
-            && let Some(remaining) = self.held_out()
+            && let Some(reason) = self.held_out()
         {
-            return Err(NodeError::HeldOut { remaining });
+            return Err(reason);
         }
-        let reply = match conn.send_packed_command(call.evalsha()).await {
+        // A server error comes back as a value; `extract_error` turns it into an error.
+        let reply = match conn
+            .send_packed_command(call.evalsha())
+            .await
+            .and_then(Value::extract_error)
+        {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                conn.send_packed_command(&call.eval()).await
+                match call.eval() {
+                    Some(eval) => conn
+                        .send_packed_command(&eval)
+                        .await
+                        .and_then(Value::extract_error),
+                    None => Err(e),
+                }
             }
             other => other,
         };
@@ -192,7 +329,8 @@ impl Node {
             match &*slot {
                 Slot::Ready(conn, generation) => return Ok((conn.clone(), *generation)),
                 Slot::Connecting(pending) => pending.clone(),
-                Slot::Empty => {
+                Slot::Failed(e, until) if Instant::now() < *until => return Err(e.clone()),
+                Slot::Failed(..) | Slot::Empty => {
                     let pending = self.spawn_connect();
                     *slot = Slot::Connecting(pending.clone());
                     pending
@@ -216,7 +354,7 @@ impl Node {
                 Ok((conn, generation)) => Slot::Ready(conn.clone(), *generation),
                 Err(e) => {
                     tracing::debug!(node = %node.name, error = %e, "connect failed");
-                    Slot::Empty
+                    Slot::Failed(e.clone(), Instant::now() + RECONNECT_BACKOFF)
                 }
             };
             result
@@ -268,21 +406,32 @@ impl Node {
     /// The restart guard: compares the run id with the last one seen.
     fn observe_start(&self, run_id: String, uptime: Duration) {
         let mut health = lock(&self.health);
-        let suspect = match &health.run_id {
-            Some(previous) => *previous != run_id,
-            None => self.guard == RestartGuard::Strict,
-        };
+        let restarted = health
+            .run_id
+            .as_ref()
+            .is_some_and(|previous| *previous != run_id);
         let max_ttl = self.max_ttl.get();
-        if self.guard != RestartGuard::Off && suspect && uptime < max_ttl {
-            let remaining = max_ttl - uptime;
-            health.held_out_until = Some(Instant::now() + remaining);
-            tracing::warn!(
-                node = %self.name,
-                uptime_s = uptime.as_secs(),
-                held_out_for = ?remaining,
-                "node (re)started less than the max ttl ago and may have lost lock keys; \
-                 it counts toward no quorum until the max ttl has passed since its start"
-            );
+        let young = uptime < max_ttl;
+        let suspect =
+            restarted || (health.run_id.is_none() && self.guard == RestartGuard::Strict && young);
+        if self.guard != RestartGuard::Off && suspect {
+            if young {
+                let remaining = max_ttl - uptime;
+                health.held_out_until = Some(Instant::now() + remaining);
+                tracing::warn!(
+                    node = %self.name,
+                    uptime_s = uptime.as_secs(),
+                    held_out_for = ?remaining,
+                    "node (re)started less than the max ttl ago and may have lost lock keys; \
+                     it counts toward no quorum until the max ttl has passed since its start"
+                );
+            }
+            // Seen restarting: its fencing counters (which never expire) may be gone too;
+            // restore them from the other nodes before it counts again. (A node merely young on
+            // first contact, under the strict guard, may not have lost anything: time only.)
+            if restarted {
+                health.repair = Repair::Needed;
+            }
         }
         health.run_id = Some(run_id);
     }

@@ -55,8 +55,8 @@ pub(crate) struct Inner {
     pub(crate) nodes: Vec<Arc<Node>>,
     pub(crate) cfg: RedlockBuilder,
     max_ttl: Arc<MaxTtl>,
-    /// Background releases and late answers, so `flush` can wait for them.
-    tasks: TaskTracker,
+    /// Background releases, late answers and repairs, so `flush` can wait for them.
+    pub(crate) tasks: TaskTracker,
 }
 
 /// What one node says about a key, from [`Redlock::status`].
@@ -360,10 +360,21 @@ impl Redlock {
         let budget_end = start + quorum::budget(ttl, drift);
         let deadline = (start + self.inner.cfg.node_timeout).min(budget_end);
         let ttl_ms = ttl.as_millis().to_string();
-        let call = scripts::ACQUIRE.call(
-            &[lock_key.as_bytes(), fence_key.as_bytes()],
-            &[value.as_bytes(), ttl_ms.as_bytes()],
-        );
+        let fencing = self.inner.cfg.fencing;
+        let call = if fencing {
+            scripts::ACQUIRE.call(
+                &[lock_key.as_bytes(), fence_key.as_bytes()],
+                &[value.as_bytes(), ttl_ms.as_bytes()],
+            )
+        } else {
+            let mut set = redis::cmd("SET");
+            set.arg(lock_key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(&ttl_ms);
+            ScriptCall::plain(set)
+        };
         let round = self
             .round(Arc::new(call), deadline, HoldOut::Respect, "acquire")
             .await;
@@ -384,7 +395,11 @@ impl Redlock {
                 return Err(self.no_quorum(key, &round.tally, round.failures));
             }
         }
-        let counters: Vec<u64> = round.yes.iter().map(|&(_, c)| c.max(0) as u64).collect();
+        let counters: Vec<u64> = if fencing {
+            round.yes.iter().map(|&(_, c)| c.max(0) as u64).collect()
+        } else {
+            vec![0; round.yes.len()]
+        };
         let Some((max, settled)) = quorum::fencing_max(&counters, self.inner.nodes.len()) else {
             return Err(self.no_quorum(key, &round.tally, round.failures));
         };
@@ -431,7 +446,7 @@ impl Redlock {
         let state = Arc::clone(state);
         self.inner.tasks.spawn(async move {
             while let Some((i, reply)) = late.next().await {
-                if matches!(reply, Ok(Value::Int(v)) if v > 0) && state.is_released() {
+                if matches!(reply.and_then(int_reply), Ok(v) if v > 0) && state.is_released() {
                     client.release_on(i, &state).await;
                 }
             }
@@ -520,6 +535,20 @@ impl Redlock {
     /// Sends `call` to every node at once, each bounded by `deadline`, and returns as soon as the
     /// verdict is certain. Unanswered calls are handed back in `rest`.
     async fn round(
+        &self,
+        call: Arc<ScriptCall>,
+        deadline: Instant,
+        hold_out: HoldOut,
+        op: &'static str,
+    ) -> Round {
+        self.schedule_repairs();
+        let round = self.fan_out(call, deadline, hold_out, op).await;
+        // A connection made during the round may have revealed a restart.
+        self.schedule_repairs();
+        round
+    }
+
+    async fn fan_out(
         &self,
         call: Arc<ScriptCall>,
         deadline: Instant,
@@ -716,6 +745,7 @@ impl Redlock {
                 Arc::clone(n).run(Arc::clone(&call), deadline, HoldOut::Ignore, "status")
             }))
             .await;
+        self.schedule_repairs();
         let nodes = self
             .inner
             .nodes
@@ -793,9 +823,12 @@ fn new_value() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
+/// A script's integer reply; a plain `SET NX` answers `OK` (yes) or nil (held).
 fn int_reply(v: Value) -> Result<i64, NodeError> {
     match v {
         Value::Int(i) => Ok(i),
+        Value::Okay => Ok(1),
+        Value::Nil => Ok(0),
         other => Err(NodeError::BadReply(format!("{other:?}"))),
     }
 }

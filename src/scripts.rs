@@ -45,46 +45,49 @@ impl Lua {
             evalsha.arg(*a);
         }
         ScriptCall {
-            lua: self,
-            evalsha,
-            keys: keys.iter().map(|k| k.to_vec()).collect(),
-            args: args.iter().map(|a| a.to_vec()).collect(),
+            lua: Some(self),
+            cmd: evalsha,
         }
     }
 }
 
-/// A ready-to-send script invocation.
+/// A ready-to-send invocation: a script by its SHA1, or (fencing off) a plain command.
 #[derive(Debug)]
 pub(crate) struct ScriptCall {
-    lua: &'static Lua,
-    evalsha: Cmd,
-    keys: Vec<Vec<u8>>,
-    args: Vec<Vec<u8>>,
+    lua: Option<&'static Lua>,
+    cmd: Cmd,
 }
 
 impl ScriptCall {
-    pub(crate) fn evalsha(&self) -> &Cmd {
-        &self.evalsha
+    /// A plain command with no script behind it.
+    pub(crate) fn plain(cmd: Cmd) -> Self {
+        ScriptCall { lua: None, cmd }
     }
 
-    /// The `EVAL` form, used only after a `NOSCRIPT` reply.
-    pub(crate) fn eval(&self) -> Cmd {
+    pub(crate) fn evalsha(&self) -> &Cmd {
+        &self.cmd
+    }
+
+    /// The `EVAL` form, used only after a `NOSCRIPT` reply: the same arguments as the `EVALSHA`
+    /// (numkeys, keys, args), with the body in place of the hash.
+    pub(crate) fn eval(&self) -> Option<Cmd> {
+        let lua = self.lua?;
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(self.lua.code).arg(self.keys.len());
-        for k in &self.keys {
-            cmd.arg(k.as_slice());
+        cmd.arg(lua.code);
+        for arg in self.cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
         }
-        for a in &self.args {
-            cmd.arg(a.as_slice());
-        }
-        cmd
+        Some(cmd)
     }
 }
 
 /// Every script, for loading on connect.
-pub(crate) fn all() -> [&'static Lua; 6] {
+pub(crate) fn all() -> [&'static Lua; 7] {
     [
         &ACQUIRE,
+        &RAISE_COUNTER,
         &RAISE_FENCE,
         &EXTEND,
         &RELEASE,
@@ -92,6 +95,9 @@ pub(crate) fn all() -> [&'static Lua; 6] {
         &FENCED_WRITE,
     ]
 }
+
+/// A `SCAN MATCH` pattern for every fencing counter (braces are not special in Redis globs).
+pub(crate) const FENCE_PATTERN: &str = "quorumlock:{*}:fence";
 
 /// The lock key for a user key.
 pub(crate) fn lock_key(key: &str) -> String {
@@ -135,6 +141,23 @@ if c < tonumber(ARGV[2]) then
   redis.call('SET', KEYS[2], ARGV[2])
 end
 return 1
+"#,
+    )
+});
+
+/// Raise one fencing counter to at least a value (restoring a restarted node's counters).
+///
+/// - KEYS[1]: fencing counter
+/// - ARGV[1]: the value
+/// - Reply: `1` raised, `0` already at or above it.
+pub(crate) static RAISE_COUNTER: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
 "#,
     )
 });
@@ -237,6 +260,30 @@ mod tests {
             assert!(f.starts_with(&l), "{l} / {f}");
             assert_eq!(hash_tag(&l), hash_tag(&f), "{key}");
         }
+    }
+
+    #[test]
+    fn the_eval_fallback_carries_the_same_keys_and_arguments() {
+        let call = ACQUIRE.call(&[b"k1", b"k2"], &[b"v", b"100"]);
+        let eval = call.eval().unwrap();
+        let args: Vec<Vec<u8>> = eval
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect();
+        let expected: Vec<&[u8]> = vec![
+            b"EVAL",
+            ACQUIRE.code().as_bytes(),
+            b"2",
+            b"k1",
+            b"k2",
+            b"v",
+            b"100",
+        ];
+        assert_eq!(args, expected);
+        assert!(ScriptCall::plain(redis::cmd("PING")).eval().is_none());
     }
 
     /// Redis Cluster's rule: the part between the first `{` and the next `}` if non-empty.

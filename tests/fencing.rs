@@ -263,3 +263,116 @@ async fn t31_strict_guard_holds_out_freshly_started_nodes() {
         .await
         .unwrap();
 }
+
+/// Different minorities restarted empty one after the other, each seen by the client: the
+/// restarted node's counters are restored from the others before it counts again, so a later
+/// majority made only of restarted nodes still hands out a greater token (the chaos suite's
+/// t90 regression).
+#[tokio::test]
+async fn t32_counters_are_restored_on_restarted_nodes() {
+    let mut cluster = cluster(3);
+    let urls = cluster.urls();
+    let max_ttl = Duration::from_millis(300);
+    let locks = builder(&cluster).max_ttl(max_ttl).build().unwrap();
+    let ttl = Duration::from_millis(250);
+    let mut last = 0;
+    for _ in 0..5 {
+        let lock = locks.acquire("k", ttl).await.unwrap();
+        last = lock.token().get();
+        lock.release().await.unwrap();
+    }
+    for i in [0, 1] {
+        cluster.restart_empty(i).unwrap();
+        // The client notices the restart on its next call to the node and repairs it.
+        wait_until(WAIT, "restarted node's counter restored", || async {
+            let _ = locks.status("k").await;
+            fence_on(&urls[i], "k") >= last
+        })
+        .await;
+    }
+    // Only the two restarted nodes are left: their counters remember the latest token.
+    cluster.kill(2).unwrap();
+    let next = std::sync::atomic::AtomicU64::new(0);
+    wait_until(WAIT, "the restarted nodes count again", || async {
+        match locks.try_acquire("k", ttl).await {
+            Ok(lock) => {
+                next.store(lock.token().get(), std::sync::atomic::Ordering::SeqCst);
+                lock.release().await.is_ok()
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    let next = next.into_inner();
+    assert!(next > last, "token {next} after {last}");
+}
+
+/// A restarted node whose counters cannot be restored (too few clean nodes answer) stays out
+/// of every quorum, past the delayed-restart window, and says why; it rejoins once restored.
+#[tokio::test]
+async fn t33_an_unrepaired_node_stays_out() {
+    let mut cluster = cluster(3);
+    let urls = cluster.urls();
+    let locks = builder(&cluster)
+        .max_ttl(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    locks
+        .acquire("k", TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    cluster.pause(2).unwrap(); // one of the two sources hangs
+    cluster.restart_empty(0).unwrap();
+    wait_until(WAIT, "node 0 reported as repairing", || async {
+        match locks.try_acquire("k", Duration::from_millis(500)).await {
+            Err(Error::NoQuorum { failures, .. }) => failures
+                .iter()
+                .any(|f| f.node == urls[0] && matches!(f.cause, NodeError::Repairing)),
+            Ok(lock) => {
+                lock.release().await.ok();
+                false
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    cluster.resume(2).unwrap();
+    wait_until(WAIT, "node 0 restored and counting", || async {
+        fence_on(&urls[0], "k") >= 1
+            && locks
+                .try_acquire("k", TTL)
+                .await
+                .map(|l| l.forget())
+                .is_ok()
+    })
+    .await;
+}
+
+/// Fencing can be turned off for raw throughput: locks still exclude each other, tokens are 0,
+/// no counter is written, and elections refuse such a client.
+#[tokio::test]
+async fn t40_without_fencing_locks_still_exclude_and_hand_out_no_tokens() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = builder(&cluster).fencing(false).build().unwrap();
+    let lock = locks.try_acquire("plain", TTL).await.unwrap();
+    assert_eq!(lock.token().get(), 0);
+    assert!(locks.try_acquire("plain", TTL).await.unwrap_err().is_held());
+    lock.extend(TTL).await.unwrap();
+    lock.release().await.unwrap();
+    wait_until(WAIT, "released everywhere", || async {
+        holders(&urls, "plain") == 0
+    })
+    .await;
+    assert!(urls.iter().all(|u| fence_on(u, "plain") == 0));
+    let err = quorumlock::Election::builder(locks, "e")
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Config(quorumlock::ConfigError::FencingRequired)),
+        "{err}"
+    );
+}

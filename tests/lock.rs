@@ -501,7 +501,10 @@ async fn t31_bad_arguments_are_typed_errors() {
 async fn t32_status_reports_each_node() {
     let mut cluster = cluster(5);
     let locks = client(&cluster);
+    let urls = cluster.urls();
     let lock = locks.try_acquire("job", TTL).await.unwrap();
+    // The acquire returned at the quorum; let the last answers land before killing a node.
+    wait_until(WAIT, "every node holds the key", || async { holders(&urls, "job") == 5 }).await;
     cluster.kill(4).unwrap();
     let status = locks.status("job").await.unwrap();
     assert_eq!(status.answered(), 4);
@@ -630,4 +633,33 @@ async fn t35_unix_sockets_passwords_users_and_databases() {
         "{err}"
     );
     assert!(!err.to_string().contains("nope"), "{err}");
+}
+
+/// Someone runs `SCRIPT FLUSH` on a node: the next call falls back to `EVAL` and still works.
+#[tokio::test]
+async fn t36_a_flushed_script_cache_falls_back_to_eval() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let locks = client(&cluster);
+    locks
+        .try_acquire("warm", TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for url in &urls {
+        let mut conn = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
+    }
+    let lock = locks.try_acquire("job", TTL).await.expect("EVAL fallback");
+    lock.extend(TTL).await.expect("EVAL fallback");
+    lock.release().await.expect("EVAL fallback");
+    wait_until(WAIT, "released everywhere", || async {
+        holders(&urls, "job") == 0
+    })
+    .await;
 }

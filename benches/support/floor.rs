@@ -1,0 +1,145 @@
+//! The floor: the least work a correct Redlock round can do, written against the `redis` crate
+//! directly. Every figure of ours is reported as a ratio to it.
+//!
+//! One multiplexed connection per node; acquire sends `SET key value NX PX ttl` to every node at
+//! once and decides as soon as the outcome is certain (three OK of five, or too few left to
+//! reach three); release and extend send a conditional Lua script (`EVALSHA`, loaded on connect)
+//! the same way. No per-node timeout, no validity arithmetic, no fencing, no retries, no
+//! background cleanup: whatever a library adds on top of this is its overhead.
+//!
+//! `acquire_fenced` is the same round with the library's acquire script (SET NX PX, then INCR of
+//! the fencing counter, in one Lua call): it isolates what fencing costs on the wire and in Redis.
+//!
+//! Shared by `benches/acquire.rs` and `bench/compare` (included with `#[path]`).
+#![allow(dead_code)]
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Cmd, Script, Value};
+
+const RELEASE: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+const EXTEND: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0";
+/// The library's acquire script (see `src/scripts.rs`, `ACQUIRE`), copied so the floor can run it.
+const ACQUIRE_FENCED: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0";
+
+/// quorumlock's key layout for a user key: the lock and its fencing counter (same hash tag).
+pub(crate) fn fenced_keys(key: &str) -> (String, String) {
+    (
+        format!("quorumlock:{{{key}}}"),
+        format!("quorumlock:{{{key}}}:fence"),
+    )
+}
+
+/// A hand-written Redlock round over multiplexed connections.
+#[derive(Clone)]
+pub(crate) struct Floor {
+    conns: Vec<MultiplexedConnection>,
+    quorum: usize,
+    release: String,
+    extend: String,
+    acquire_fenced: String,
+}
+
+impl Floor {
+    /// Connects to every node and loads the scripts.
+    pub(crate) async fn connect(urls: &[String]) -> redis::RedisResult<Floor> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(std::time::Duration::from_secs(1)))
+            .set_response_timeout(None);
+        let mut conns = Vec::with_capacity(urls.len());
+        let scripts = [RELEASE, EXTEND, ACQUIRE_FENCED].map(Script::new);
+        for url in urls {
+            let client = redis::Client::open(url.as_str())?;
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            for s in &scripts {
+                s.prepare_invoke().load_async(&mut conn).await?;
+            }
+            conns.push(conn);
+        }
+        let [release, extend, acquire_fenced] = scripts.map(|s| s.get_hash().to_owned());
+        Ok(Floor {
+            quorum: conns.len() / 2 + 1,
+            conns,
+            release,
+            extend,
+            acquire_fenced,
+        })
+    }
+
+    /// A fresh 128-bit owner value, as the library makes them.
+    pub(crate) fn new_value() -> String {
+        format!("{:032x}", rand::random::<u128>())
+    }
+
+    /// `SET key value NX PX ttl` on every node; true once a quorum said OK.
+    pub(crate) async fn acquire(&self, key: &str, value: &str, ttl_ms: u64) -> bool {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(value).arg("NX").arg("PX").arg(ttl_ms);
+        self.round(&cmd, |v| matches!(v, Value::Okay)).await
+    }
+
+    /// The acquire round with fencing: SET NX PX + INCR of `fence_key` in one script.
+    pub(crate) async fn acquire_fenced(
+        &self,
+        key: &str,
+        fence_key: &str,
+        value: &str,
+        ttl_ms: u64,
+    ) -> bool {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.acquire_fenced)
+            .arg(2)
+            .arg(key)
+            .arg(fence_key)
+            .arg(value)
+            .arg(ttl_ms);
+        self.round(&cmd, |v| matches!(v, Value::Int(i) if *i > 0))
+            .await
+    }
+
+    /// Conditional delete on every node; true once a quorum deleted.
+    pub(crate) async fn release(&self, key: &str, value: &str) -> bool {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.release).arg(1).arg(key).arg(value);
+        self.round(&cmd, |v| matches!(v, Value::Int(1))).await
+    }
+
+    /// Conditional `PEXPIRE` on every node; true once a quorum extended.
+    pub(crate) async fn extend(&self, key: &str, value: &str, ttl_ms: u64) -> bool {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.extend).arg(1).arg(key).arg(value).arg(ttl_ms);
+        self.round(&cmd, |v| matches!(v, Value::Int(1))).await
+    }
+
+    /// Sends `cmd` to every node at once; returns as soon as a quorum said yes (true) or can no
+    /// longer say yes (false). Unanswered calls are dropped.
+    async fn round(&self, cmd: &Cmd, yes: impl Fn(&Value) -> bool) -> bool {
+        let n = self.conns.len();
+        let mut pending: FuturesUnordered<_> = self
+            .conns
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                async move { c.send_packed_command(cmd).await }
+            })
+            .collect();
+        let (mut ok, mut answered) = (0, 0);
+        while let Some(reply) = pending.next().await {
+            answered += 1;
+            if reply.as_ref().is_ok_and(&yes) {
+                ok += 1;
+            }
+            if ok >= self.quorum {
+                return true;
+            }
+            if ok + (n - answered) < self.quorum {
+                return false;
+            }
+        }
+        false
+    }
+}
