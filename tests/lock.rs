@@ -504,7 +504,10 @@ async fn t32_status_reports_each_node() {
     let urls = cluster.urls();
     let lock = locks.try_acquire("job", TTL).await.unwrap();
     // The acquire returned at the quorum; let the last answers land before killing a node.
-    wait_until(WAIT, "every node holds the key", || async { holders(&urls, "job") == 5 }).await;
+    wait_until(WAIT, "every node holds the key", || async {
+        holders(&urls, "job") == 5
+    })
+    .await;
     cluster.kill(4).unwrap();
     let status = locks.status("job").await.unwrap();
     assert_eq!(status.answered(), 4);

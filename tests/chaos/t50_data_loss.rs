@@ -114,18 +114,19 @@ async fn majority_wiped_without_restart_guard_breaks_exclusion_and_fencing_catch
     assert!(r.slow_recoveries.is_empty(), "{r:?}");
 }
 
-/// The same wipe with the default restart guard on B's client: B notices the new run ids and
-/// holds both wiped nodes out for the max ttl, so it can only acquire once A's lock has expired.
+/// The same wipe with the default restart guard on B's client: B notices the new run ids, holds
+/// both wiped nodes out for the max ttl, and counts them again only once their fencing counters
+/// are restored from `N - Q + 1` clean peers, which a wiped majority of three does not have.
 ///
-/// Expected: no overlap, no write past validity; B acquires within the max ttl plus slack of
-/// the wipe. Tokens are not asserted here: B's token is below A's whenever B's quorum is made
-/// of the two wiped nodes (the known bug pinned in `t90_regressions`).
+/// Expected: no overlap and no token regression, whatever else happens: B either acquires with
+/// a token above A's after A's validity ended, or cannot acquire at all (the wiped nodes stay
+/// out: today's outcome, a liveness loss pinned in `t90_regressions`).
 #[tokio::test]
-async fn majority_wiped_with_restart_guard_keeps_exclusion() {
+async fn majority_wiped_with_restart_guard_keeps_exclusion_and_token_order() {
     let mut cluster = cluster(3);
     let urls = cluster.urls();
     let (rec, resource) = (Recorder::new(), Resource::gate());
-    let ttl = Duration::from_secs(2);
+    let ttl = Duration::from_secs(1);
     let a_spec = ClientSpec::new(0, urls.clone(), ttl, 0);
     let b_spec = ClientSpec::new(1, urls.clone(), ttl, 0);
     warm_up(&a_spec, &rec, &resource).await;
@@ -136,27 +137,26 @@ async fn majority_wiped_with_restart_guard_keeps_exclusion() {
     assert!(a.write(&resource, &rec).await);
     wipe(&mut cluster, &rec);
 
-    let b = Held::acquire(&b_locks, 1, ttl, WAIT, &rec)
-        .await
-        .expect("B acquires once the wiped nodes count again");
-    assert!(
-        a.lock.is_lost(),
-        "A's validity ended before B could acquire"
-    );
-    b.write(&resource, &rec).await;
-    b.release(&rec).await.unwrap();
+    // Try for a while, as a client would, recording every attempt.
+    match Held::acquire(&b_locks, 1, ttl, ttl * 3, &rec).await {
+        Ok(b) => {
+            assert!(a.lock.is_lost(), "A's validity ended before B acquired");
+            assert!(b.token > a.token, "{} > {}", b.token, a.token);
+            assert!(b.write(&resource, &rec).await);
+            b.release(&rec).await.unwrap();
+        }
+        Err(e) => assert!(e.is_no_quorum(), "{e}"),
+    }
     let _ = a.release(&rec).await;
 
     let r = check(&rec.snapshot(), BOUND);
-    assert!(r.overlaps.is_empty(), "{r:?}");
+    assert!(
+        r.overlaps.is_empty() && r.token_regressions.is_empty(),
+        "{r:?}"
+    );
     assert!(
         r.past_validity.is_empty() && r.hung.is_empty() && r.uncaught.is_empty(),
         "{r:?}"
     );
-    assert!(r.slow_recoveries.is_empty(), "{r:?}");
-    let waited = r.reacquired[0].expect("acquired after the wipe");
-    assert!(
-        waited >= Duration::from_secs(1) && waited <= ttl + Duration::from_secs(2),
-        "held out for about the max ttl ({ttl:?}), not more: {waited:?}"
-    );
+    assert_eq!(r.stale_rejected, 0, "{r:?}");
 }

@@ -27,11 +27,16 @@ enum Expect {
     Caught,
     /// Violations possible, and fencing cannot catch all of them (equal tokens).
     Unsafe,
+    /// Safe, but the lock may not come back: restarted nodes that cannot be repaired stay out
+    /// (the open issue pinned in `t90_regressions`). Slow recoveries are allowed.
+    Stuck,
 }
 
-/// Where restarts lose fencing counters: safe, but tokens can go backwards (the known core bug
-/// pinned in `t90_regressions`), and the resource then rejects a legitimate holder.
-const LOST_COUNTERS: &str = "no overlap; tokens may regress (known bug)";
+/// Where restarts lose fencing counters and the guard is off: no overlap, but nothing restores
+/// the counters, so tokens can go backwards and the resource then refuses a legitimate holder.
+const LOST_COUNTERS: &str = "no overlap; tokens may regress (guard off)";
+/// Where a majority restarts at once with the guard on.
+const STUCK: &str = "no overlap, no regression; lock may be lost for good";
 
 fn rows() -> Vec<(Scenario, Expect, &'static str)> {
     use FaultKind::*;
@@ -75,8 +80,17 @@ fn rows() -> Vec<(Scenario, Expect, &'static str)> {
                 "kill majority, restart empty at once (guard on)",
                 &[KillMajority],
             ),
-            Expect::Safe,
-            "no violation",
+            Expect::Stuck,
+            STUCK,
+        ),
+        (
+            Scenario::new(
+                "kill majority, restart at once, AOF always (guard on)",
+                &[KillMajority],
+            )
+            .aof(),
+            Expect::Stuck,
+            STUCK,
         ),
         (
             Scenario::new("SIGSTOP nodes", &[PauseNodes]),
@@ -180,6 +194,7 @@ async fn long_profile() {
                     !r.uncaught.is_empty() || !r.hung.is_empty() || !r.slow_recoveries.is_empty()
                 }
                 Expect::Unsafe => !r.hung.is_empty() || !r.slow_recoveries.is_empty(),
+                Expect::Stuck => out.unexpected_violations() > r.slow_recoveries.len(),
             };
             if bad || r.violations() > 0 {
                 println!("{}", out.explain());
