@@ -58,7 +58,8 @@ pub struct Report {
     /// Faults after which the lock was not acquired again within the bound (a window cut short
     /// by the next fault before the bound does not count).
     pub slow_recoveries: Vec<usize>,
-    /// The longest time with no critical section at all.
+    /// The longest time with no critical section at all (from the start of the history to its
+    /// end, so a lock that never came back counts until the run stopped).
     pub worst_gap: Duration,
 }
 
@@ -181,12 +182,15 @@ pub fn check(h: &History, reacquire_bound: Duration) -> Report {
         .map(|(i, _)| i)
         .collect();
 
+    // Unavailability: gaps between sections, from the start, and after the last one to the end
+    // (a lock that never came back is unavailable until the run stopped).
     let mut worst_gap = Duration::ZERO;
     let mut covered = h.start;
     for s in &sections {
         worst_gap = worst_gap.max(s.acquired.since(covered));
         covered = covered.max(s.end());
     }
+    worst_gap = worst_gap.max(h.end.since(covered));
 
     Report {
         sections: h.sections.len(),

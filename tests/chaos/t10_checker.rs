@@ -43,7 +43,7 @@ fn write(session: SessionId, token: u64, at: u64, accepted: bool) -> Write {
 fn history(sections: Vec<Section>, writes: Vec<Write>) -> History {
     History {
         start: ms(0),
-        end: ms(10_000),
+        end: ms(1320),
         sections,
         writes,
         ..History::default()
@@ -75,8 +75,16 @@ fn a_clean_serial_history_has_no_violation() {
         (r.sections, r.writes, r.stale_rejected, r.caught),
         (3, 4, 0, 0)
     );
-    // Longest time with no section: 100..120 and 300..310, and the start (0) is covered.
+    // Gaps with no section: 100..120, 300..310, and from session 3's end of validity (1310)
+    // to the end of the history (1320); the start (0) is covered.
     assert_eq!(r.worst_gap, Duration::from_millis(20));
+}
+
+#[test]
+fn a_lock_that_never_comes_back_is_unavailable_until_the_end() {
+    let mut h = clean();
+    h.end = ms(9_310);
+    assert_eq!(check(&h, BOUND).worst_gap, Duration::from_secs(8));
 }
 
 #[test]
@@ -244,6 +252,7 @@ fn a_lower_token_accepted_after_a_higher_one_is_not_caught() {
 #[test]
 fn liveness_is_measured_from_each_heal_to_the_next_acquisition() {
     let mut h = clean();
+    h.end = ms(10_000);
     h.faults = vec![
         Fault {
             what: "a".into(),
