@@ -876,25 +876,8 @@ impl Election {
             })
         );
         let status = status?;
-        if status.answered() < status.quorum {
-            let failures = status
-                .nodes
-                .iter()
-                .filter_map(|n| {
-                    n.state.as_ref().err().map(|cause| NodeFailure {
-                        node: n.node.clone(),
-                        cause: cause.clone(),
-                    })
-                })
-                .collect();
-            return Err(Error::NoQuorum {
-                key: inner.name.clone(),
-                reached: status.answered(),
-                nodes: status.nodes.len(),
-                needed: status.quorum,
-                failures,
-            });
-        }
+        // Named after the election (the status' key is the election's name too).
+        status.require_quorum()?;
         let records: Vec<String> = records
             .into_iter()
             .filter_map(|r| r.ok().flatten())

@@ -266,12 +266,27 @@ impl Node {
         op: &'static str,
     ) -> Result<Value, NodeError> {
         let start = Instant::now();
-        let result = match tokio::time::timeout_at(deadline, self.run_now(&call, hold_out)).await {
+        match tokio::time::timeout_at(deadline, Arc::clone(&self).call(call, hold_out, op)).await {
             Ok(r) => r,
-            Err(_) => Err(NodeError::Timeout(
-                deadline.saturating_duration_since(start),
-            )),
-        };
+            Err(_) => {
+                let e = NodeError::Timeout(deadline.saturating_duration_since(start));
+                self.timed_out(op, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs one script call with no deadline of its own: a round bounds all its calls with one
+    /// timer. Cancellation as for [`run`](Self::run).
+    pub(crate) async fn call(
+        self: Arc<Self>,
+        call: Arc<ScriptCall>,
+        hold_out: HoldOut,
+        op: &'static str,
+    ) -> Result<Value, NodeError> {
+        #[cfg(feature = "metrics")]
+        let start = Instant::now();
+        let result = self.run_now(&call, hold_out).await;
         match &result {
             #[cfg(feature = "metrics")]
             Ok(_) => metrics::node_latency(&self.name, op, start.elapsed()),
@@ -283,6 +298,17 @@ impl Node {
             }
         }
         result
+    }
+
+    /// Records a call that its round's deadline cut short.
+    pub(crate) fn timed_out(&self, op: &'static str, e: &NodeError) {
+        metrics::node_error(&self.name, op, e.label());
+        tracing::debug!(node = %self.name, op, error = %e, "node call failed");
+    }
+
+    /// Whether the node has a live connection: a call to it is sent on its first poll.
+    pub(crate) fn is_connected(&self) -> bool {
+        matches!(&*lock(&self.slot), Slot::Ready(..))
     }
 
     async fn run_now(

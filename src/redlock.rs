@@ -1,6 +1,7 @@
 //! The lock client: fans each operation out to every node at once and decides as soon as the
 //! outcome is certain.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -112,6 +113,35 @@ impl LockStatus {
             .copied()
     }
 
+    /// `Ok` when a quorum of nodes answered; otherwise [`Error::NoQuorum`] naming each node that
+    /// did not, and why.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoQuorum`].
+    pub fn require_quorum(&self) -> Result<(), Error> {
+        if self.answered() >= self.quorum {
+            return Ok(());
+        }
+        let failures = self
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                n.state.as_ref().err().map(|cause| NodeFailure {
+                    node: n.node.clone(),
+                    cause: cause.clone(),
+                })
+            })
+            .collect();
+        Err(Error::NoQuorum {
+            key: self.key.clone(),
+            reached: self.answered(),
+            nodes: self.nodes.len(),
+            needed: self.quorum,
+            failures,
+        })
+    }
+
     /// The highest fencing counter any node reports.
     pub fn max_fence(&self) -> u64 {
         self.nodes
@@ -139,7 +169,43 @@ struct Round {
     tally: Tally,
     yes: Vec<(usize, i64)>,
     failures: Vec<NodeFailure>,
-    rest: FuturesUnordered<NodeFuture>,
+    rest: Tail,
+}
+
+/// The calls of a round still unanswered when its verdict was taken.
+struct Tail {
+    calls: FuturesUnordered<NodeFuture>,
+    answered: Vec<bool>,
+    deadline: Instant,
+}
+
+impl Tail {
+    /// Whether the unanswered calls need driving: a call to a connected node was sent on its
+    /// first poll and runs on the server whether or not its future lives, but a call waiting for
+    /// a connection is sent only if something keeps polling it.
+    fn needs_driving(&self, nodes: &[Arc<Node>]) -> bool {
+        !self.calls.is_empty()
+            && nodes
+                .iter()
+                .zip(&self.answered)
+                .any(|(node, &answered)| !answered && !node.is_connected())
+    }
+
+    /// Drives the unanswered calls to their end (bounded by the round's deadline), handing each
+    /// answer to `on_answer`.
+    async fn drive<F, Fut>(self, mut on_answer: F)
+    where
+        F: FnMut(usize, Result<Value, NodeError>) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let mut calls = self.calls;
+        let _ = tokio::time::timeout_at(self.deadline, async {
+            while let Some((i, reply)) = calls.next().await {
+                on_answer(i, reply).await;
+            }
+        })
+        .await;
+    }
 }
 
 impl Redlock {
@@ -346,15 +412,7 @@ impl Redlock {
         value: &str,
         ttl: Duration,
         drift: Duration,
-    ) -> Result<
-        (
-            FencingToken,
-            Instant,
-            Duration,
-            FuturesUnordered<NodeFuture>,
-        ),
-        Error,
-    > {
+    ) -> Result<(FencingToken, Instant, Duration, Tail), Error> {
         metrics::attempt();
         let start = Instant::now();
         let budget_end = start + quorum::budget(ttl, drift);
@@ -438,18 +496,23 @@ impl Redlock {
     /// late yes that arrives after the lock was released is undone on that node: the release
     /// flag is set before any release is sent, so either the release ran after the late acquire
     /// on the node's ordered connection, or this check sees the flag.
-    fn finish_late_answers(&self, mut late: FuturesUnordered<NodeFuture>, state: &Arc<LockState>) {
-        if late.is_empty() {
+    fn finish_late_answers(&self, late: Tail, state: &Arc<LockState>) {
+        if !late.needs_driving(&self.inner.nodes) {
             return;
         }
         let client = self.clone();
         let state = Arc::clone(state);
         self.inner.tasks.spawn(async move {
-            while let Some((i, reply)) = late.next().await {
-                if matches!(reply.and_then(int_reply), Ok(v) if v > 0) && state.is_released() {
-                    client.release_on(i, &state).await;
+            late.drive(|i, reply| {
+                let late_yes = matches!(reply.and_then(int_reply), Ok(v) if v > 0);
+                let (client, state) = (&client, &state);
+                async move {
+                    if late_yes && state.is_released() {
+                        client.release_on(i, state).await;
+                    }
                 }
-            }
+            })
+            .await;
         });
     }
 
@@ -556,50 +619,71 @@ impl Redlock {
         op: &'static str,
     ) -> Round {
         let n = self.inner.nodes.len();
+        let start = Instant::now();
         let mut rest: FuturesUnordered<NodeFuture> = self
             .inner
             .nodes
             .iter()
             .enumerate()
             .map(|(i, node)| {
-                let fut = Arc::clone(node).run(Arc::clone(&call), deadline, hold_out, op);
+                let fut = Arc::clone(node).call(Arc::clone(&call), hold_out, op);
                 Box::pin(async move { (i, fut.await) }) as NodeFuture
             })
             .collect();
         let mut tally = Tally::new(n);
         let mut yes = Vec::with_capacity(n);
         let mut failures = Vec::new();
-        while let Some((i, reply)) = rest.next().await {
-            match reply.and_then(int_reply) {
-                Ok(v) if v > 0 => {
-                    tally.record(Answer::Yes);
-                    yes.push((i, v));
+        let mut answered = vec![false; n];
+        let decided = tokio::time::timeout_at(deadline, async {
+            while let Some((i, reply)) = rest.next().await {
+                answered[i] = true;
+                match reply.and_then(int_reply) {
+                    Ok(v) if v > 0 => {
+                        tally.record(Answer::Yes);
+                        yes.push((i, v));
+                    }
+                    Ok(_) => tally.record(Answer::No),
+                    Err(cause) => {
+                        tally.record(Answer::Failed);
+                        failures.push(NodeFailure {
+                            node: self.inner.nodes[i].name().to_owned(),
+                            cause,
+                        });
+                    }
                 }
-                Ok(_) => tally.record(Answer::No),
-                Err(cause) => {
+                if let Some(verdict) = tally.verdict() {
+                    return verdict;
+                }
+            }
+            tally.final_verdict()
+        })
+        .await;
+        let verdict = decided.unwrap_or_else(|_| {
+            // One timer for the round: whoever has not answered by the deadline failed.
+            let waited = deadline.saturating_duration_since(start);
+            for (i, node) in self.inner.nodes.iter().enumerate() {
+                if !answered[i] {
+                    let cause = NodeError::Timeout(waited);
+                    node.timed_out(op, &cause);
                     tally.record(Answer::Failed);
                     failures.push(NodeFailure {
-                        node: self.inner.nodes[i].name().to_owned(),
+                        node: node.name().to_owned(),
                         cause,
                     });
                 }
             }
-            if let Some(verdict) = tally.verdict() {
-                return Round {
-                    verdict,
-                    tally,
-                    yes,
-                    failures,
-                    rest,
-                };
-            }
-        }
+            tally.final_verdict()
+        });
         Round {
-            verdict: tally.final_verdict(),
+            verdict,
             tally,
             yes,
             failures,
-            rest,
+            rest: Tail {
+                calls: rest,
+                answered,
+                deadline,
+            },
         }
     }
 
@@ -675,8 +759,8 @@ impl Redlock {
         let round = self
             .round(Arc::new(call), deadline, HoldOut::Ignore, "release")
             .await;
-        if !round.rest.is_empty() {
-            self.inner.tasks.spawn(round.rest.for_each(|_| async {}));
+        if round.rest.needs_driving(&self.inner.nodes) {
+            self.inner.tasks.spawn(round.rest.drive(|_, _| async {}));
         }
         let key = state.key();
         match round.verdict {

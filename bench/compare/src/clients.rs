@@ -50,6 +50,12 @@ impl Client {
     pub(crate) async fn connect(name: &str, urls: &[String]) -> Client {
         match name {
             "quorumlock" => Client::Ours(Redlock::builder(urls).build().expect("valid config")),
+            "quorumlock-nofence" => Client::Ours(
+                Redlock::builder(urls)
+                    .fencing(false)
+                    .build()
+                    .expect("valid config"),
+            ),
             "floor" => Client::Floor(Floor::connect(urls).await.expect("floor connects")),
             "floor+fence" => {
                 Client::FloorFenced(Floor::connect(urls).await.expect("floor connects"))

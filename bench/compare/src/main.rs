@@ -28,7 +28,14 @@ use crate::clients::Client;
 use crate::report::{Phase, Row};
 use crate::workload::{Op, Spec};
 
-const IMPLS: [&str; 5] = ["floor", "floor+fence", "quorumlock", "rslock", "redlock"];
+const IMPLS: [&str; 6] = [
+    "floor",
+    "floor+fence",
+    "quorumlock",
+    "quorumlock-nofence",
+    "rslock",
+    "redlock",
+];
 const SLICES: u32 = 5;
 /// `redlock` opens a TCP connection per node and command; cap its operations per slice so a run
 /// does not exhaust the loopback's ephemeral ports.

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use quorumlock::{Error, LockStatus, NodeFailure, Redlock};
+use quorumlock::{LockStatus, Redlock};
 
 use crate::fail;
 
@@ -14,26 +14,10 @@ pub(crate) async fn status(locks: Redlock, key: &str) -> u8 {
         Err(e) => return fail(&e),
     };
     out!("{}", render(&status).trim_end());
-    if status.answered() >= status.quorum {
-        return 0;
+    match status.require_quorum() {
+        Ok(()) => 0,
+        Err(e) => fail(&e),
     }
-    let failures = status
-        .nodes
-        .iter()
-        .filter_map(|n| {
-            n.state.as_ref().err().map(|cause| NodeFailure {
-                node: n.node.clone(),
-                cause: cause.clone(),
-            })
-        })
-        .collect();
-    fail(&Error::NoQuorum {
-        key: key.to_owned(),
-        reached: status.answered(),
-        nodes: status.nodes.len(),
-        needed: status.quorum,
-        failures,
-    })
 }
 
 /// The status of one key as a few readable lines: a summary, then one line per node.
