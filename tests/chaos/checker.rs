@@ -1,0 +1,274 @@
+//! The judge: pure functions over a [`History`], no I/O and no clock. Unit-tested on hand-made
+//! histories in `t10_checker.rs`, including histories with each kind of violation.
+//!
+//! What it reports:
+//! - **overlaps**: two critical sections (`[acquired, release-or-validity-end]`) that intersect:
+//!   mutual exclusion broken;
+//! - **token regressions**: a section whose token is not above every token handed out before it
+//!   was acquired;
+//! - **past-validity writes**: a write to the resource started after its lock's validity ended
+//!   (the client could not know: it was paused, or its validity was cut short);
+//! - **hung operations**: a call that took longer than its bound (time its process was frozen by
+//!   SIGSTOP does not count);
+//! - **uncaught**: what fencing did not stop: the resource accepted a lower token after a higher
+//!   one, or two sessions with the same token both wrote while their activity overlapped (the
+//!   resource cannot tell them apart);
+//! - **caught**: stale writes rejected that came from a session that overlapped another or wrote
+//!   past its validity: the violations fencing made harmless;
+//! - **liveness**: after each fault healed, how long until the lock was acquired again (before
+//!   the next fault), and the worst gap with no section at all.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use crate::history::{History, Mono, SessionId, Write};
+
+/// Fencing did not make a violation harmless.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Uncaught {
+    /// Write `later` (lower token) was accepted after write `earlier` (higher token) had been.
+    OrderBroken { earlier: usize, later: usize },
+    /// Two sessions with the same token both had writes accepted while both were active.
+    SharedToken {
+        a: SessionId,
+        b: SessionId,
+        token: u64,
+    },
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Report {
+    pub sections: usize,
+    pub writes: usize,
+    pub ops: usize,
+    pub overlaps: Vec<(SessionId, SessionId)>,
+    /// (session that held the highest token so far, later session whose token was not above it)
+    pub token_regressions: Vec<(SessionId, SessionId)>,
+    /// Indices into `History::writes`.
+    pub past_validity: Vec<usize>,
+    /// Indices into `History::ops`.
+    pub hung: Vec<usize>,
+    pub uncaught: Vec<Uncaught>,
+    pub stale_rejected: usize,
+    /// Rejected writes from sessions that overlapped another or wrote past their validity.
+    pub caught: usize,
+    /// Per fault (same order as `History::faults`): time from its heal to the next acquisition
+    /// before the next fault (None: none in that window).
+    pub reacquired: Vec<Option<Duration>>,
+    /// Faults after which the lock was not acquired again within the bound (a window cut short
+    /// by the next fault before the bound does not count).
+    pub slow_recoveries: Vec<usize>,
+    /// The longest time with no critical section at all (from the start of the history to its
+    /// end, so a lock that never came back counts until the run stopped).
+    pub worst_gap: Duration,
+}
+
+impl Report {
+    /// Every violation of safety or liveness found.
+    pub fn violations(&self) -> usize {
+        self.overlaps.len()
+            + self.token_regressions.len()
+            + self.past_validity.len()
+            + self.hung.len()
+            + self.uncaught.len()
+            + self.slow_recoveries.len()
+    }
+
+    /// The longest heal-to-acquisition time seen (None when no fault was followed by one).
+    pub fn worst_reacquire(&self) -> Option<Duration> {
+        self.reacquired.iter().flatten().max().copied()
+    }
+}
+
+/// Judges `h`; the lock must be acquired again within `reacquire_bound` of every heal.
+pub fn check(h: &History, reacquire_bound: Duration) -> Report {
+    let mut order: Vec<usize> = (0..h.sections.len()).collect();
+    order.sort_by_key(|&i| (h.sections[i].acquired, h.sections[i].session));
+    let sections: Vec<_> = order.iter().map(|&i| &h.sections[i]).collect();
+
+    // Overlaps: sweep in acquisition order.
+    let mut overlaps = Vec::new();
+    for (i, a) in sections.iter().enumerate() {
+        for b in &sections[i + 1..] {
+            if b.acquired >= a.end() {
+                break;
+            }
+            overlaps.push((a.session, b.session));
+        }
+    }
+
+    // Tokens must grow with acquisition order.
+    let mut token_regressions = Vec::new();
+    let mut highest: Option<(u64, SessionId)> = None;
+    for s in &sections {
+        match highest {
+            Some((t, holder)) if s.token <= t => token_regressions.push((holder, s.session)),
+            _ => highest = Some((s.token, s.session)),
+        }
+    }
+
+    let by_session: HashMap<SessionId, _> = sections.iter().map(|s| (s.session, *s)).collect();
+    let past_validity: Vec<usize> = h
+        .writes
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| {
+            by_session
+                .get(&w.session)
+                .is_some_and(|s| w.start > s.valid_until)
+        })
+        .map(|(i, _)| i)
+        .collect();
+
+    let hung = h
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(_, op)| {
+            let frozen: Duration = h
+                .pauses
+                .iter()
+                .filter(|p| p.client == op.client)
+                .map(|p| intersection(op.start, op.end, p.start, p.end))
+                .sum();
+            op.end.since(op.start).saturating_sub(frozen) > op.bound
+        })
+        .map(|(i, _)| i)
+        .collect();
+
+    let mut uncaught = order_broken(&h.writes);
+    uncaught.extend(shared_tokens(h));
+
+    let suspect: HashSet<SessionId> = overlaps.iter().flat_map(|&(a, b)| [a, b]).collect();
+    let past: HashSet<usize> = past_validity.iter().copied().collect();
+    let rejected = || h.writes.iter().enumerate().filter(|(_, w)| !w.accepted);
+    let stale_rejected = rejected().count();
+    let caught = rejected()
+        .filter(|(i, w)| suspect.contains(&w.session) || past.contains(i))
+        .count();
+
+    // Each fault's recovery window runs from its heal to the next fault (or the end).
+    let windows: Vec<(Mono, Mono)> = h
+        .faults
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            (
+                f.healed,
+                h.faults.get(i + 1).map_or(h.end, |next| next.start),
+            )
+        })
+        .collect();
+    let reacquired: Vec<Option<Duration>> = windows
+        .iter()
+        .map(|&(healed, until)| {
+            sections
+                .iter()
+                .map(|s| s.acquired)
+                .filter(|&a| a >= healed && a < until)
+                .min()
+                .map(|a| a.since(healed))
+        })
+        .collect();
+    // Slow: not acquired within the bound, though the window was long enough to be.
+    let slow_recoveries = reacquired
+        .iter()
+        .zip(&windows)
+        .enumerate()
+        .filter(|(_, (r, (healed, until)))| match r {
+            Some(d) => *d > reacquire_bound,
+            None => until.since(*healed) >= reacquire_bound,
+        })
+        .map(|(i, _)| i)
+        .collect();
+
+    // Unavailability: gaps between sections, from the start, and after the last one to the end
+    // (a lock that never came back is unavailable until the run stopped).
+    let mut worst_gap = Duration::ZERO;
+    let mut covered = h.start;
+    for s in &sections {
+        worst_gap = worst_gap.max(s.acquired.since(covered));
+        covered = covered.max(s.end());
+    }
+    worst_gap = worst_gap.max(h.end.since(covered));
+
+    Report {
+        sections: h.sections.len(),
+        writes: h.writes.len(),
+        ops: h.ops.len(),
+        overlaps,
+        token_regressions,
+        past_validity,
+        hung,
+        uncaught,
+        stale_rejected,
+        caught,
+        reacquired,
+        slow_recoveries,
+        worst_gap,
+    }
+}
+
+fn intersection(a0: Mono, a1: Mono, b0: Mono, b1: Mono) -> Duration {
+    a1.min(b1).since(a0.max(b0))
+}
+
+/// Accepted writes that are ordered in real time (one ended before the other started) must
+/// carry non-decreasing tokens.
+fn order_broken(writes: &[Write]) -> Vec<Uncaught> {
+    let mut accepted: Vec<usize> = (0..writes.len()).filter(|&i| writes[i].accepted).collect();
+    let mut by_end = accepted.clone();
+    accepted.sort_by_key(|&i| writes[i].start);
+    by_end.sort_by_key(|&i| writes[i].end);
+    let mut found = Vec::new();
+    let mut ended = 0;
+    let mut highest: Option<usize> = None;
+    for &later in &accepted {
+        while ended < by_end.len() && writes[by_end[ended]].end < writes[later].start {
+            let e = by_end[ended];
+            if highest.is_none_or(|h| writes[e].token > writes[h].token) {
+                highest = Some(e);
+            }
+            ended += 1;
+        }
+        if let Some(earlier) = highest
+            && writes[later].token < writes[earlier].token
+        {
+            found.push(Uncaught::OrderBroken { earlier, later });
+        }
+    }
+    found
+}
+
+/// Sessions sharing a token that both wrote while both were active.
+fn shared_tokens(h: &History) -> Vec<Uncaught> {
+    let mut wrote: HashMap<SessionId, Mono> = HashMap::new();
+    for w in h.writes.iter().filter(|w| w.accepted) {
+        let last = wrote.entry(w.session).or_insert(w.end);
+        *last = (*last).max(w.end);
+    }
+    let mut by_token: BTreeMap<u64, Vec<_>> = BTreeMap::new();
+    for s in &h.sections {
+        if let Some(&last) = wrote.get(&s.session) {
+            by_token
+                .entry(s.token)
+                .or_default()
+                .push((s.session, s.acquired, s.end().max(last)));
+        }
+    }
+    let mut found = Vec::new();
+    for (token, group) in by_token {
+        for (i, a) in group.iter().enumerate() {
+            for b in &group[i + 1..] {
+                if a.1 < b.2 && b.1 < a.2 {
+                    found.push(Uncaught::SharedToken {
+                        a: a.0,
+                        b: b.0,
+                        token,
+                    });
+                }
+            }
+        }
+    }
+    found
+}

@@ -1,0 +1,366 @@
+//! A lock client in its own process, so that it can be frozen with SIGSTOP the way a GC pause
+//! or a VM stall freezes a real worker (its keep-alive task included).
+//!
+//! The child is this very test binary, re-run with `--exact t00_child_client_process` and its
+//! configuration in `QUORUMLOCK_CHAOS_CHILD`: nothing else has to be built, and it runs the same
+//! client loop as the in-process clients ([`crate::workload`]). It writes to a resource kept in
+//! a separate Redis ([`fenced_set`](quorumlock::fenced_set)) and prints every record on stdout
+//! (`CHAOS ...` lines, `CLOCK_MONOTONIC` stamps), which the test parses into its history.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::history::{Mono, Op, OpKind, Pause, Recorder, Section, SessionId, Write};
+use crate::resource::Resource;
+use crate::workload::{ClientSpec, run_client};
+
+pub const PREFIX: &str = "CHAOS ";
+pub const ENV: &str = "QUORUMLOCK_CHAOS_CHILD";
+/// The test that turns this binary into a child client.
+pub const ENTRY: &str = "t00_child_client_process";
+
+pub fn encode_section(s: &Section) -> String {
+    format!(
+        "section {} {} {} {} {} {}",
+        s.session,
+        s.client,
+        s.token,
+        s.acquired.0,
+        s.valid_until.0,
+        s.released.map_or(0, |r| r.0)
+    )
+}
+
+pub fn encode_write(w: &Write) -> String {
+    format!(
+        "write {} {} {} {} {}",
+        w.session,
+        w.token,
+        w.start.0,
+        w.end.0,
+        u8::from(w.accepted)
+    )
+}
+
+pub fn encode_op(op: &Op) -> String {
+    let kind = match op.kind {
+        OpKind::Acquire => "acquire",
+        OpKind::Extend => "extend",
+        OpKind::Release => "release",
+        OpKind::Write => "write",
+    };
+    format!(
+        "op {} {kind} {} {} {} {}",
+        op.client,
+        op.start.0,
+        op.end.0,
+        op.bound.as_nanos(),
+        op.outcome
+    )
+}
+
+/// One line a child printed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Section(Section),
+    Write(Write),
+    Op(Op),
+    Acquired {
+        session: SessionId,
+        token: u64,
+        at: Mono,
+        until: Mono,
+    },
+    Checked {
+        session: SessionId,
+        at: Mono,
+    },
+}
+
+pub fn decode(line: &str) -> Option<Event> {
+    let f: Vec<&str> = line.strip_prefix(PREFIX)?.split_whitespace().collect();
+    let n = |i: usize| f.get(i)?.parse::<u64>().ok();
+    let m = |i: usize| n(i).map(Mono);
+    Some(match *f.first()? {
+        "section" => Event::Section(Section {
+            session: n(1)?,
+            client: n(2)? as usize,
+            token: n(3)?,
+            acquired: m(4)?,
+            valid_until: m(5)?,
+            released: m(6).filter(|r| r.0 != 0),
+        }),
+        "write" => Event::Write(Write {
+            session: n(1)?,
+            token: n(2)?,
+            start: m(3)?,
+            end: m(4)?,
+            accepted: n(5)? == 1,
+        }),
+        "acquired" => Event::Acquired {
+            session: n(1)?,
+            token: n(2)?,
+            at: m(3)?,
+            until: m(4)?,
+        },
+        "checked" => Event::Checked {
+            session: n(1)?,
+            at: m(2)?,
+        },
+        "op" => Event::Op(Op {
+            client: n(1)? as usize,
+            kind: match *f.get(2)? {
+                "acquire" => OpKind::Acquire,
+                "extend" => OpKind::Extend,
+                "release" => OpKind::Release,
+                "write" => OpKind::Write,
+                _ => return None,
+            },
+            start: m(3)?,
+            end: m(4)?,
+            bound: Duration::from_nanos(n(5)?),
+            outcome: match *f.get(6)? {
+                "ok" => "ok",
+                "held" => "held",
+                "no_quorum" => "no_quorum",
+                "expired" => "expired",
+                "lost" => "lost",
+                _ => "error",
+            },
+        }),
+        _ => return None,
+    })
+}
+
+/// What the child is told to do, passed in [`ENV`] as `key=value` pairs separated by `;`.
+#[derive(Debug, Clone)]
+pub struct ChildSpec {
+    pub client: ClientSpec,
+    pub resource_url: String,
+    pub first_session: SessionId,
+}
+
+impl ChildSpec {
+    fn encode(&self) -> String {
+        let c = &self.client;
+        format!(
+            "client={};urls={};ttl_ms={};work_ms={};writes={}-{};once={};seed={};resource={};first_session={}",
+            c.client,
+            c.urls.join(","),
+            c.ttl.as_millis(),
+            c.work.as_millis(),
+            c.writes.start(),
+            c.writes.end(),
+            u8::from(c.once),
+            c.seed,
+            self.resource_url,
+            self.first_session
+        )
+    }
+
+    fn decode(s: &str) -> ChildSpec {
+        let get = |k: &str| {
+            s.split(';')
+                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                .unwrap_or_else(|| panic!("{ENV} lacks {k}: {s}"))
+                .to_owned()
+        };
+        let num = |k: &str| get(k).parse::<u64>().expect("a number");
+        let (lo, hi) = get("writes")
+            .split_once('-')
+            .map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap()))
+            .expect("writes=a-b");
+        let mut client = ClientSpec::new(
+            num("client") as usize,
+            get("urls").split(',').map(str::to_owned).collect(),
+            Duration::from_millis(num("ttl_ms")),
+            num("seed"),
+        );
+        client.work = Duration::from_millis(num("work_ms"));
+        client.writes = lo..=hi;
+        client.once = num("once") == 1;
+        // The heartbeat a real worker would run: it freezes with the process.
+        client.keep_alive = true;
+        // Checks its validity before its work, not again before writing.
+        client.recheck = false;
+        ChildSpec {
+            client,
+            resource_url: get("resource"),
+            first_session: num("first_session"),
+        }
+    }
+}
+
+/// The child's side: runs when this binary was started by [`ChildClient::spawn`].
+pub fn child_main() {
+    let Ok(spec) = std::env::var(ENV) else {
+        return;
+    };
+    let spec = ChildSpec::decode(&spec);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let rec = Recorder::with_sessions_from(spec.first_session, true);
+        let resource = Resource::redis(&spec.resource_url).await;
+        let stop = CancellationToken::new();
+        // The test closes our stdin to ask for a clean stop.
+        let stopper = stop.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(tokio::io::stdin()).lines();
+            while let Ok(Some(_)) = lines.next_line().await {}
+            stopper.cancel();
+        });
+        run_client(spec.client, resource, rec, stop).await;
+        println!("{PREFIX}done");
+    });
+}
+
+/// The test's handle on a child client.
+pub struct ChildClient {
+    child: Child,
+    pid: Pid,
+    index: usize,
+    rec: Recorder,
+    paused_at: Option<Mono>,
+    /// `Acquired` and `Checked` events as they arrive.
+    pub events: mpsc::UnboundedReceiver<Event>,
+    /// Sessions acquired but not closed: what a killed child leaves behind.
+    open: std::sync::Arc<std::sync::Mutex<Vec<Section>>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl ChildClient {
+    /// Starts a child client; its records go to `rec`.
+    pub fn spawn(spec: &ChildSpec, rec: Recorder) -> ChildClient {
+        // /proc/self/exe still runs this very binary if cargo rebuilt it in the meantime.
+        let exe = match std::path::Path::new("/proc/self/exe") {
+            p if p.exists() => p.to_path_buf(),
+            _ => std::env::current_exe().expect("the test binary"),
+        };
+        let mut child = Command::new(exe)
+            .args([ENTRY, "--exact", "--nocapture", "--test-threads=1", "-q"])
+            .env(ENV, spec.encode())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the child client");
+        let pid = Pid::from_raw(child.id().expect("running") as i32);
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, events) = mpsc::unbounded_channel();
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (rec2, open2) = (rec.clone(), open.clone());
+        let index = spec.client.client;
+        let reader = tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Some(event) = decode(&line) else {
+                    continue;
+                };
+                match &event {
+                    Event::Section(s) => {
+                        open2
+                            .lock()
+                            .unwrap()
+                            .retain(|o: &Section| o.session != s.session);
+                        rec2.section(s.clone());
+                    }
+                    Event::Write(w) => rec2.write(w.clone()),
+                    Event::Op(op) => rec2.op(op.clone()),
+                    Event::Acquired {
+                        session,
+                        token,
+                        at,
+                        until,
+                    } => open2.lock().unwrap().push(Section {
+                        session: *session,
+                        client: index,
+                        token: *token,
+                        acquired: *at,
+                        valid_until: *until,
+                        released: None,
+                    }),
+                    Event::Checked { .. } => {}
+                }
+                let _ = tx.send(event);
+            }
+        });
+        ChildClient {
+            child,
+            pid,
+            index: spec.client.client,
+            rec,
+            paused_at: None,
+            events,
+            open,
+            reader,
+        }
+    }
+
+    /// Waits for the next event matching `pred`, at most `within`.
+    pub async fn wait_for(
+        &mut self,
+        within: Duration,
+        what: &str,
+        pred: impl Fn(&Event) -> bool,
+    ) -> Event {
+        tokio::time::timeout(within, async {
+            loop {
+                match self.events.recv().await {
+                    Some(e) if pred(&e) => return e,
+                    Some(_) => {}
+                    None => panic!("the child client exited while waiting for {what}"),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {within:?} waiting for the child: {what}"))
+    }
+
+    /// SIGSTOP: the whole process freezes, its heartbeat too.
+    pub fn pause(&mut self) {
+        kill(self.pid, Signal::SIGSTOP).expect("SIGSTOP the child");
+        self.paused_at = Some(Mono::now());
+    }
+
+    /// SIGCONT, and the pause goes into the history.
+    pub fn resume(&mut self) {
+        kill(self.pid, Signal::SIGCONT).expect("SIGCONT the child");
+        if let Some(start) = self.paused_at.take() {
+            self.rec.pause(Pause {
+                client: self.index,
+                start,
+                end: Mono::now(),
+            });
+        }
+    }
+
+    /// Asks the child to stop after its current section and waits (bounded) for it to exit;
+    /// kills it otherwise. Sessions it left open go into the history.
+    pub async fn stop(mut self, within: Duration) {
+        if self.paused_at.is_some() {
+            self.resume();
+        }
+        drop(self.child.stdin.take());
+        if tokio::time::timeout(within, self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+        let _ = tokio::time::timeout(within, &mut self.reader).await;
+        for s in self.open.lock().unwrap().drain(..) {
+            self.rec.section(s);
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! One chaos run: a cluster, a proxy per (client, node), clients using the lock, a nemesis
+//! following a seeded schedule, then the checker's verdict.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quorumlock::RestartGuard;
+use quorumlock::testkit::{LocalCluster, RedisServer, ServerOptions};
+use tokio_util::sync::CancellationToken;
+
+use crate::checker::{Report, check};
+use crate::child::{ChildClient, ChildSpec};
+use crate::history::{History, Mono, Recorder};
+use crate::nemesis::{self, Env, FaultKind};
+use crate::proxy::ProxyNet;
+use crate::resource::Resource;
+use crate::workload::{CONNECT_TIMEOUT, ClientSpec, SLACK, run_client};
+
+/// The ttl every chaos client uses.
+pub const TTL: Duration = Duration::from_secs(1);
+
+/// Replays a seed: `QUORUMLOCK_CHAOS_SEED=<seed>`.
+pub const SEED_ENV: &str = "QUORUMLOCK_CHAOS_SEED";
+
+/// The seed to use: `QUORUMLOCK_CHAOS_SEED` when set, else the test's fixed seed.
+pub fn seed(fixed: u64) -> u64 {
+    std::env::var(SEED_ENV)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(fixed)
+}
+
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub name: &'static str,
+    pub nodes: usize,
+    /// In-process clients (each behind its own proxies).
+    pub clients: usize,
+    pub ttl: Duration,
+    pub guard: RestartGuard,
+    pub aof: bool,
+    pub faults: &'static [FaultKind],
+    /// One more client in a child process (needed by `PauseClient`).
+    pub child: bool,
+    /// The lock must be acquired again this soon after every heal.
+    pub reacquire_bound: Duration,
+}
+
+impl Scenario {
+    /// Whether tokens can go backwards here: nodes are killed and restarted without persistence
+    /// while the restart guard is off, so nothing restores their fencing counters (with the guard
+    /// on, a restarted node counts again only once they are restored). The random cases tolerate
+    /// token regressions then, and print them.
+    pub fn loses_counters(&self) -> bool {
+        !self.aof
+            && self.guard == RestartGuard::Off
+            && self.faults.iter().any(|k| {
+                matches!(
+                    k,
+                    FaultKind::KillMinority
+                        | FaultKind::KillMinorityDelayed
+                        | FaultKind::KillMajority
+                )
+            })
+    }
+
+    /// Five nodes, three clients, the default restart guard, no persistence. The liveness bound
+    /// is `3 x ttl + connect timeout + slack`: a stale key can live a ttl, a restarted node can
+    /// be held out a ttl, and a reconnect can take a connect timeout.
+    pub fn new(name: &'static str, faults: &'static [FaultKind]) -> Scenario {
+        Scenario {
+            name,
+            nodes: 5,
+            clients: 3,
+            ttl: TTL,
+            guard: RestartGuard::default(),
+            aof: false,
+            faults,
+            child: faults.contains(&FaultKind::PauseClient),
+            reacquire_bound: TTL * 3 + CONNECT_TIMEOUT + SLACK,
+        }
+    }
+
+    pub fn guard(mut self, guard: RestartGuard) -> Scenario {
+        self.guard = guard;
+        self
+    }
+
+    pub fn aof(mut self) -> Scenario {
+        self.aof = true;
+        self
+    }
+}
+
+/// A finished run.
+#[derive(Debug)]
+pub struct Outcome {
+    pub name: &'static str,
+    pub seed: u64,
+    pub schedule: Vec<String>,
+    pub history: History,
+    pub report: Report,
+    pub reacquire_bound: Duration,
+    /// Token regressions are expected here (see [`Scenario::loses_counters`]).
+    pub loses_counters: bool,
+    pub elapsed: Duration,
+}
+
+/// Runs `scn` with the schedule drawn from `seed` for about `duration` (plus a quiet period in
+/// which the lock must be acquired again).
+pub async fn run(scn: &Scenario, seed: u64, duration: Duration) -> Outcome {
+    println!(
+        "[chaos {}] seed {seed} (replay: {SEED_ENV}={seed})",
+        scn.name
+    );
+    let began = Mono::now();
+    let options = if scn.aof {
+        ServerOptions::new().aof_always()
+    } else {
+        ServerOptions::new()
+    };
+    let (nodes, child) = (scn.nodes, scn.child);
+    let (cluster, resource_server) = tokio::task::spawn_blocking(move || {
+        crate::support::init_tracing();
+        let cluster = LocalCluster::start_with(nodes, &options).unwrap_or_else(|e| panic!("{e}"));
+        let resource =
+            child.then(|| RedisServer::start(&ServerOptions::new()).expect("resource redis"));
+        (cluster, resource)
+    })
+    .await
+    .expect("start servers");
+    let urls = cluster.urls();
+    let net = ProxyNet::start(scn.clients, &urls).await.expect("proxies");
+    let rec = Recorder::new();
+    let stop = CancellationToken::new();
+    let resource = match &resource_server {
+        Some(server) => Resource::redis(&server.url()).await,
+        None => Resource::gate(),
+    };
+
+    let spec = |c: usize, urls: Vec<String>| {
+        let mut s = ClientSpec::new(
+            c,
+            urls,
+            scn.ttl,
+            seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9),
+        );
+        s.guard = scn.guard;
+        s
+    };
+    let mut clients = Vec::new();
+    for c in 0..scn.clients {
+        clients.push(tokio::spawn(run_client(
+            spec(c, net.urls(c)),
+            resource.clone(),
+            rec.clone(),
+            stop.clone(),
+        )));
+    }
+    let child = resource_server.as_ref().map(|server| {
+        let mut client = spec(scn.clients, urls.clone());
+        // Mostly "working" between its validity check and its write while it holds the lock,
+        // so that a random SIGSTOP often lands there.
+        client.work = Duration::from_millis(400);
+        client.writes = 1..=3;
+        ChildClient::spawn(
+            &ChildSpec {
+                client,
+                resource_url: server.url(),
+                first_session: 1_000_000_000,
+            },
+            rec.clone(),
+        )
+    });
+    let mut env = Env {
+        cluster: Arc::new(Mutex::new(cluster)),
+        urls: urls.clone(),
+        net,
+        child,
+        aof: scn.aof,
+    };
+
+    wait_for_acquisition(&rec, began, scn.reacquire_bound * 2).await;
+    let plan = nemesis::schedule(seed, scn.faults, duration, scn.nodes, scn.clients, scn.ttl);
+    let schedule: Vec<String> = plan
+        .iter()
+        .map(|(gap, f)| format!("after {gap:?}: {f}"))
+        .collect();
+    if plan.is_empty() {
+        tokio::time::sleep(duration).await;
+    }
+    for (gap, fault) in &plan {
+        tokio::time::sleep(*gap).await;
+        nemesis::inject(&mut env, fault, &rec).await;
+    }
+    // Quiet: the lock must come back.
+    wait_for_acquisition(
+        &rec,
+        Mono::now(),
+        scn.reacquire_bound + Duration::from_secs(1),
+    )
+    .await;
+
+    stop.cancel();
+    for c in clients {
+        let _ = tokio::time::timeout(Duration::from_secs(10), c).await;
+    }
+    if let Some(child) = env.child.take() {
+        child.stop(Duration::from_secs(10)).await;
+    }
+    let history = rec.snapshot();
+    let report = check(&history, scn.reacquire_bound);
+    println!("{}", summary(scn.name, &history, &report));
+    Outcome {
+        name: scn.name,
+        seed,
+        schedule,
+        history,
+        report,
+        reacquire_bound: scn.reacquire_bound,
+        loses_counters: scn.loses_counters(),
+        elapsed: Mono::now().since(began),
+    }
+}
+
+/// One line: what happened in a run.
+fn summary(name: &str, h: &History, r: &Report) -> String {
+    let count = |o: &str| h.ops.iter().filter(|op| op.outcome == o).count();
+    format!(
+        "[chaos {name}] {} faults, {} ops ({} held, {} no quorum, {} expired, {} lost), {} sections, \
+         {} writes ({} stale), {} violations, worst gap {:?}, worst heal-to-acquire {:?}",
+        h.faults.len(),
+        r.ops,
+        count("held"),
+        count("no_quorum"),
+        count("expired"),
+        count("lost"),
+        r.sections,
+        r.writes,
+        r.stale_rejected,
+        r.violations(),
+        r.worst_gap,
+        r.worst_reacquire(),
+    )
+}
+
+/// Waits (bounded) until some client records an acquisition at or after `since`.
+async fn wait_for_acquisition(rec: &Recorder, since: Mono, within: Duration) {
+    let _ = tokio::time::timeout(within, async {
+        while rec.acquired_since(since) == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+impl Outcome {
+    /// Violations other than the token regressions expected where counters are lost.
+    pub fn unexpected_violations(&self) -> usize {
+        let known = if self.loses_counters {
+            self.report.token_regressions.len()
+        } else {
+            0
+        };
+        self.report.violations() - known
+    }
+
+    /// Panics, with everything needed to replay, unless the run had no violation at all (token
+    /// regressions excepted where counters can be lost, and reported).
+    pub fn assert_safe(&self) {
+        let r = &self.report;
+        if self.loses_counters && !r.token_regressions.is_empty() {
+            println!(
+                "EXPECTED: {} token regressions after empty restarts with the restart guard off\n{}",
+                r.token_regressions.len(),
+                self.explain()
+            );
+        }
+        assert!(
+            self.unexpected_violations() == 0,
+            "expected no violation\n{}",
+            self.explain()
+        );
+    }
+
+    /// Panics unless every violation was made harmless by fencing: overlaps and late writes are
+    /// allowed, but tokens must grow, no write that fencing should have refused got through,
+    /// nothing hung and the lock came back after every heal.
+    pub fn assert_caught(&self) {
+        let r = &self.report;
+        assert!(
+            r.uncaught.is_empty()
+                && r.token_regressions.is_empty()
+                && r.hung.is_empty()
+                && r.slow_recoveries.is_empty(),
+            "expected every violation to be caught by fencing\n{}",
+            self.explain()
+        );
+    }
+
+    /// Panics unless the clients really used the lock (so "no violation" means something).
+    pub fn assert_busy(&self, sections: usize) {
+        assert!(
+            self.report.sections >= sections && self.report.writes >= sections,
+            "too little traffic: {} sections, {} writes (wanted {sections})\n{}",
+            self.report.sections,
+            self.report.writes,
+            self.explain()
+        );
+    }
+
+    /// The seed, the schedule and the report, for a failure message.
+    pub fn explain(&self) -> String {
+        let r = &self.report;
+        let mut s = format!(
+            "[chaos {}] seed {} (replay: {SEED_ENV}={})\nschedule:\n",
+            self.name, self.seed, self.seed
+        );
+        for line in &self.schedule {
+            let _ = writeln!(s, "  {line}");
+        }
+        let _ = writeln!(
+            s,
+            "sections {}, writes {}, ops {}, stale rejected {} ({} from violating sessions)",
+            r.sections, r.writes, r.ops, r.stale_rejected, r.caught
+        );
+        let sec = |id| self.history.sections.iter().find(|x| x.session == id);
+        for &(a, b) in &r.overlaps {
+            let _ = writeln!(s, "  OVERLAP {:?}\n      and {:?}", sec(a), sec(b));
+        }
+        for &(a, b) in &r.token_regressions {
+            let _ = writeln!(
+                s,
+                "  TOKEN DID NOT GROW {:?}\n      then {:?}",
+                sec(a),
+                sec(b)
+            );
+        }
+        for &i in &r.past_validity {
+            let w = &self.history.writes[i];
+            let _ = writeln!(s, "  WRITE PAST VALIDITY {w:?} of {:?}", sec(w.session));
+        }
+        for &i in &r.hung {
+            let _ = writeln!(s, "  HUNG {:?}", self.history.ops[i]);
+        }
+        for u in &r.uncaught {
+            let _ = writeln!(s, "  UNCAUGHT BY FENCING {u:?}");
+        }
+        for &i in &r.slow_recoveries {
+            let f = &self.history.faults[i];
+            let _ = writeln!(
+                s,
+                "  SLOW RECOVERY after {:?}: {:?} (bound {:?})",
+                f.what, r.reacquired[i], self.reacquire_bound
+            );
+        }
+        s
+    }
+}
+
+/// The summary table's header.
+pub fn table_header() -> String {
+    "| fault | expected | runs | faults injected | operations | acquisitions | overlaps | token regressions | writes past validity | hung ops | slow recoveries | uncaught by fencing | stale writes rejected (from violators) | worst unavailability | worst heal-to-acquire |\n\
+     | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        .to_owned()
+}
+
+/// One row of the summary table, for several runs of one fault.
+pub fn table_row(name: &str, expected: &str, runs: &[Outcome]) -> String {
+    let sum = |f: &dyn Fn(&Report) -> usize| runs.iter().map(|o| f(&o.report)).sum::<usize>();
+    let faults: usize = runs.iter().map(|o| o.history.faults.len()).sum();
+    let worst_gap = runs
+        .iter()
+        .map(|o| o.report.worst_gap)
+        .max()
+        .unwrap_or_default();
+    let worst_reacquire = runs
+        .iter()
+        .filter_map(|o| o.report.worst_reacquire())
+        .max()
+        .map_or("-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()));
+    format!(
+        "| {name} | {expected} | {} | {faults} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {:.2} s | {worst_reacquire} |",
+        runs.len(),
+        sum(&|r| r.ops),
+        sum(&|r| r.sections),
+        sum(&|r| r.overlaps.len()),
+        sum(&|r| r.token_regressions.len()),
+        sum(&|r| r.past_validity.len()),
+        sum(&|r| r.hung.len()),
+        sum(&|r| r.slow_recoveries.len()),
+        sum(&|r| r.uncaught.len()),
+        sum(&|r| r.stale_rejected),
+        sum(&|r| r.caught),
+        worst_gap.as_secs_f64(),
+    )
+}
+
+/// How long each random case of the short profile lets the nemesis work.
+pub const SHORT: Duration = Duration::from_secs(5);
+
+/// A short-profile case for a fault the lock must survive: runs `scn` for `duration` with the
+/// test's fixed seed (or `QUORUMLOCK_CHAOS_SEED`), and asserts that the clients were busy and
+/// that the checker found no violation.
+pub async fn expect_safe(scn: Scenario, fixed_seed: u64, duration: Duration) -> Outcome {
+    let out = run(&scn, seed(fixed_seed), duration).await;
+    out.assert_busy(10);
+    out.assert_safe();
+    out
+}

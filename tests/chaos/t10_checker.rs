@@ -1,0 +1,320 @@
+//! The checker on hand-made histories: a clean one passes, and each kind of violation is found,
+//! so a green chaos run means something.
+
+use std::time::Duration;
+
+use crate::checker::{Uncaught, check};
+use crate::child::{Event, decode, encode_op, encode_section, encode_write};
+use crate::history::{Fault, History, Mono, Op, OpKind, Pause, Section, SessionId, Write};
+
+const BOUND: Duration = Duration::from_secs(5);
+
+fn ms(t: u64) -> Mono {
+    Mono(t * 1_000_000)
+}
+
+fn section(
+    session: SessionId,
+    token: u64,
+    acquired: u64,
+    until: u64,
+    released: Option<u64>,
+) -> Section {
+    Section {
+        session,
+        client: session as usize,
+        token,
+        acquired: ms(acquired),
+        valid_until: ms(until),
+        released: released.map(ms),
+    }
+}
+
+fn write(session: SessionId, token: u64, at: u64, accepted: bool) -> Write {
+    Write {
+        session,
+        token,
+        start: ms(at),
+        end: ms(at + 1),
+        accepted,
+    }
+}
+
+fn history(sections: Vec<Section>, writes: Vec<Write>) -> History {
+    History {
+        start: ms(0),
+        end: ms(1320),
+        sections,
+        writes,
+        ..History::default()
+    }
+}
+
+/// Three holders one after the other, growing tokens, writes inside their sections.
+fn clean() -> History {
+    history(
+        vec![
+            section(1, 10, 0, 1000, Some(100)),
+            section(2, 11, 120, 1120, Some(300)),
+            section(3, 13, 310, 1310, None),
+        ],
+        vec![
+            write(1, 10, 50, true),
+            write(2, 11, 150, true),
+            write(2, 11, 250, true),
+            write(3, 13, 400, true),
+        ],
+    )
+}
+
+#[test]
+fn a_clean_serial_history_has_no_violation() {
+    let r = check(&clean(), BOUND);
+    assert_eq!(r.violations(), 0, "{r:?}");
+    assert_eq!(
+        (r.sections, r.writes, r.stale_rejected, r.caught),
+        (3, 4, 0, 0)
+    );
+    // Gaps with no section: 100..120, 300..310, and from session 3's end of validity (1310)
+    // to the end of the history (1320); the start (0) is covered.
+    assert_eq!(r.worst_gap, Duration::from_millis(20));
+}
+
+#[test]
+fn a_lock_that_never_comes_back_is_unavailable_until_the_end() {
+    let mut h = clean();
+    h.end = ms(9_310);
+    assert_eq!(check(&h, BOUND).worst_gap, Duration::from_secs(8));
+}
+
+#[test]
+fn overlapping_sections_are_reported() {
+    let mut h = clean();
+    // Session 4 acquires while session 2 (released at 300) still holds.
+    h.sections.push(section(4, 12, 200, 1200, Some(250)));
+    let r = check(&h, BOUND);
+    assert_eq!(r.overlaps, vec![(2, 4)]);
+    // A section that ends by validity (no release) also counts until its deadline.
+    let h = history(
+        vec![
+            section(1, 1, 0, 500, None),
+            section(2, 2, 499, 900, Some(600)),
+        ],
+        vec![],
+    );
+    assert_eq!(check(&h, BOUND).overlaps, vec![(1, 2)]);
+    // Touching is not overlapping: the next holder may acquire at the instant of release.
+    let h = history(
+        vec![
+            section(1, 1, 0, 500, Some(100)),
+            section(2, 2, 100, 900, Some(600)),
+        ],
+        vec![],
+    );
+    assert!(check(&h, BOUND).overlaps.is_empty());
+}
+
+#[test]
+fn tokens_that_do_not_grow_are_reported() {
+    let h = history(
+        vec![
+            section(1, 10, 0, 1000, Some(100)),
+            section(2, 10, 120, 1000, Some(200)), // equal
+            section(3, 9, 220, 1000, Some(300)),  // lower
+            section(4, 11, 320, 1000, Some(400)), // fine again
+        ],
+        vec![],
+    );
+    let r = check(&h, BOUND);
+    assert_eq!(r.token_regressions, vec![(1, 2), (1, 3)]);
+    assert!(r.overlaps.is_empty());
+}
+
+#[test]
+fn writes_after_validity_are_reported() {
+    let mut h = clean();
+    // Session 3 is valid until 1310; a write that starts at 1400 came too late.
+    h.writes.push(write(3, 13, 1400, true));
+    let r = check(&h, BOUND);
+    assert_eq!(r.past_validity, vec![4]);
+    // Accepted (nobody newer wrote): reported, but not a fencing failure.
+    assert!(r.uncaught.is_empty());
+    assert_eq!(r.caught, 0);
+}
+
+#[test]
+fn operations_past_their_bound_are_hung_unless_their_process_was_frozen() {
+    let op = |client, start, end| Op {
+        client,
+        kind: OpKind::Acquire,
+        start: ms(start),
+        end: ms(end),
+        bound: Duration::from_millis(500),
+        outcome: "ok",
+    };
+    let mut h = clean();
+    h.ops = vec![op(0, 0, 400), op(0, 1000, 1600), op(1, 2000, 4000)];
+    // Client 1 was SIGSTOPped for 1.8 s of its 2 s call: 200 ms of its own time.
+    h.pauses = vec![Pause {
+        client: 1,
+        start: ms(2100),
+        end: ms(3900),
+    }];
+    let r = check(&h, BOUND);
+    assert_eq!(r.hung, vec![1]);
+}
+
+#[test]
+fn an_overlap_whose_stale_writes_were_rejected_is_caught_by_fencing() {
+    // Holder 1 (token 20) loses its keys to a wiped majority; holder 2 gets token 3 and overlaps.
+    let h = history(
+        vec![
+            section(1, 20, 0, 1000, Some(800)),
+            section(2, 3, 300, 1300, Some(900)),
+        ],
+        vec![
+            write(1, 20, 100, true),
+            write(2, 3, 400, false), // stale: the resource has seen 20
+            write(1, 20, 500, true),
+        ],
+    );
+    let r = check(&h, BOUND);
+    assert_eq!(r.overlaps, vec![(1, 2)]);
+    assert_eq!(r.token_regressions, vec![(1, 2)]);
+    assert!(r.uncaught.is_empty(), "{:?}", r.uncaught);
+    assert_eq!((r.stale_rejected, r.caught), (1, 1));
+}
+
+#[test]
+fn two_overlapping_sessions_with_one_token_that_both_wrote_are_not_caught() {
+    // Two wiped majorities in a row hand out token 1 twice: the resource cannot tell them apart.
+    let h = history(
+        vec![
+            section(1, 1, 0, 1000, Some(800)),
+            section(2, 1, 300, 1300, Some(900)),
+        ],
+        vec![
+            write(1, 1, 100, true),
+            write(2, 1, 400, true),
+            write(1, 1, 500, true),
+        ],
+    );
+    let r = check(&h, BOUND);
+    assert_eq!(
+        r.uncaught,
+        vec![Uncaught::SharedToken {
+            a: 1,
+            b: 2,
+            token: 1
+        }]
+    );
+    // The same token at different times (no overlap of activity) is a regression, not uncaught.
+    let h = history(
+        vec![
+            section(1, 1, 0, 1000, Some(100)),
+            section(2, 1, 300, 1300, Some(400)),
+        ],
+        vec![write(1, 1, 50, true), write(2, 1, 350, true)],
+    );
+    let r = check(&h, BOUND);
+    assert!(r.uncaught.is_empty());
+    assert_eq!(r.token_regressions, vec![(1, 2)]);
+}
+
+#[test]
+fn a_lower_token_accepted_after_a_higher_one_is_not_caught() {
+    // A resource that forgot to check: token 5 accepted after token 7 had been.
+    let mut h = clean();
+    h.writes = vec![
+        write(2, 7, 100, true),
+        write(1, 5, 200, true),
+        write(3, 9, 300, true),
+    ];
+    let r = check(&h, BOUND);
+    assert_eq!(
+        r.uncaught,
+        vec![Uncaught::OrderBroken {
+            earlier: 0,
+            later: 1
+        }]
+    );
+    // Concurrent writes (intervals overlap) have no real-time order: not reported.
+    h.writes = vec![
+        Write {
+            end: ms(300),
+            ..write(2, 7, 100, true)
+        },
+        write(1, 5, 200, true),
+    ];
+    assert!(check(&h, BOUND).uncaught.is_empty());
+}
+
+#[test]
+fn liveness_is_measured_from_each_heal_to_the_next_acquisition() {
+    let mut h = clean();
+    h.end = ms(10_000);
+    h.faults = vec![
+        Fault {
+            what: "a".into(),
+            start: ms(50),
+            healed: ms(110),
+        },
+        Fault {
+            what: "b".into(),
+            start: ms(320),
+            healed: ms(2000),
+        },
+    ];
+    let r = check(&h, BOUND);
+    assert_eq!(r.reacquired, vec![Some(Duration::from_millis(10)), None]);
+    assert_eq!(
+        r.slow_recoveries,
+        vec![1],
+        "never acquired after the second heal"
+    );
+    let r = check(&h, Duration::from_millis(5));
+    assert_eq!(r.slow_recoveries, vec![0, 1], "10 ms is over a 5 ms bound");
+
+    // A window cut short by the next fault, before the bound, is not a slow recovery.
+    h.faults.push(Fault {
+        what: "c".into(),
+        start: ms(2100),
+        healed: ms(2200),
+    });
+    h.sections.push(section(4, 14, 2300, 3300, Some(2400)));
+    let r = check(&h, BOUND);
+    assert_eq!(
+        r.reacquired,
+        vec![
+            Some(Duration::from_millis(10)),
+            None,
+            Some(Duration::from_millis(100))
+        ]
+    );
+    assert!(r.slow_recoveries.is_empty(), "{:?}", r.slow_recoveries);
+    assert_eq!(r.worst_reacquire(), Some(Duration::from_millis(100)));
+}
+
+#[test]
+fn child_records_survive_the_trip_through_stdout() {
+    let s = section(7, 42, 100, 1100, Some(500));
+    let unreleased = section(8, 43, 600, 1600, None);
+    let w = write(7, 42, 200, false);
+    let op = Op {
+        client: 3,
+        kind: OpKind::Release,
+        start: ms(1),
+        end: ms(2),
+        bound: Duration::from_millis(1800),
+        outcome: "lost",
+    };
+    let line = |body: String| format!("{}{body}", crate::child::PREFIX);
+    assert_eq!(decode(&line(encode_section(&s))), Some(Event::Section(s)));
+    assert_eq!(
+        decode(&line(encode_section(&unreleased))),
+        Some(Event::Section(unreleased))
+    );
+    assert_eq!(decode(&line(encode_write(&w))), Some(Event::Write(w)));
+    assert_eq!(decode(&line(encode_op(&op))), Some(Event::Op(op)));
+    assert_eq!(decode("running 1 test"), None);
+}

@@ -1,0 +1,54 @@
+//! Node faults: SIGKILL with delayed or immediate restarts, AOF persistence, SIGSTOP.
+//!
+//! Each case runs three clients against five nodes while the nemesis follows a seeded
+//! schedule. Liveness everywhere: after each heal the lock is acquired again within
+//! `3 x ttl + connect timeout + 1.5 s` (5 s with the 1 s ttl).
+
+use quorumlock::RestartGuard;
+
+use crate::nemesis::FaultKind;
+use crate::runner::{SHORT, Scenario, expect_safe};
+
+/// Up to a minority (2 of 5) killed and kept down longer than the ttl, then restarted empty;
+/// the client's restart guard is off, so the delay alone must keep the lock safe.
+///
+/// Expected: no overlap, strictly growing tokens, no write past validity, no hung operation.
+#[tokio::test]
+async fn kill_minority_with_delayed_restart_keeps_exclusion() {
+    let scn = Scenario::new("kill-minority-delayed", &[FaultKind::KillMinorityDelayed])
+        .guard(RestartGuard::Off);
+    expect_safe(scn, 30, SHORT).await;
+}
+
+/// Up to a minority killed and restarted empty at once; the client's default restart guard
+/// (`Restarted`: a node whose run id changed is held out for the max ttl) does the waiting.
+///
+/// Expected: no overlap, strictly growing tokens, no write past validity, no hung operation.
+#[tokio::test]
+async fn kill_minority_with_immediate_restart_is_held_out_by_the_restart_guard() {
+    let scn = Scenario::new("kill-minority-immediate+guard", &[FaultKind::KillMinority]);
+    expect_safe(scn, 31, SHORT).await;
+}
+
+/// A majority (3 of 5) killed and restarted at once, with `appendfsync always`: the nodes come
+/// back with their keys and fencing counters; the restart guard is off.
+///
+/// Expected: no overlap, strictly growing tokens, no write past validity, no hung operation.
+#[tokio::test]
+async fn kill_majority_with_aof_always_keeps_exclusion() {
+    let scn = Scenario::new("kill-majority-immediate+aof", &[FaultKind::KillMajority])
+        .aof()
+        .guard(RestartGuard::Off);
+    expect_safe(scn, 32, SHORT).await;
+}
+
+/// Up to a majority of nodes SIGSTOPped (hung masters that accept connections and never
+/// answer) for 0.2 to 2 ttl, then SIGCONT.
+///
+/// Expected: no overlap, strictly growing tokens, no write past validity, no operation hung
+/// past its bound (the per-node timeout cuts every call short).
+#[tokio::test]
+async fn paused_nodes_cost_availability_only() {
+    let scn = Scenario::new("pause-nodes", &[FaultKind::PauseNodes]);
+    expect_safe(scn, 33, SHORT).await;
+}
