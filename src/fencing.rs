@@ -24,9 +24,11 @@ use crate::scripts;
 /// # Guarantee
 ///
 /// A token is strictly greater than the token of every earlier holder of the same key, as long
-/// as no node lost its data (persistence with `appendfsync always`, or a restarted node kept out
-/// of quorums for longer than the largest ttl, which this client enforces by default; see
-/// [`RestartGuard`](crate::RestartGuard)). The argument is in `docs/safety.md`.
+/// as no node lost its counters: the nodes persist with `appendfsync always`, or a node that
+/// restarted empty is seen restarting by the client's [`RestartGuard`](crate::RestartGuard)
+/// (on by default), which keeps it out of quorums until its counters are restored from the
+/// other nodes. With the guard off, a restart delayed past the ttl protects the lock but not the
+/// counters. The argument, and its limits, are in `docs/safety.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(u64);
 

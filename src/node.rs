@@ -432,16 +432,18 @@ impl Node {
             .map_err(|e| self.connect_error(e))?;
         let mut pipe = redis::pipe();
         pipe.cmd("INFO").arg("server");
+        pipe.cmd("INFO").arg("persistence");
         for lua in scripts::all() {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.code()).ignore();
         }
-        let (info,): (String,) = pipe
+        let (info, persistence): (String, String) = pipe
             .query_async(&mut conn)
             .await
             .map_err(|e| self.connect_error(e))?;
         let (run_id, uptime) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
-        self.observe_start(run_id, uptime);
+        let aof = persistence.lines().any(|l| l.trim() == "aof_enabled:1");
+        self.observe_start(run_id, uptime, aof);
         tracing::debug!(node = %self.name, "connected");
         Ok(conn)
     }
@@ -456,7 +458,7 @@ impl Node {
     }
 
     /// The restart guard: compares the run id with the last one seen.
-    fn observe_start(&self, run_id: String, uptime: Duration) {
+    fn observe_start(&self, run_id: String, uptime: Duration, aof: bool) {
         let mut health = lock(&self.health);
         let restarted = health
             .run_id
@@ -481,7 +483,8 @@ impl Node {
             // Seen restarting: its fencing counters (which never expire) may be gone too;
             // restore them from the other nodes before it counts again. (A node merely young on
             // first contact, under the strict guard, may not have lost anything: time only.)
-            if restarted {
+            // A node with an append-only file reloaded its counters with its keys.
+            if restarted && !aof {
                 health.repair = Repair::Needed;
             }
         }

@@ -47,33 +47,53 @@ impl Redlock {
             return;
         }
         let deadline = Instant::now() + target.connect_timeout() * REPAIR_BUDGET;
-        let sources: Vec<_> = nodes
+        // Every other node is read (a node awaiting its own repair adds nothing wrong: its
+        // counters are only lower), but only clean ones count toward the nodes needed.
+        let others: Vec<_> = nodes
             .iter()
             .enumerate()
-            .filter(|&(j, node)| j != i && !node.needs_repair())
-            .map(|(_, node)| node)
+            .filter(|&(j, _)| j != i)
+            .map(|(_, node)| (node, !node.needs_repair()))
             .collect();
+        let clean = others.iter().filter(|(_, clean)| *clean).count();
+        // When more nodes restarted than the rule allows (a rolling restart nobody watched),
+        // every clean node must answer and the result is the best there is.
+        let required = needed.min(clean);
         let reads =
-            futures::future::join_all(sources.iter().map(|s| s.fence_counters(deadline))).await;
+            futures::future::join_all(others.iter().map(|(node, _)| node.fence_counters(deadline)))
+                .await;
         let mut answered = 0;
         let mut highest: HashMap<Vec<u8>, u64> = HashMap::new();
-        for counters in reads.into_iter().flatten() {
-            answered += 1;
+        for ((_, clean), counters) in others.iter().zip(reads) {
+            let Ok(counters) = counters else { continue };
+            if *clean {
+                answered += 1;
+            }
             for (key, value) in counters {
                 let slot = highest.entry(key).or_default();
                 *slot = (*slot).max(value);
             }
         }
-        if answered < needed {
+        if answered < required {
             tracing::warn!(
                 node = %target.name(),
                 answered,
-                needed,
+                required,
                 "cannot restore the fencing counters of a restarted node yet: too few clean nodes \
                  answered; it stays out of quorums"
             );
             target.finish_repair(false);
             return;
+        }
+        if clean < needed {
+            tracing::warn!(
+                node = %target.name(),
+                clean,
+                needed,
+                "more nodes restarted without persistence than a quorum tolerates: restoring \
+                 fencing counters from the nodes that remain; tokens may repeat if a latest \
+                 token lived only on restarted nodes"
+            );
         }
         let counters: Vec<_> = highest.into_iter().collect();
         match target.raise_counters(&counters, deadline).await {
@@ -81,7 +101,7 @@ impl Redlock {
                 tracing::info!(
                     node = %target.name(),
                     counters = counters.len(),
-                    sources = answered,
+                    clean_sources = answered,
                     "restored the fencing counters of a restarted node"
                 );
                 target.finish_repair(true);
