@@ -66,6 +66,8 @@ pub struct RedlockBuilder {
     pub(crate) restart_guard: RestartGuard,
     pub(crate) max_ttl: Option<Duration>,
     pub(crate) fencing: bool,
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<redis::TlsCertificates>,
 }
 
 impl RedlockBuilder {
@@ -83,6 +85,12 @@ impl RedlockBuilder {
     pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(50);
     /// Random part of the pause between attempt rounds (uniform in `[0, jitter]`).
     pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
+    /// The longest node timeout, connect timeout, retry delay or jitter [`build`](Self::build)
+    /// accepts (one hour): beyond it a setting is a mistake, not a choice.
+    pub const MAX_TIMING: Duration = Duration::from_secs(3600);
+    /// The longest max ttl [`build`](Self::build) accepts (the longest ttl Redis' `PX` takes in
+    /// practice, 49 days).
+    pub const MAX_TTL: Duration = Duration::from_millis(u32::MAX as u64);
 
     pub(crate) fn new<I, S>(urls: I) -> Self
     where
@@ -100,6 +108,8 @@ impl RedlockBuilder {
             restart_guard: RestartGuard::default(),
             max_ttl: None,
             fencing: true,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 
@@ -160,14 +170,48 @@ impl RedlockBuilder {
         self
     }
 
+    /// (Feature `tls`.) Trusts this CA certificate (PEM) for `rediss://` nodes, in place of the
+    /// system's root certificates: for Redis servers with certificates from a private CA.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls
+            .get_or_insert_with(|| redis::TlsCertificates {
+                client_tls: None,
+                root_cert: None,
+            })
+            .root_cert = Some(pem.into());
+        self
+    }
+
+    /// (Feature `tls`.) Presents this client certificate and private key (both PEM) to
+    /// `rediss://` nodes that require mutual TLS (`tls-auth-clients yes`).
+    #[cfg(feature = "tls")]
+    pub fn tls_client_certificate(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls
+            .get_or_insert_with(|| redis::TlsCertificates {
+                client_tls: None,
+                root_cert: None,
+            })
+            .client_tls = Some(redis::ClientTlsConfig {
+            client_cert: cert_pem.into(),
+            client_key: key_pem.into(),
+        });
+        self
+    }
+
     /// Checks the configuration and builds the client. No connection is made: nodes may be down,
     /// they are connected (and reconnected) in the background when first needed.
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] for no nodes, an invalid or duplicate URL, a drift factor outside `[0, 0.5)`
-    /// or a zero timeout. An even node count is accepted with a warning: its quorum tolerates no
-    /// more failures than one node fewer.
+    /// [`ConfigError`] for no nodes, an invalid or duplicate URL, a drift factor outside `[0, 0.5)`,
+    /// a zero timeout, or a timing above [`MAX_TIMING`](Self::MAX_TIMING) (a max ttl above
+    /// [`MAX_TTL`](Self::MAX_TTL)). An even node count is accepted with a warning: its quorum
+    /// tolerates no more failures than one node fewer.
     pub fn build(self) -> Result<Redlock, ConfigError> {
         if self.urls.is_empty() {
             return Err(ConfigError::NoNodes);
@@ -181,15 +225,26 @@ impl RedlockBuilder {
         if self.connect_timeout.is_zero() {
             return Err(ConfigError::ZeroDuration("connect timeout"));
         }
+        for (name, value, max) in [
+            ("node timeout", self.node_timeout, Self::MAX_TIMING),
+            ("connect timeout", self.connect_timeout, Self::MAX_TIMING),
+            ("retry delay", self.retry_delay, Self::MAX_TIMING),
+            ("retry jitter", self.retry_jitter, Self::MAX_TIMING),
+            ("max ttl", self.max_ttl.unwrap_or_default(), Self::MAX_TTL),
+        ] {
+            if value > max {
+                return Err(ConfigError::TooLong { name, value, max });
+            }
+        }
+        // rustls needs one process-wide crypto provider; ours is ring. If the application
+        // installed one already, that one stays.
+        #[cfg(feature = "tls")]
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let max_ttl = Arc::new(MaxTtl::new(self.max_ttl));
         let mut seen = HashSet::new();
         let mut nodes = Vec::with_capacity(self.urls.len());
         for url in &self.urls {
-            let client =
-                redis::Client::open(url.as_str()).map_err(|source| ConfigError::InvalidUrl {
-                    url: redact(url),
-                    source,
-                })?;
+            let client = self.open_client(url)?;
             let info = client.get_connection_info();
             let identity = format!("{}/{}", info.addr(), info.redis_settings().db());
             let name = node_name(info);
@@ -212,4 +267,47 @@ impl RedlockBuilder {
         }
         Ok(Redlock::from_parts(nodes, self, max_ttl))
     }
+
+    /// A `redis::Client` for one node URL, with our TCP settings (and certificates for
+    /// `rediss://` when configured).
+    fn open_client(&self, url: &str) -> Result<redis::Client, ConfigError> {
+        use redis::IntoConnectionInfo;
+        let invalid = |source| ConfigError::InvalidUrl {
+            url: redact(url),
+            source,
+        };
+        let info = url
+            .into_connection_info()
+            .map_err(invalid)?
+            .set_tcp_settings(tcp_settings());
+        #[cfg(feature = "tls")]
+        if let Some(certs) = &self.tls
+            && matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
+        {
+            return redis::Client::build_with_tls(info, certs.clone()).map_err(|source| {
+                ConfigError::Tls {
+                    url: redact(url),
+                    source,
+                }
+            });
+        }
+        redis::Client::open(info).map_err(invalid)
+    }
+}
+
+/// TCP settings for every node connection. A connection is replaced only when it breaks (that
+/// keeps each node's calls in order), so a silently dead peer (a host gone without a reset, a
+/// partition) must break it: keepalive probes find an idle dead peer within about 16 s, and
+/// `TCP_USER_TIMEOUT` drops a connection whose sent data has gone unacknowledged for 10 s.
+/// A paused Redis process is not affected: its kernel still acknowledges what it receives.
+fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    use redis::io::tcp::{TcpSettings, socket2::TcpKeepalive};
+    let keepalive = TcpKeepalive::new()
+        .with_time(Duration::from_secs(10))
+        .with_interval(Duration::from_secs(2))
+        .with_retries(3);
+    let settings = TcpSettings::default().set_keepalive(keepalive);
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+    let settings = settings.set_user_timeout(Duration::from_secs(10));
+    settings
 }

@@ -120,11 +120,13 @@ pub enum LostReason {
         /// The quorum.
         needed: usize,
     },
-    /// An extension could not reach a quorum of nodes before giving up.
+    /// An extension could not reach a quorum of nodes before validity ran out.
     Unreachable {
         /// The failures of the last extension round.
         failures: Vec<NodeFailure>,
     },
+    /// The lock was released (or its guard dropped) before this operation could run.
+    Released,
 }
 
 impl fmt::Display for LostReason {
@@ -139,9 +141,10 @@ impl fmt::Display for LostReason {
             ),
             LostReason::Unreachable { failures } => write!(
                 f,
-                "an extension could not reach a quorum; {}",
+                "an extension could not reach a quorum before validity ran out; {}",
                 FailureList(failures)
             ),
+            LostReason::Released => f.write_str("it was released"),
         }
     }
 }
@@ -234,8 +237,8 @@ pub enum ArgumentError {
         /// The drift allowance for it.
         drift: Duration,
     },
-    /// The ttl does not fit in the milliseconds Redis accepts.
-    #[error("ttl {0:?} is too long")]
+    /// The ttl is above [`RedlockBuilder::MAX_TTL`](crate::RedlockBuilder::MAX_TTL) (49 days).
+    #[error("ttl {0:?} is too long (at most 49 days)")]
     TtlTooLong(Duration),
     /// The key is empty, or starts with `}` (which would put the lock and its fencing counter in
     /// different Redis Cluster hash slots).
@@ -265,6 +268,15 @@ pub enum ConfigError {
         #[source]
         source: redis::RedisError,
     },
+    /// The TLS certificates given for a `rediss://` node could not be used.
+    #[error("TLS setup for node {url:?} failed: {source}")]
+    Tls {
+        /// The URL, password redacted.
+        url: String,
+        /// The reason.
+        #[source]
+        source: redis::RedisError,
+    },
     /// The same node was given twice; it would count twice toward a quorum.
     #[error("node {0} is listed twice; each node must be an independent master")]
     DuplicateNode(String),
@@ -280,6 +292,16 @@ pub enum ConfigError {
     /// A timeout that must be positive is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),
+    /// A duration is beyond what the setting can sensibly take.
+    #[error("{name} {value:?} is too long (at most {max:?})")]
+    TooLong {
+        /// The setting.
+        name: &'static str,
+        /// The value given.
+        value: Duration,
+        /// The largest accepted value.
+        max: Duration,
+    },
 }
 
 /// `1.2s`, `50ms`, `750µs`: short and readable in one-line errors.

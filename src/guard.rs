@@ -24,11 +24,15 @@ pub(crate) struct LockState {
     fence_key: String,
     value: String,
     token: FencingToken,
-    ttl: Duration,
+    /// The lease length: the ttl of the acquisition, or of the last successful extension.
+    ttl: Mutex<Duration>,
     deadline: Mutex<Instant>,
     lost: CancellationToken,
     reason: Mutex<Option<LostReason>>,
     released: AtomicBool,
+    /// Held for a whole extension round and by the release: no extension is sent after (or
+    /// during) a release, so an extension can never re-set a key the release removed.
+    serial: tokio::sync::Mutex<()>,
 }
 
 impl LockState {
@@ -47,11 +51,12 @@ impl LockState {
             fence_key,
             value,
             token,
-            ttl,
+            ttl: Mutex::new(ttl),
             deadline: Mutex::new(deadline),
             lost: CancellationToken::new(),
             reason: Mutex::new(None),
             released: AtomicBool::new(false),
+            serial: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -71,7 +76,16 @@ impl LockState {
         self.token
     }
     pub(crate) fn ttl(&self) -> Duration {
-        self.ttl
+        *lock(&self.ttl)
+    }
+
+    pub(crate) fn set_ttl(&self, ttl: Duration) {
+        *lock(&self.ttl) = ttl;
+    }
+
+    /// Serialises extension rounds and the release of this lock (see the field's docs).
+    pub(crate) async fn serial(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.serial.lock().await
     }
 
     /// Set before any release of the lock is sent (explicit release or Drop).
@@ -84,24 +98,31 @@ impl LockState {
     }
 
     pub(crate) fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+        *lock(&self.deadline)
     }
 
-    /// Moves the deadline forward (never backward) unless the lock is already lost.
+    /// Sets the deadline a successful extension round earned, unless the lock is already lost.
+    /// Rounds are serialised, so the last one to succeed is the last one applied on its quorum.
     pub(crate) fn set_deadline(&self, deadline: Instant) {
         if self.lost.is_cancelled() {
             return;
         }
-        let mut d = self.deadline.lock().unwrap_or_else(|e| e.into_inner());
-        if deadline > *d {
-            *d = deadline;
+        *lock(&self.deadline) = deadline;
+    }
+
+    /// Moves the deadline back to `bound` if it is later: an extension to a shorter ttl cuts the
+    /// key's time on every node that applies it, whether or not its round succeeds.
+    pub(crate) fn lower_deadline(&self, bound: Instant) {
+        let mut d = lock(&self.deadline);
+        if bound < *d {
+            *d = bound;
         }
     }
 
     /// Marks the lock lost (first reason wins), fires the signal and returns the error to report.
     pub(crate) fn lose(&self, reason: LostReason) -> Error {
         {
-            let mut r = self.reason.lock().unwrap_or_else(|e| e.into_inner());
+            let mut r = lock(&self.reason);
             if r.is_none() && !self.lost.is_cancelled() {
                 *r = Some(reason.clone());
                 metrics::lock_lost();
@@ -116,10 +137,7 @@ impl LockState {
     }
 
     pub(crate) fn reason(&self) -> Option<LostReason> {
-        self.reason
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.reason).clone()
     }
 
     /// Resolves when the lock is lost: the signal fired, or the deadline passed unextended.
@@ -212,9 +230,10 @@ impl Lock {
         self.state.token
     }
 
-    /// The ttl the lock was acquired with (and is extended to).
+    /// The lease length: the ttl the lock was acquired with, or the ttl of the last successful
+    /// [`extend`](Self::extend). Auto-extension extends to it.
     pub fn ttl(&self) -> Duration {
-        self.state.ttl
+        self.state.ttl()
     }
 
     /// When the lock stops being valid unless extended (monotonic clock).
@@ -253,29 +272,34 @@ impl Lock {
     /// A token cancelled when the lock is lost, for `tokio::select!` or
     /// `CancellationToken::run_until_cancelled` in code that cannot hold the guard. Starts a small
     /// watcher task for the deadline if [`keep_alive`](Self::keep_alive) is not running.
+    ///
+    /// Outside a tokio runtime no watcher can run: the token then fires only on release, drop or
+    /// a failed [`extend`](Self::extend); [`lost`](Self::lost) and [`is_lost`](Self::is_lost)
+    /// still see the deadline.
     pub fn lost_token(&self) -> CancellationToken {
-        let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        let mut task = lock(&self.task);
         if task.is_none() {
-            *task = Some(lease::spawn(
-                self.client.clone(),
-                Arc::clone(&self.state),
-                None,
-            ));
+            *task = lease::spawn(self.client.clone(), Arc::clone(&self.state), None);
         }
         self.state.lost.clone()
     }
 
-    /// Extends the lock to `ttl` from now on a quorum of nodes; returns the new validity.
+    /// Extends the lock to `ttl` from now on a quorum of nodes; returns the new validity. The
+    /// deadline becomes the one this round earned, earlier than before if `ttl` is shorter than
+    /// what was left, and `ttl` becomes the lease length [`keep_alive`](Self::keep_alive) uses.
     ///
     /// # Errors
     ///
     /// [`Error::Lost`] when the deadline already passed or a quorum no longer holds our value
     /// (the lost signal fires); [`Error::NoQuorum`] when too few nodes answered (the lock stays
-    /// valid until its current deadline); [`Error::ValidityExpired`] when the round was too slow.
+    /// valid until its current deadline, or until `now + ttl - drift` if that is earlier: the
+    /// nodes that did answer now expire it sooner); [`Error::ValidityExpired`] when the round was
+    /// too slow.
     ///
     /// # Cancellation safety
     ///
-    /// Cancel-safe: a dropped extension leaves the deadline as it was.
+    /// Cancel-safe. A dropped extension may still reach some nodes, so the deadline is first
+    /// lowered to what a shorter `ttl` would leave; it is never raised by a dropped round.
     pub async fn extend(&self, ttl: Duration) -> Result<Duration, Error> {
         self.client.extend_state(&self.state, ttl).await
     }
@@ -283,24 +307,23 @@ impl Lock {
     /// Starts extending the lock automatically every `ttl / 3` until it is released, dropped or
     /// lost. See [`keep_alive_every`](Self::keep_alive_every).
     pub fn keep_alive(&self) {
-        self.keep_alive_every(self.state.ttl / 3);
+        self.keep_alive_every(self.state.ttl() / 3);
     }
 
-    /// Starts extending the lock automatically every `interval` (clamped below the ttl). An
-    /// extension round that cannot reach a quorum is retried with the configured random pause
-    /// while validity remains; the lost signal fires when a quorum says the value is no longer
-    /// ours, or when the deadline passes without a successful extension (even if no node ever
-    /// answers).
+    /// Starts extending the lock automatically (to its [`ttl`](Self::ttl)) every `interval`,
+    /// clamped to at most half the ttl. An extension round that cannot reach a quorum is retried
+    /// after the configured random pause for as long as validity remains; the lost signal fires
+    /// when a quorum says the value is no longer ours, or when the deadline passes without a
+    /// successful extension (even if no node ever answers).
+    ///
+    /// Needs a tokio runtime; outside one it logs a warning and does nothing (the lock then
+    /// expires at its deadline).
     pub fn keep_alive_every(&self, interval: Duration) {
         let interval = interval
-            .min(self.state.ttl / 2)
+            .min(self.state.ttl() / 2)
             .max(Duration::from_millis(1));
-        let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
-        *task = Some(lease::spawn(
-            self.client.clone(),
-            Arc::clone(&self.state),
-            Some(interval),
-        ));
+        let mut task = lock(&self.task);
+        *task = lease::spawn(self.client.clone(), Arc::clone(&self.state), Some(interval));
     }
 
     /// Releases the lock on every node (only where it still holds our value).
@@ -311,12 +334,15 @@ impl Lock {
     /// under it may have overlapped with another holder; fencing tokens catch that);
     /// [`Error::NoQuorum`] when too few nodes answered (the rest expires with the ttl).
     ///
+    /// [`Error::Lost`] with [`LostReason::Expired`] when the deadline had passed before the
+    /// release (the key is still removed where it is ours).
+    ///
     /// # Cancellation safety
     ///
     /// Cancel-safe: if dropped midway, the guard's Drop sends the release in the background.
     pub async fn release(mut self) -> Result<(), Error> {
-        self.stop_task();
         self.state.mark_released();
+        self.stop_task();
         let result = self.client.release_state(&self.state).await;
         self.done = true;
         self.state.lost.cancel();
@@ -331,19 +357,24 @@ impl Lock {
     }
 
     fn stop_task(&self) {
-        self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        lock(&self.task).take();
     }
 }
 
 impl Drop for Lock {
     fn drop(&mut self) {
-        self.stop_task();
         if !self.done {
-            let s = &self.state;
-            s.mark_released();
-            self.client
-                .spawn_release(&s.lock_key, &s.fence_key, &s.value, s.token.get());
+            self.state.mark_released();
+            self.stop_task();
+            self.client.spawn_release_held(Arc::clone(&self.state));
             self.state.lost.cancel();
+        } else {
+            self.stop_task();
         }
     }
+}
+
+/// Locks a mutex, recovering from poisoning (the data are plain values, always consistent).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -16,18 +16,26 @@ use crate::quorum;
 use crate::redlock::Redlock;
 
 /// Spawns the lease task for a held lock: with `every`, it extends the lock on that period;
-/// without, it only fires the lost signal at the deadline. Dropping the handle stops it.
+/// without, it only fires the lost signal at the deadline. Dropping the handle stops it. `None`
+/// (with a warning) outside a tokio runtime.
 pub(crate) fn spawn(
     client: Redlock,
     state: Arc<LockState>,
     every: Option<Duration>,
-) -> AbortOnDropHandle<()> {
-    AbortOnDropHandle::new(tokio::spawn(async move {
+) -> Option<AbortOnDropHandle<()>> {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(
+            key = state.key(),
+            "no tokio runtime: the lock's lease task cannot run, it expires at its deadline"
+        );
+        return None;
+    };
+    Some(AbortOnDropHandle::new(runtime.spawn(async move {
         match every {
             Some(every) => keep_alive(client, &state, every).await,
             None => state.wait_lost().await,
         }
-    }))
+    })))
 }
 
 async fn keep_alive(client: Redlock, state: &LockState, every: Duration) {
@@ -44,22 +52,29 @@ async fn keep_alive(client: Redlock, state: &LockState, every: Duration) {
     }
 }
 
-/// One extension, retried (configured retry count and pause) while validity remains. Returns
-/// false when the lock is lost (the signal has fired).
+/// One extension, retried after the configured random pause for as long as validity remains.
+/// Only two things end it early: a quorum saying the value is no longer ours, and the deadline.
+/// Returns false when the lock is lost (the signal has fired) or was released.
 async fn extend_once(client: &Redlock, state: &LockState) -> bool {
     let cfg = &client.inner.cfg;
-    let mut round = 0;
+    let mut round = 0u32;
     loop {
         round += 1;
         let deadline = state.deadline();
+        // The timeout makes the deadline fire even if no node ever answers.
         let result =
             tokio::time::timeout_at(deadline, client.extend_state(state, state.ttl())).await;
         let failures = match result {
-            Ok(Ok(_)) => return true,
+            Ok(Ok(_)) => {
+                if round > 1 {
+                    tracing::info!(key = state.key(), round, "extension reached a quorum again");
+                }
+                return true;
+            }
             Ok(Err(Error::Lost { .. })) => return false,
             Ok(Err(Error::NoQuorum { failures, .. })) => failures,
             Ok(Err(e)) => {
-                tracing::warn!(key = state.key(), error = %e, "extension failed");
+                tracing::debug!(key = state.key(), error = %e, "extension round failed");
                 Vec::new()
             }
             Err(_) => {
@@ -68,16 +83,21 @@ async fn extend_once(client: &Redlock, state: &LockState) -> bool {
             }
         };
         let pause = quorum::retry_delay(cfg.retry_delay, cfg.retry_jitter, rand::random::<f64>());
-        if round > cfg.retry_count || Instant::now() + pause >= state.deadline() {
+        if Instant::now() + pause >= state.deadline() {
             state.lose(LostReason::Unreachable { failures });
             return false;
         }
-        tracing::warn!(
-            key = state.key(),
-            round,
-            ?pause,
-            "extension did not reach a quorum; retrying"
-        );
+        // Warn once per failed extension, then quietly until it succeeds or the lock is lost.
+        if round == 1 {
+            tracing::warn!(
+                key = state.key(),
+                validity = ?state.deadline().saturating_duration_since(Instant::now()),
+                failures = ?failures,
+                "extension did not reach a quorum; retrying while validity remains"
+            );
+        } else {
+            tracing::debug!(key = state.key(), round, ?pause, "retrying extension");
+        }
         tokio::select! {
             _ = state.wait_lost() => return false,
             _ = tokio::time::sleep(pause) => {}
@@ -116,7 +136,9 @@ impl Redlock {
     ///
     /// If the lock is lost first, `work`'s future is dropped (cancelled at its current await)
     /// and the call returns [`Error::Lost`]; `work` can also watch [`LockContext::lost`] to stop
-    /// at a point of its choosing.
+    /// at a point of its choosing. Work that finishes but only after the lock was lost (it
+    /// never yielded, or the release finds the lock gone) also returns [`Error::Lost`]: its
+    /// result cannot be trusted to have run under the lock.
     ///
     /// ```no_run
     /// # async fn run(locks: quorumlock::Redlock) -> Result<(), quorumlock::Error> {
@@ -159,10 +181,19 @@ impl Redlock {
                 Err(Error::Lost { key: key.to_owned(), reason })
             }
             out = work(ctx) => {
-                if let Err(e) = lock.release().await {
-                    tracing::warn!(key, error = %e, "release after scoped work failed; the ttl will expire the lock");
+                let lost_meanwhile = lock.is_lost();
+                match lock.release().await {
+                    Err(Error::Lost { reason, .. }) => Err(Error::Lost { key: key.to_owned(), reason }),
+                    _ if lost_meanwhile => Err(Error::Lost {
+                        key: key.to_owned(),
+                        reason: LostReason::Expired,
+                    }),
+                    Err(e) => {
+                        tracing::warn!(key, error = %e, "release after scoped work failed; the ttl will expire the lock");
+                        Ok(out)
+                    }
+                    Ok(()) => Ok(out),
                 }
-                Ok(out)
             }
         }
     }

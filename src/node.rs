@@ -41,6 +41,9 @@ struct Health {
     run_id: Option<String>,
     held_out_until: Option<Instant>,
     repair: Repair,
+    /// Whether the last call (or connect) failed: failures are logged at warn on the way down
+    /// and at info on the way back, not on every call.
+    down: bool,
 }
 
 /// Whether a restarted node's fencing counters still have to be restored from the others.
@@ -204,7 +207,7 @@ impl Node {
         deadline: Instant,
     ) -> Result<Vec<(Vec<u8>, u64)>, NodeError> {
         let read = async {
-            let (mut conn, _) = self.connection().await?;
+            let (mut conn, generation) = self.connection().await?;
             let mut counters = Vec::new();
             let mut cursor = 0u64;
             loop {
@@ -216,13 +219,13 @@ impl Node {
                     .arg(1000)
                     .query_async(&mut conn)
                     .await
-                    .map_err(NodeError::from_redis)?;
+                    .map_err(|e| self.call_error(e, generation))?;
                 if !keys.is_empty() {
                     let values: Vec<Option<String>> = redis::cmd("MGET")
                         .arg(&keys)
                         .query_async(&mut conn)
                         .await
-                        .map_err(NodeError::from_redis)?;
+                        .map_err(|e| self.call_error(e, generation))?;
                     counters.extend(
                         keys.into_iter()
                             .zip(values)
@@ -247,7 +250,7 @@ impl Node {
         deadline: Instant,
     ) -> Result<(), NodeError> {
         let write = async {
-            let (mut conn, _) = self.connection().await?;
+            let (mut conn, generation) = self.connection().await?;
             for chunk in counters.chunks(1000) {
                 let mut pipe = redis::pipe();
                 for (key, value) in chunk {
@@ -260,7 +263,7 @@ impl Node {
                 }
                 pipe.query_async::<()>(&mut conn)
                     .await
-                    .map_err(NodeError::from_redis)?;
+                    .map_err(|e| self.call_error(e, generation))?;
             }
             Ok(())
         };
@@ -313,22 +316,42 @@ impl Node {
         let start = Instant::now();
         let result = self.run_now(&call, hold_out, sent).await;
         match &result {
-            #[cfg(feature = "metrics")]
-            Ok(_) => metrics::node_latency(&self.name, op, start.elapsed()),
-            #[cfg(not(feature = "metrics"))]
-            Ok(_) => {}
-            Err(e) => {
-                metrics::node_error(&self.name, op, e.label());
-                tracing::debug!(node = %self.name, op, error = %e, "node call failed");
+            Ok(_) => {
+                #[cfg(feature = "metrics")]
+                metrics::node_latency(&self.name, op, start.elapsed());
+                self.mark_up();
             }
+            Err(e) => self.failed(op, e),
         }
         result
     }
 
     /// Records a call that its round's deadline cut short.
     pub(crate) fn timed_out(&self, op: &'static str, e: &NodeError) {
+        self.failed(op, e);
+    }
+
+    /// Records a failed call: metrics, a debug event, and a warning when the node goes down.
+    /// A node held out after a restart is not down: its own warning says why and until when.
+    fn failed(&self, op: &'static str, e: &NodeError) {
         metrics::node_error(&self.name, op, e.label());
         tracing::debug!(node = %self.name, op, error = %e, "node call failed");
+        if matches!(e, NodeError::HeldOut { .. } | NodeError::Repairing) {
+            return;
+        }
+        let mut health = lock(&self.health);
+        if !health.down {
+            health.down = true;
+            tracing::warn!(node = %self.name, op, error = %e, "node unreachable; it counts as failed in every round until it answers again");
+        }
+    }
+
+    fn mark_up(&self) {
+        let mut health = lock(&self.health);
+        if health.down {
+            health.down = false;
+            tracing::info!(node = %self.name, "node answers again");
+        }
     }
 
     async fn run_now(
@@ -366,12 +389,15 @@ impl Node {
             }
             other => other,
         };
-        reply.map_err(|e| {
-            if e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error() {
-                self.invalidate(generation);
-            }
-            NodeError::from_redis(e)
-        })
+        reply.map_err(|e| self.call_error(e, generation))
+    }
+
+    /// Classifies a call's error; a broken connection is dropped so the next call reconnects.
+    fn call_error(&self, e: redis::RedisError, generation: u64) -> NodeError {
+        if e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error() {
+            self.invalidate(generation);
+        }
+        NodeError::from_redis(e)
     }
 
     /// The live connection, or the one being established (started if none is).
@@ -411,9 +437,20 @@ impl Node {
             };
             result
         });
+        let node = Arc::clone(self);
         async move {
-            task.await.unwrap_or_else(|_| {
-                Err(NodeError::BadReply("connect task was cancelled".to_owned()))
+            task.await.unwrap_or_else(|e| {
+                // The task panicked or its runtime shut down before it could fill the slot: empty
+                // it, so the next call connects afresh instead of reusing this failure forever.
+                let mut slot = lock(&node.slot);
+                if matches!(&*slot, Slot::Connecting(_))
+                    && node.generation.load(Ordering::Relaxed) == generation
+                {
+                    *slot = Slot::Empty;
+                }
+                Err(NodeError::Dropped(redis::RedisError::from(
+                    std::io::Error::other(format!("connect task ended early: {e}")),
+                )))
             })
         }
         .boxed()
@@ -443,7 +480,8 @@ impl Node {
         let (run_id, uptime) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
         let aof = persistence.lines().any(|l| l.trim() == "aof_enabled:1");
-        self.observe_start(run_id, uptime, aof);
+        let durable = aof && fsync_always(&mut conn).await;
+        self.observe_start(run_id, uptime, durable);
         tracing::debug!(node = %self.name, "connected");
         Ok(conn)
     }
@@ -457,8 +495,10 @@ impl Node {
         }
     }
 
-    /// The restart guard: compares the run id with the last one seen.
-    fn observe_start(&self, run_id: String, uptime: Duration, aof: bool) {
+    /// The restart guard: compares the run id with the last one seen. A `durable` node (an
+    /// append-only file with `appendfsync always`) lost nothing in a restart: it is neither held
+    /// out nor repaired.
+    fn observe_start(&self, run_id: String, uptime: Duration, durable: bool) {
         let mut health = lock(&self.health);
         let restarted = health
             .run_id
@@ -468,14 +508,19 @@ impl Node {
         let young = uptime < max_ttl;
         let suspect =
             restarted || (health.run_id.is_none() && self.guard == RestartGuard::Strict && young);
-        if self.guard != RestartGuard::Off && suspect {
+        if self.guard != RestartGuard::Off && suspect && !durable {
             if young {
                 let remaining = max_ttl - uptime;
-                health.held_out_until = Some(Instant::now() + remaining);
+                let now = Instant::now();
+                // Bounded by MAX_TTL (config) and the ttl check, so this cannot overflow; a
+                // saturated deadline would only hold the node out longer.
+                let until = now.checked_add(remaining).unwrap_or(now + max_ttl);
+                health.held_out_until = Some(until);
                 tracing::warn!(
                     node = %self.name,
                     uptime_s = uptime.as_secs(),
                     held_out_for = ?remaining,
+                    until = %humantime::format_rfc3339_seconds(std::time::SystemTime::now() + remaining),
                     "node (re)started less than the max ttl ago and may have lost lock keys; \
                      it counts toward no quorum until the max ttl has passed since its start"
                 );
@@ -483,8 +528,7 @@ impl Node {
             // Seen restarting: its fencing counters (which never expire) may be gone too;
             // restore them from the other nodes before it counts again. (A node merely young on
             // first contact, under the strict guard, may not have lost anything: time only.)
-            // A node with an append-only file reloaded its counters with its keys.
-            if restarted && !aof {
+            if restarted {
                 health.repair = Repair::Needed;
             }
         }
@@ -498,6 +542,18 @@ impl Node {
             tracing::debug!(node = %self.name, "connection broken; will reconnect");
         }
     }
+}
+
+/// Whether the node fsyncs its append-only file on every write (`CONFIG GET appendfsync`).
+/// Any error (CONFIG renamed or forbidden, as managed services do) answers no: the node is then
+/// treated as one that may lose its last writes in a restart.
+async fn fsync_always(conn: &mut MultiplexedConnection) -> bool {
+    let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendfsync")
+        .query_async(conn)
+        .await;
+    matches!(reply.as_deref(), Ok([_, policy]) if policy == "always")
 }
 
 fn parse_info(info: &str) -> Option<(String, Duration)> {

@@ -152,13 +152,12 @@ impl LockStatus {
     }
 }
 
-/// How long an acquisition keeps trying.
+/// How long an acquisition keeps trying: it gives up once it has made `rounds` attempt rounds
+/// *and* the next one would start more than `wait` after the call.
 #[derive(Debug, Clone, Copy)]
-enum Patience {
-    /// Up to this many attempt rounds.
-    Rounds(u32),
-    /// Until this much time has passed since the call.
-    For(Duration),
+struct Patience {
+    rounds: u32,
+    wait: Duration,
 }
 
 type NodeFuture = BoxFuture<'static, (usize, Result<Value, NodeError>)>;
@@ -284,7 +283,11 @@ impl Redlock {
     /// every node in the background (when a tokio runtime is still running), after the acquire
     /// on each node's connection. Whatever is missed expires with the ttl.
     pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Lock, Error> {
-        self.acquire_with(key, ttl, Patience::Rounds(1)).await
+        let patience = Patience {
+            rounds: 1,
+            wait: Duration::ZERO,
+        };
+        self.acquire_with(key, ttl, patience).await
     }
 
     /// Acquires with the configured retries: up to `1 + retry_count` rounds, a random pause
@@ -298,12 +301,13 @@ impl Redlock {
     ///
     /// As [`try_acquire`](Self::try_acquire).
     pub async fn acquire(&self, key: &str, ttl: Duration) -> Result<Lock, Error> {
-        let rounds = self.inner.cfg.retry_count.saturating_add(1);
-        self.acquire_with(key, ttl, Patience::Rounds(rounds)).await
+        self.acquire_timeout(key, ttl, Duration::ZERO).await
     }
 
-    /// Keeps trying for up to `wait` (rounds separated by the configured random pause), then
-    /// gives up with the last round's error. `wait = 0` makes one round.
+    /// As [`acquire`](Self::acquire), and keeps trying (rounds separated by the configured random
+    /// pause) until `wait` has passed since the call, then gives up with the last round's error.
+    /// It always makes at least the rounds [`acquire`](Self::acquire) makes, so `wait = 0` is
+    /// `acquire`. No round starts after `wait`; the last one may end up to one node timeout later.
     ///
     /// # Errors
     ///
@@ -318,7 +322,11 @@ impl Redlock {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Lock, Error> {
-        self.acquire_with(key, ttl, Patience::For(wait)).await
+        let patience = Patience {
+            rounds: self.inner.cfg.retry_count.saturating_add(1),
+            wait,
+        };
+        self.acquire_with(key, ttl, patience).await
     }
 
     async fn acquire_with(
@@ -366,10 +374,8 @@ impl Redlock {
                 rand::random::<f64>(),
             );
             let give_up = !err.is_retryable()
-                || match patience {
-                    Patience::Rounds(n) => round_no >= n,
-                    Patience::For(wait) => called.elapsed() + delay > wait,
-                };
+                || (round_no >= patience.rounds
+                    && called.elapsed().saturating_add(delay) > patience.wait);
             if give_up {
                 metrics::acquire(outcome_label(&err), called.elapsed());
                 return Err(err);
@@ -394,7 +400,7 @@ impl Redlock {
             }
             .into());
         }
-        if ttl.as_millis() > u128::from(u32::MAX) * 1000 {
+        if ttl > RedlockBuilder::MAX_TTL {
             return Err(ArgumentError::TtlTooLong(ttl).into());
         }
         let drift = quorum::drift(ttl, self.inner.cfg.drift_factor);
@@ -436,7 +442,13 @@ impl Redlock {
             ScriptCall::plain(set)
         };
         let round = self
-            .round(Arc::new(call), deadline, HoldOut::Respect, "acquire")
+            .round(
+                Arc::new(call),
+                deadline,
+                HoldOut::Respect,
+                "acquire",
+                positive,
+            )
             .await;
 
         match round.verdict {
@@ -605,20 +617,23 @@ impl Redlock {
         deadline: Instant,
         hold_out: HoldOut,
         op: &'static str,
+        yes: fn(i64) -> bool,
     ) -> Round {
         self.schedule_repairs();
-        let round = self.fan_out(call, deadline, hold_out, op).await;
+        let round = self.fan_out(call, deadline, hold_out, op, yes).await;
         // A connection made during the round may have revealed a restart.
         self.schedule_repairs();
         round
     }
 
+    /// `yes` tells which integer replies count as a yes; every other reply is a refusal.
     async fn fan_out(
         &self,
         call: Arc<ScriptCall>,
         deadline: Instant,
         hold_out: HoldOut,
         op: &'static str,
+        yes: fn(i64) -> bool,
     ) -> Round {
         let n = self.inner.nodes.len();
         let start = Instant::now();
@@ -635,16 +650,16 @@ impl Redlock {
             })
             .collect();
         let mut tally = Tally::new(n);
-        let mut yes = Vec::with_capacity(n);
+        let mut yeses = Vec::with_capacity(n);
         let mut failures = Vec::new();
         let mut answered = vec![false; n];
         let decided = tokio::time::timeout_at(deadline, async {
             while let Some((i, reply)) = rest.next().await {
                 answered[i] = true;
                 match reply.and_then(int_reply) {
-                    Ok(v) if v > 0 => {
+                    Ok(v) if yes(v) => {
                         tally.record(Answer::Yes);
-                        yes.push((i, v));
+                        yeses.push((i, v));
                     }
                     Ok(_) => tally.record(Answer::No),
                     Err(cause) => {
@@ -681,7 +696,7 @@ impl Redlock {
         Round {
             verdict,
             tally,
-            yes,
+            yes: yeses,
             failures,
             rest: Tail {
                 calls: rest,
@@ -693,18 +708,32 @@ impl Redlock {
     }
 
     /// Extends a held lock to `ttl` from now on a quorum; returns the new validity.
+    ///
+    /// Rounds of one lock are serialised with its release: no extension is sent once the
+    /// release has begun, so none can re-set a key the release removed.
     pub(crate) async fn extend_state(
         &self,
         state: &LockState,
         ttl: Duration,
     ) -> Result<Duration, Error> {
         let drift = self.check(state.key(), ttl)?;
+        let _serial = state.serial().await;
+        if state.is_released() {
+            return Err(Error::Lost {
+                key: state.key().to_owned(),
+                reason: LostReason::Released,
+            });
+        }
         if state.deadline() <= Instant::now() {
             return Err(state.lose(LostReason::Expired));
         }
         self.inner.max_ttl.observe(ttl);
         let start = Instant::now();
         let budget_end = start + quorum::budget(ttl, drift);
+        // Whatever this round's outcome, a node that applies it expires the key `ttl` after
+        // receiving it, no earlier than `budget_end` on our clock: a shorter ttl than what is
+        // left moves the deadline back now, before anything is sent.
+        state.lower_deadline(budget_end);
         let deadline = (start + self.inner.cfg.node_timeout).min(budget_end);
         let ttl_ms = ttl.as_millis().to_string();
         let token = state.token().get().to_string();
@@ -717,7 +746,13 @@ impl Redlock {
             ],
         );
         let round = self
-            .round(Arc::new(call), deadline, HoldOut::Respect, "extend")
+            .round(
+                Arc::new(call),
+                deadline,
+                HoldOut::Respect,
+                "extend",
+                positive,
+            )
             .await;
         drop(round.rest);
         let key = state.key();
@@ -727,6 +762,7 @@ impl Redlock {
                 match quorum::validity(ttl, elapsed, drift) {
                     Some(validity) => {
                         state.set_deadline(start + validity);
+                        state.set_ttl(ttl);
                         tracing::debug!(key, ?validity, yes = round.tally.yes(), "lock extended");
                         Ok(validity)
                     }
@@ -753,29 +789,41 @@ impl Redlock {
     }
 
     /// Releases a held lock on every node; returns once a quorum has answered (the remaining
-    /// releases finish in the background).
+    /// releases finish in the background). Waits for an extension round in flight, so that no
+    /// extension can follow the release on any node.
     pub(crate) async fn release_state(&self, state: &LockState) -> Result<(), Error> {
+        let _serial = state.serial().await;
+        let expired = state.deadline() <= Instant::now();
         let token = state.token().get().to_string();
         let call = scripts::RELEASE.call(
             &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
             &[state.value().as_bytes(), token.as_bytes()],
         );
         let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        // Deleted (1) or absent (0) both leave nothing of ours; only another owner's value
+        // (-1) is a refusal.
         let round = self
-            .round(Arc::new(call), deadline, HoldOut::Ignore, "release")
+            .round(Arc::new(call), deadline, HoldOut::Ignore, "release", |v| {
+                v >= 0
+            })
             .await;
         if round.rest.needs_driving() {
             self.inner.tasks.spawn(round.rest.drive(|_, _| async {}));
         }
         let key = state.key();
         match round.verdict {
+            // Released where it was still ours, but the holder outlived its validity: the work
+            // done under it may have overlapped with another holder's.
+            Verdict::Quorum | Verdict::Unreachable if expired => {
+                Err(state.lose(LostReason::Expired))
+            }
             Verdict::Quorum => {
                 tracing::debug!(key, released = round.tally.yes(), "lock released");
                 Ok(())
             }
             Verdict::Refused => {
                 let reason = LostReason::NotOwner {
-                    owned: round.tally.yes(),
+                    owned: round.yes.iter().filter(|&&(_, v)| v == 1).count(),
                     needed: self.quorum(),
                 };
                 tracing::warn!(key, %reason, "released a lock that was already lost");
@@ -785,9 +833,35 @@ impl Redlock {
         }
     }
 
+    /// Releases a held lock in the background (a dropped guard), after any extension round in
+    /// flight. Needs a running tokio runtime; without one, the ttl cleans up.
+    pub(crate) fn spawn_release_held(&self, state: Arc<LockState>) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(
+                key = state.key(),
+                "no runtime to release in; the ttl will expire the key"
+            );
+            return;
+        };
+        let client = self.clone();
+        self.inner.tasks.spawn_on(
+            async move {
+                let _serial = state.serial().await;
+                client
+                    .release_everywhere(
+                        state.lock_key(),
+                        state.fence_key(),
+                        state.value(),
+                        state.token().get(),
+                    )
+                    .await;
+            },
+            &handle,
+        );
+    }
+
     /// Sends a release of `value` to every node in the background (failed rounds, cancelled
-    /// acquisitions, dropped guards). Needs a running tokio runtime; without one, the ttl cleans
-    /// up.
+    /// acquisitions). Needs a running tokio runtime; without one, the ttl cleans up.
     pub(crate) fn spawn_release(&self, lock_key: &str, fence_key: &str, value: &str, token: u64) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             tracing::debug!(
@@ -796,6 +870,19 @@ impl Redlock {
             );
             return;
         };
+        let release = self.release_everywhere(lock_key, fence_key, value, token);
+        self.inner.tasks.spawn_on(release, &handle);
+    }
+
+    /// A release of `value` on every node, each bounded by the node timeout from now. Built
+    /// before it is awaited, so the caller's borrows end here.
+    fn release_everywhere(
+        &self,
+        lock_key: &str,
+        fence_key: &str,
+        value: &str,
+        token: u64,
+    ) -> impl Future<Output = ()> + Send + 'static {
         let token = token.to_string();
         let call = Arc::new(scripts::RELEASE.call(
             &[lock_key.as_bytes(), fence_key.as_bytes()],
@@ -808,9 +895,7 @@ impl Redlock {
             .iter()
             .map(|n| Arc::clone(n).run(Arc::clone(&call), deadline, HoldOut::Ignore, "release"))
             .collect();
-        self.inner
-            .tasks
-            .spawn_on(calls.for_each(|_| async {}), &handle);
+        calls.for_each(|_| async {})
     }
 
     /// Every node's view of `key`: value, remaining ttl and fencing counter. Waits for every node
@@ -905,6 +990,11 @@ impl Drop for UndoRelease<'_> {
                 .spawn_release(self.lock_key, self.fence_key, self.value, 0);
         }
     }
+}
+
+/// A yes for acquire and extend: a counter (>= 1), `1` extended or `2` re-set.
+fn positive(v: i64) -> bool {
+    v > 0
 }
 
 /// A fresh 128-bit random owner value, as 32 hex digits.

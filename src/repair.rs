@@ -64,9 +64,11 @@ impl Redlock {
                 .await;
         let mut answered = 0;
         let mut highest: HashMap<Vec<u8>, u64> = HashMap::new();
-        for ((_, clean), counters) in others.iter().zip(reads) {
+        for ((node, clean), counters) in others.iter().zip(reads) {
             let Ok(counters) = counters else { continue };
-            if *clean {
+            // Clean before *and* after the read: a read that reconnected may have found that
+            // this node restarted too, and then its counters are no source.
+            if *clean && !node.needs_repair() {
                 answered += 1;
             }
             for (key, value) in counters {

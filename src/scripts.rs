@@ -162,30 +162,38 @@ return 0
     )
 });
 
-/// Extend our lock; re-set it where it vanished (a node restarted empty), and keep that node's
-/// fencing counter at or above our token.
+/// Extend our lock; re-set it where it vanished (a node restarted empty, or never ran our
+/// acquire), and keep that node's fencing counter at or above our token.
+///
+/// The key is re-set only while the node's counter is not above our token: a higher counter
+/// proves someone acquired the key there after us (and let it go), so our ownership there is over
+/// and must not be resurrected.
 ///
 /// - KEYS[1]: lock key, KEYS[2]: fencing counter
 /// - ARGV[1]: our value, ARGV[2]: new ttl in milliseconds, ARGV[3]: our token
-/// - Reply: `1` extended, `2` re-set on a node that had lost the key, `0` another value holds it.
+/// - Reply: `1` extended, `2` re-set on a node that had lost the key, `0` another value holds it
+///   or another owner held it since our acquisition.
 pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
 local v = redis.call('GET', KEYS[1])
-local r = 1
+local c = tonumber(redis.call('GET', KEYS[2]) or '0')
+local t = tonumber(ARGV[3])
 if v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-elseif v == false then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  r = 2
-else
+  if c < t then
+    redis.call('SET', KEYS[2], ARGV[3])
+  end
+  return 1
+end
+if v ~= false or c > t then
   return 0
 end
-local c = tonumber(redis.call('GET', KEYS[2]) or '0')
-if c < tonumber(ARGV[3]) then
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if c < t then
   redis.call('SET', KEYS[2], ARGV[3])
 end
-return r
+return 2
 "#,
     )
 });
@@ -199,7 +207,7 @@ return r
 ///
 /// - KEYS[1]: lock key, KEYS[2]: fencing counter
 /// - ARGV[1]: our value, ARGV[2]: our token (`0` when the attempt failed before it had one)
-/// - Reply: `1` deleted, `0` the key is gone or holds another value (left alone).
+/// - Reply: `1` deleted, `0` the key is absent, `-1` another value holds it (left alone).
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
@@ -207,10 +215,14 @@ local t = tonumber(ARGV[2])
 if t > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') < t then
   redis.call('SET', KEYS[2], ARGV[2])
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
-return 0
+if v == false then
+  return 0
+end
+return -1
 "#,
     )
 });
