@@ -175,7 +175,7 @@ impl RedlockBuilder {
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls
-            .get_or_insert_with(|| redis::TlsCertificates {
+            .get_or_insert(redis::TlsCertificates {
                 client_tls: None,
                 root_cert: None,
             })
@@ -192,7 +192,7 @@ impl RedlockBuilder {
         key_pem: impl Into<Vec<u8>>,
     ) -> Self {
         self.tls
-            .get_or_insert_with(|| redis::TlsCertificates {
+            .get_or_insert(redis::TlsCertificates {
                 client_tls: None,
                 root_cert: None,
             })

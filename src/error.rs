@@ -113,9 +113,10 @@ impl Error {
 pub enum LostReason {
     /// The lock's validity deadline passed without a successful extension.
     Expired,
-    /// A quorum of nodes answered that the key no longer holds our value.
+    /// Enough nodes answered that the key no longer holds our value that a quorum cannot.
     NotOwner {
-        /// Nodes that still hold our value.
+        /// Nodes that had confirmed our value when that became certain (a round stops waiting
+        /// as soon as its outcome is decided, so this is a lower bound).
         owned: usize,
         /// The quorum.
         needed: usize,
@@ -137,7 +138,8 @@ impl fmt::Display for LostReason {
             }
             LostReason::NotOwner { owned, needed } => write!(
                 f,
-                "only {owned} nodes still hold our value, {needed} needed"
+                "a quorum no longer holds our value ({owned} nodes had confirmed it when that was \
+                 certain, {needed} needed)"
             ),
             LostReason::Unreachable { failures } => write!(
                 f,
@@ -171,8 +173,9 @@ pub enum NodeError {
     /// The node refused the connection (nothing listening).
     #[error("connection refused")]
     Refused(#[source] redis::RedisError),
-    /// The connection broke (node died, network reset).
-    #[error("connection dropped")]
+    /// The connection broke (node died, network reset) or could not be set up (a TLS handshake
+    /// that failed, for instance); the cause says which.
+    #[error("connection dropped ({0})")]
     Dropped(#[source] redis::RedisError),
     /// The node restarted (or started) less than the maximum ttl ago and may have lost lock keys;
     /// it is kept out of every quorum until `remaining` has passed.

@@ -4,10 +4,14 @@
 //! crate's own decision functions ([`Tally`], [`fencing_max`]), and checks that every token
 //! handed out is greater than every earlier one.
 //!
-//! Data loss is allowed while the nodes that keep their data still hold a quorum at the latest
-//! token (a lost minority whose counters a majority remembers). The last test shows the boundary:
-//! lose a node that was one of only a quorum at the token, and tokens can repeat, which is why
-//! `docs/safety.md` asks for `appendfsync always` or healthy releases before such a loss.
+//! Two kinds of data loss. `LoseData` is a restart nobody noticed (the guard off): allowed while
+//! the nodes that keep their data still hold a quorum at the latest token (a lost minority whose
+//! counters a majority remembers). `Crash` is what the restart guard handles: any node may
+//! restart empty as long as at most a minority is unrepaired at once; it then counts toward no
+//! quorum (it answers as failed) until a `Repair` raises its counters to the largest of
+//! `N - quorum + 1` clean nodes, as `repair.rs` does. The last test shows the boundary of the
+//! first kind: lose a node that was one of only a quorum at the token, and tokens can repeat,
+//! which is why `docs/safety.md` asks for the guard, `appendfsync always` or healthy releases.
 
 use proptest::prelude::*;
 
@@ -17,6 +21,8 @@ use crate::quorum::{Answer, Tally, Verdict, fencing_max, quorum};
 struct Node {
     owner: Option<u32>,
     counter: u64,
+    /// Restarted empty and not yet repaired: held out of every quorum.
+    dirty: bool,
 }
 
 #[derive(Debug, Default)]
@@ -40,6 +46,12 @@ enum Op {
     Expire,
     /// A node restarts empty (only allowed while a quorum of others stands at the last token).
     LoseData { node: usize },
+    /// A node restarts empty and the client sees it (only while fewer than a minority are
+    /// unrepaired): held out until repaired.
+    Crash { node: usize },
+    /// Restore a crashed node's counters from the clean nodes among `sources` (the repair needs
+    /// `N - quorum + 1` of them to answer, else it waits).
+    Repair { node: usize, sources: Vec<bool> },
 }
 
 impl World {
@@ -85,7 +97,7 @@ impl World {
                 let mut verdict = None;
                 for &i in order {
                     // Answers after the verdict still run on the node (the request was sent).
-                    let answer = if reachable[i] {
+                    let answer = if reachable[i] && !self.nodes[i].dirty {
                         match self.acquire_on(i, owner) {
                             Some(c) => {
                                 if verdict.is_none() {
@@ -156,8 +168,28 @@ impl World {
                 let intact = (0..n)
                     .filter(|&i| i != *node && self.nodes[i].counter >= last)
                     .count();
-                if intact >= quorum(n) {
+                if intact >= quorum(n) && !self.nodes[*node].dirty {
                     self.nodes[*node] = Node::default();
+                }
+            }
+            Op::Crash { node } => {
+                let dirty = self.nodes.iter().filter(|x| x.dirty).count();
+                if self.nodes[*node].dirty || dirty < n - quorum(n) {
+                    self.nodes[*node] = Node {
+                        dirty: true,
+                        ..Node::default()
+                    };
+                }
+            }
+            Op::Repair { node, sources } => {
+                let clean: Vec<u64> = (0..n)
+                    .filter(|&i| i != *node && sources[i] && !self.nodes[i].dirty)
+                    .map(|i| self.nodes[i].counter)
+                    .collect();
+                if self.nodes[*node].dirty && clean.len() > n - quorum(n) {
+                    let target = &mut self.nodes[*node];
+                    target.counter = target.counter.max(clean.iter().copied().max().unwrap_or(0));
+                    target.dirty = false;
                 }
             }
         }
@@ -170,14 +202,33 @@ fn op(n: usize) -> impl Strategy<Value = Op> {
     let order = Just((0..n).collect::<Vec<_>>()).prop_shuffle();
     prop_oneof![
         5 => (reachable.clone(), order).prop_map(|(reachable, order)| Op::Acquire { reachable, order }),
-        3 => (any::<usize>(), reachable).prop_map(|(which, reachable)| Op::Release { which, reachable }),
+        3 => (any::<usize>(), reachable.clone()).prop_map(|(which, reachable)| Op::Release { which, reachable }),
         2 => Just(Op::Expire),
         1 => (0..n).prop_map(|node| Op::LoseData { node }),
+        1 => (0..n).prop_map(|node| Op::Crash { node }),
+        2 => (0..n, reachable).prop_map(|(node, sources)| Op::Repair { node, sources }),
     ]
 }
 
 fn scenario() -> impl Strategy<Value = (usize, Vec<Op>)> {
     (1usize..=9).prop_flat_map(|n| (Just(n), proptest::collection::vec(op(n), 1..80)))
+}
+
+/// Histories where nothing heals the counters: locks only expire (no release), different
+/// majorities win, and nodes crash empty and are repaired from random sets of sources.
+fn crash_op(n: usize) -> impl Strategy<Value = Op> {
+    let reachable = proptest::collection::vec(any::<bool>(), n);
+    let order = Just((0..n).collect::<Vec<_>>()).prop_shuffle();
+    prop_oneof![
+        4 => (reachable.clone(), order).prop_map(|(reachable, order)| Op::Acquire { reachable, order }),
+        3 => Just(Op::Expire),
+        2 => (0..n).prop_map(|node| Op::Crash { node }),
+        3 => (0..n, reachable).prop_map(|(node, sources)| Op::Repair { node, sources }),
+    ]
+}
+
+fn crash_scenario() -> impl Strategy<Value = (usize, Vec<Op>)> {
+    (3usize..=7).prop_flat_map(|n| (Just(n), proptest::collection::vec(crash_op(n), 1..60)))
 }
 
 proptest! {
@@ -192,6 +243,55 @@ proptest! {
             }
         }
     }
+
+    #[test]
+    fn tokens_only_grow_across_repaired_crashes((n, ops) in crash_scenario()) {
+        let mut world = World::new(n);
+        for op in &ops {
+            if let Err(e) = world.apply(op) {
+                prop_assert!(false, "{e} after {op:?}");
+            }
+        }
+    }
+}
+
+/// Crashes the guard sees, never released locks, different majorities: a repair from
+/// `N - quorum + 1` clean nodes is what keeps tokens growing. Without it (the crashed nodes
+/// counting again at once, empty) this schedule repeats a token.
+#[test]
+fn repaired_crashes_keep_tokens_growing() {
+    let only = |set: &[usize]| (0..5).map(|i| set.contains(&i)).collect::<Vec<_>>();
+    let order: Vec<usize> = (0..5).collect();
+    let acquire = |set: &[usize]| Op::Acquire {
+        reachable: only(set),
+        order: order.clone(),
+    };
+    let run = |repair: bool| {
+        let mut world = World::new(5);
+        let mut steps = vec![acquire(&[0, 1, 2]), Op::Expire];
+        for node in [0, 1] {
+            steps.push(Op::Crash { node });
+            if repair {
+                steps.push(Op::Repair {
+                    node,
+                    sources: only(&[2, 3, 4]),
+                });
+            } else {
+                world.nodes[node].dirty = false;
+            }
+        }
+        steps.push(acquire(&[0, 1, 3]));
+        steps.iter().try_for_each(|step| {
+            if !repair {
+                for node in &mut world.nodes {
+                    node.dirty = false;
+                }
+            }
+            world.apply(step)
+        })
+    };
+    run(true).expect("tokens grow with repairs");
+    assert!(run(false).is_err(), "without repairs the token repeats");
 }
 
 /// Counters drift apart when different majorities win; the raise keeps the next token above.

@@ -84,9 +84,11 @@ impl MaxTtl {
     }
 }
 
-/// Per-round flags: which nodes' calls have been handed to their connection. A call handed over
-/// runs on the server whether or not its future lives on; one still waiting for a connection
-/// runs only if its future is driven.
+/// Per-round flags: which nodes' calls have been handed to their connection. One still waiting
+/// for a connection is sent only if its future is driven. One handed over is *probably* sent
+/// even if its future is dropped, but not certainly: redis-rs skips a queued command whose
+/// caller went away before its driver task wrote it. So a call whose effect must happen (a
+/// release) is driven to its answer, never dropped.
 #[derive(Debug, Clone)]
 pub(crate) struct Sent(Arc<[AtomicBool]>);
 
@@ -281,8 +283,9 @@ impl Node {
     ///
     /// # Cancellation safety
     ///
-    /// Dropping the future may leave the command sent (it then runs on the server); later calls
-    /// on this node still travel after it on the same connection.
+    /// Dropping the future may or may not leave the command sent (redis-rs skips a queued
+    /// command whose caller is gone); if sent, later calls on this node travel after it on the
+    /// same connection.
     pub(crate) async fn run(
         self: Arc<Self>,
         call: Arc<ScriptCall>,
@@ -367,8 +370,8 @@ impl Node {
         {
             return Err(reason);
         }
-        // The first poll of the send below hands the command to the connection (unless its
-        // queue is full, in which case a dropped call is simply not sent: never unsafe).
+        // The first poll of the send below hands the command to the connection's queue. Its
+        // driver writes it to the socket later, and skips it if this future is gone by then.
         if let Some((sent, i)) = &sent {
             sent.mark(*i);
         }

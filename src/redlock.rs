@@ -180,9 +180,14 @@ struct Tail {
 }
 
 impl Tail {
-    /// Whether the unanswered calls need driving: one handed to its connection runs on the
-    /// server whether or not its future lives, but one still waiting for a connection is sent
-    /// only if something keeps polling it.
+    /// Whether any call is unanswered.
+    fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// Whether an unanswered call is still waiting for its connection: it is sent only if
+    /// something keeps polling it. (For calls whose effect is optional, such as the rest of a
+    /// won acquisition; a release is always driven, see `release_state`.)
     fn needs_driving(&self) -> bool {
         !self.calls.is_empty()
             && self
@@ -505,11 +510,12 @@ impl Redlock {
         }
     }
 
-    /// After a won round, lets the calls still in flight (nodes slower than the quorum, or still
-    /// connecting) reach their nodes, so the lock stands on every node that answers in time. A
-    /// late yes that arrives after the lock was released is undone on that node: the release
-    /// flag is set before any release is sent, so either the release ran after the late acquire
-    /// on the node's ordered connection, or this check sees the flag.
+    /// After a won round, lets the calls still waiting for a connection reach their nodes, so the
+    /// lock stands on every node that answers in time. (Calls already queued on a connection are
+    /// left to it: if it skips one, that node simply does not hold the lock, which a quorum does
+    /// not need.) A late yes that arrives after the lock was released is undone on that node:
+    /// the release flag is set before any release is sent, so either the release ran after the
+    /// late acquire on the node's ordered connection, or this check sees the flag.
     fn finish_late_answers(&self, late: Tail, state: &Arc<LockState>) {
         if !late.needs_driving() {
             return;
@@ -807,7 +813,9 @@ impl Redlock {
                 v >= 0
             })
             .await;
-        if round.rest.needs_driving() {
+        // The unanswered releases must reach their nodes: dropped, a queued command may be
+        // skipped by its connection, and the key would outlive the release by up to a ttl.
+        if !round.rest.is_empty() {
             self.inner.tasks.spawn(round.rest.drive(|_, _| async {}));
         }
         let key = state.key();

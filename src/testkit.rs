@@ -83,6 +83,22 @@ pub struct ServerOptions {
     pub password: Option<String>,
     /// Also listen on a unix socket in the server's directory ([`RedisServer::unix_url`]).
     pub unix_socket: bool,
+    /// Also listen for TLS on a second port ([`RedisServer::tls_url`]).
+    pub tls: Option<TlsFiles>,
+}
+
+/// PEM files for a server's TLS port (see [`ServerOptions::tls`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TlsFiles {
+    /// The server's certificate.
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+    /// The CA that signs client certificates (and, usually, the server's).
+    pub ca: PathBuf,
+    /// Whether clients must present a certificate signed by `ca` (`tls-auth-clients`).
+    pub require_client_cert: bool,
 }
 
 impl ServerOptions {
@@ -108,12 +124,31 @@ impl ServerOptions {
         self.unix_socket = true;
         self
     }
+
+    /// With a TLS port beside the plain one, using these PEM files; `require_client_cert` turns
+    /// on mutual TLS.
+    pub fn tls(
+        mut self,
+        cert: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+        ca: impl Into<PathBuf>,
+        require_client_cert: bool,
+    ) -> Self {
+        self.tls = Some(TlsFiles {
+            cert: cert.into(),
+            key: key.into(),
+            ca: ca.into(),
+            require_client_cert,
+        });
+        self
+    }
 }
 
 /// One `redis-server` child process.
 #[derive(Debug)]
 pub struct RedisServer {
     port: u16,
+    tls_port: Option<u16>,
     dir: tempfile::TempDir,
     child: Option<Child>,
     options: ServerOptions,
@@ -133,8 +168,13 @@ impl RedisServer {
                 .prefix("quorumlock-redis-")
                 .tempdir()
                 .map_err(io("create a temporary directory"))?;
+            let tls_port = match options.tls {
+                Some(_) => Some(free_port()?),
+                None => None,
+            };
             let mut server = RedisServer {
                 port: free_port()?,
+                tls_port,
                 dir,
                 child: None,
                 options: options.clone(),
@@ -171,6 +211,20 @@ impl RedisServer {
             cmd.arg("--unixsocket")
                 .arg(self.socket_path())
                 .args(["--unixsocketperm", "700"]);
+        }
+        if let (Some(tls), Some(port)) = (&self.options.tls, self.tls_port) {
+            cmd.arg("--tls-port")
+                .arg(port.to_string())
+                .arg("--tls-cert-file")
+                .arg(&tls.cert)
+                .arg("--tls-key-file")
+                .arg(&tls.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca)
+                .args([
+                    "--tls-auth-clients",
+                    if tls.require_client_cert { "yes" } else { "no" },
+                ]);
         }
         if self.options.aof_always {
             cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
@@ -243,6 +297,16 @@ impl RedisServer {
             Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
             None => format!("redis://127.0.0.1:{}", self.port),
         }
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT` (with the password when one is set), when started with
+    /// [`ServerOptions::tls`].
+    pub fn tls_url(&self) -> Option<String> {
+        let port = self.tls_port?;
+        Some(match &self.options.password {
+            Some(password) => format!("rediss://:{password}@127.0.0.1:{port}"),
+            None => format!("rediss://127.0.0.1:{port}"),
+        })
     }
 
     /// `unix:///path/redis.sock` (with `?pass=PASSWORD` when one is set), when started with

@@ -91,6 +91,49 @@ async fn t11_counters_are_raised_to_a_quorum() {
     next.release().await.unwrap();
 }
 
+/// Different majorities win while no lock is ever released (locks are left to expire: here
+/// deleted by hand, as their expiry would), so nothing heals the counters between rounds: only
+/// the raise to a quorum keeps tokens growing. The schedule is one where tokens would repeat
+/// without it (round 3's majority {1, 3, 4} meets round 2's quorum only at node 1).
+#[tokio::test]
+async fn t13_tokens_grow_when_locks_expire_under_different_majorities() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = client(&cluster);
+    // Nodes held by another owner in each round: the other three are the winning majority.
+    let refusing: &[&[usize]] = &[
+        &[3, 4],
+        &[0, 1],
+        &[2, 0],
+        &[1, 4],
+        &[2, 3],
+        &[0, 4],
+        &[1, 2],
+    ];
+    let mut last = 0;
+    for (round, refusing) in refusing.iter().enumerate() {
+        for url in &urls {
+            del_lock(url, "k");
+        }
+        for &i in *refusing {
+            set_foreign(&urls[i], "k", "another-owner", TTL);
+        }
+        let lock = locks
+            .try_acquire("k", TTL)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let token = lock.token().get();
+        assert!(token > last, "round {round}: token {token} after {last}");
+        last = token;
+        let at_token = urls.iter().filter(|u| fence_on(u, "k") >= token).count();
+        assert!(
+            at_token >= 3,
+            "round {round}: only {at_token} nodes stand at {token}"
+        );
+        lock.forget();
+    }
+}
+
 /// Nodes restarted empty (a minority, counters lost) do not make tokens go backwards, because a
 /// majority kept its counters.
 #[tokio::test]
@@ -121,52 +164,82 @@ async fn t12_tokens_survive_a_minority_restarted_empty() {
     }
 }
 
-/// The post-mortem (seed 002): a holder stalls past its ttl, a second takes the lock with a
-/// greater token, and the resource rejects the first holder's late write; the first holder's
-/// lost signal has fired by the time it could check.
+/// The post-mortem (seed 002): holder A keeps its lease alive, then its process stalls (a
+/// stop-the-world pause: here A's whole runtime thread is frozen, lease task included) past the
+/// ttl. B takes the lock with a greater token and writes. When A wakes, it can see the lock is
+/// lost before it writes, and the resource rejects its late write anyway.
 #[tokio::test]
 async fn t20_a_stalled_holder_is_fenced_off() {
     let cluster = cluster(5);
     let urls = cluster.urls();
+    let ttl = Duration::from_millis(600);
+    let store_url = urls[0].clone();
     let a = client(&cluster);
+    let (to_main, from_a) = std::sync::mpsc::channel::<u64>();
+    let (to_a, from_main) = std::sync::mpsc::channel::<()>();
+    // Worker A, on a runtime of its own so that freezing its thread freezes all of A.
+    let worker_a = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let lock = a.acquire("payout-42", ttl).await.unwrap();
+            lock.keep_alive();
+            let mut store = redis::Client::open(store_url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let first = fenced_set(&mut store, "payout:42", lock.token(), "started-by-a")
+                .await
+                .unwrap();
+            assert_eq!(first, FencedWrite::Written);
+            to_main.send(lock.token().get()).unwrap();
+            // The pause: nothing of A runs, its lease cannot extend.
+            std::thread::sleep(ttl * 3);
+            // A wakes, and waits until B has written (so its late write comes after B's).
+            from_main.recv_timeout(WAIT).expect("B wrote");
+            let knew_it_was_lost = lock.is_lost();
+            let late = fenced_set(&mut store, "payout:42", lock.token(), "paid-by-a")
+                .await
+                .unwrap();
+            (knew_it_was_lost, late)
+        })
+    });
+    let token_a = tokio::task::spawn_blocking(move || from_a.recv_timeout(WAIT))
+        .await
+        .unwrap()
+        .expect("A acquired");
+
     let b = client(&cluster);
-    let gate = FenceGate::new();
+    let worker_b = b
+        .acquire_timeout("payout-42", TTL, WAIT)
+        .await
+        .expect("B takes over once A's lock expires");
+    assert!(worker_b.token().get() > token_a);
     let mut store = redis::Client::open(urls[0].as_str())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-
-    let worker_a = a
-        .acquire("payout-42", Duration::from_millis(400))
-        .await
-        .unwrap();
-    gate.admit(worker_a.token()).expect("A's first write");
-    // A stalls (no extension, as in a stop-the-world pause) until its lock expires.
-    tokio::time::timeout(WAIT, worker_a.lost())
-        .await
-        .expect("lost fires at the deadline");
-    let worker_b = b
-        .acquire_timeout("payout-42", TTL, WAIT)
-        .await
-        .expect("B takes over after expiry");
-    assert!(worker_b.token() > worker_a.token());
-    gate.admit(worker_b.token()).expect("B writes");
     assert_eq!(
         fenced_set(&mut store, "payout:42", worker_b.token(), "paid-by-b")
             .await
             .unwrap(),
         FencedWrite::Written
     );
-
-    // A wakes up: it can see it lost, and the resource refuses it anyway.
-    assert!(worker_a.is_lost());
-    let stale = gate.admit(worker_a.token()).unwrap_err();
-    assert_eq!(stale.highest, worker_b.token());
+    to_a.send(()).unwrap();
+    let (knew_it_was_lost, late) = tokio::task::spawn_blocking(move || worker_a.join())
+        .await
+        .unwrap()
+        .expect("worker A");
+    assert!(
+        knew_it_was_lost,
+        "A's lost signal had fired by the time it could check"
+    );
     assert_eq!(
-        fenced_set(&mut store, "payout:42", worker_a.token(), "paid-by-a")
-            .await
-            .unwrap(),
+        late,
         FencedWrite::Stale {
             highest: worker_b.token()
         }
@@ -177,12 +250,20 @@ async fn t20_a_stalled_holder_is_fenced_off() {
         .await
         .unwrap();
     assert_eq!(stored, "paid-by-b");
-    // B may write again with the same token.
+    // B may write again with the same token; the in-process gate agrees with the Lua check.
     assert_eq!(
         fenced_set(&mut store, "payout:42", worker_b.token(), "paid-by-b-2")
             .await
             .unwrap(),
         FencedWrite::Written
+    );
+    let gate = FenceGate::new();
+    gate.admit(worker_b.token()).unwrap();
+    assert_eq!(
+        gate.admit(quorumlock::FencingToken::new(token_a))
+            .unwrap_err()
+            .highest,
+        worker_b.token()
     );
     worker_b.release().await.unwrap();
 }

@@ -73,11 +73,30 @@ pub fn fence_key(key: &str) -> String {
     format!("quorumlock:{{{key}}}:fence")
 }
 
+/// A direct connection to one node, bounded both ways: a paused node fails the test instead of
+/// hanging it.
 fn conn(url: &str) -> redis::Connection {
     let client = redis::Client::open(url).expect("url");
-    client
+    let conn = client
         .get_connection_with_timeout(Duration::from_secs(2))
-        .expect("connect")
+        .expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("read timeout");
+    conn.set_write_timeout(Some(Duration::from_secs(5)))
+        .expect("write timeout");
+    conn
+}
+
+/// Waits until the client has a live connection to every node: a status read answered by all.
+/// A round returns at its quorum, so an acquire-and-release warm-up does not prove this.
+pub async fn warm(locks: &Redlock) {
+    wait_until(WAIT, "every node answers the client", || async {
+        locks
+            .status("warm-up")
+            .await
+            .is_ok_and(|s| s.answered() == locks.node_count())
+    })
+    .await;
 }
 
 /// The lock value stored on one node for `key` (None when absent).
@@ -106,6 +125,14 @@ pub fn set_foreign(url: &str, key: &str, value: &str, ttl: Duration) {
         .arg(ttl.as_millis() as u64)
         .query(&mut conn(url))
         .expect("SET");
+}
+
+/// Deletes the lock key on one node (as its expiry there would).
+pub fn del_lock(url: &str, key: &str) {
+    let _: () = redis::cmd("DEL")
+        .arg(lock_key(key))
+        .query(&mut conn(url))
+        .expect("DEL");
 }
 
 pub fn set_fence(url: &str, key: &str, n: u64) {
