@@ -1,14 +1,6 @@
 //! Contention and health metrics through the [`metrics`](https://docs.rs/metrics) facade
-//! (feature `metrics`); without the feature every function here is an empty inline call.
-//!
-//! | name | kind | labels | meaning |
-//! | --- | --- | --- | --- |
-//! | `quorumlock_attempts_total` | counter | | attempt rounds (each fan-out to all nodes) |
-//! | `quorumlock_acquire_total` | counter | `outcome` (`acquired`, `held`, `no_quorum`, `expired`) | finished `acquire`/`try_acquire` calls |
-//! | `quorumlock_acquire_wait_seconds` | histogram | `outcome` | time from the call to its outcome, retries included |
-//! | `quorumlock_node_latency_seconds` | histogram | `node`, `op` | successful node calls |
-//! | `quorumlock_node_errors_total` | counter | `node`, `op`, `kind` (`timeout`, `refused`, `dropped`, `held_out`, `redis`, `bad_reply`) | failed node calls |
-//! | `quorumlock_locks_lost_total` | counter | | held locks whose loss was detected |
+//! (feature `metrics`); without the feature every function here is an empty inline call. The
+//! names, kinds and labels are listed in `docs/design.md` (section "Metrics"): keep both in step.
 
 use std::time::Duration;
 
@@ -36,6 +28,11 @@ mod imp {
             .increment(1);
     }
 
+    pub(crate) fn node_abandoned(node: &str, op: &'static str) {
+        metrics::counter!("quorumlock_node_abandoned_total", "node" => node.to_owned(), "op" => op)
+            .increment(1);
+    }
+
     pub(crate) fn lock_lost() {
         metrics::counter!("quorumlock_locks_lost_total").increment(1);
     }
@@ -51,6 +48,8 @@ mod imp {
     pub(crate) fn acquire(_outcome: &'static str, _wait: Duration) {}
     #[inline(always)]
     pub(crate) fn node_error(_node: &str, _op: &'static str, _kind: &'static str) {}
+    #[inline(always)]
+    pub(crate) fn node_abandoned(_node: &str, _op: &'static str) {}
     #[inline(always)]
     pub(crate) fn lock_lost() {}
 }

@@ -683,6 +683,8 @@ impl Redlock {
             tally.final_verdict()
         })
         .await;
+        // Without a verdict by the deadline, every pending node is recorded as timed out.
+        let timed_out = decided.is_err();
         let verdict = decided.unwrap_or_else(|_| {
             // One timer for the round: whoever has not answered by the deadline failed.
             let waited = deadline.saturating_duration_since(start);
@@ -699,6 +701,23 @@ impl Redlock {
             }
             tally.final_verdict()
         });
+        for (i, node) in self.inner.nodes.iter().enumerate() {
+            if !answered[i] && !timed_out {
+                // Still pending when the outcome was certain: invisible in latency figures
+                // otherwise (a node always slower than the quorum).
+                metrics::node_abandoned(node.name(), op);
+                // A failed round names every node that counts toward no quorum, not just those
+                // that had answered: a user who just (re)started a cluster sees them all.
+                if verdict != Verdict::Quorum
+                    && let Some(cause) = node.held_out()
+                {
+                    failures.push(NodeFailure {
+                        node: node.name().to_owned(),
+                        cause,
+                    });
+                }
+            }
+        }
         Round {
             verdict,
             tally,

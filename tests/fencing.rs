@@ -334,6 +334,19 @@ async fn t31_strict_guard_holds_out_freshly_started_nodes() {
         };
         assert!(remaining > Duration::from_secs(20), "{f}");
     }
+    // Once every node is connected, a failed round names each held-out node, answered or not.
+    warm(&locks).await;
+    let err = locks.try_acquire("k", TTL).await.unwrap_err();
+    let Error::NoQuorum { failures, .. } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(failures.len(), 3, "{err}");
+    assert!(
+        failures
+            .iter()
+            .all(|f| matches!(f.cause, NodeError::HeldOut { .. })),
+        "{err}"
+    );
     // The default guard trusts the same fresh nodes.
     let relaxed = client(&cluster);
     relaxed

@@ -53,7 +53,7 @@ async fn t10_attempts_outcomes_node_errors_and_losses_are_counted() {
     lock.release().await.unwrap();
     cluster.kill(0).unwrap();
     let short = locks
-        .try_acquire("m", Duration::from_millis(200))
+        .try_acquire("m", Duration::from_millis(700))
         .await
         .unwrap();
     tokio::time::timeout(WAIT, short.lost()).await.unwrap();
@@ -94,4 +94,27 @@ async fn t10_attempts_outcomes_node_errors_and_losses_are_counted() {
         ) >= 1
     );
     assert_eq!(counter(entries, "quorumlock_locks_lost_total", None), 1);
+
+    // A hung node: rounds are decided without it, and its pending calls are counted. (Healthy
+    // rounds abandon the slowest nodes too; the recorder's snapshots are deltas, so the next
+    // snapshot holds only what the rounds with the node hung did.)
+    let node1 = cluster.urls()[1].clone();
+    cluster.pause(1).unwrap();
+    for i in 0..3 {
+        let lock = locks
+            .try_acquire(&format!("m{i}"), Duration::from_secs(10))
+            .await
+            .unwrap();
+        lock.forget();
+    }
+    cluster.resume(1).unwrap();
+    let abandoned = counter(
+        &snapshotter.snapshot().into_vec(),
+        "quorumlock_node_abandoned_total",
+        Some(("node", node1.as_str())),
+    );
+    assert_eq!(
+        abandoned, 3,
+        "one abandoned call per round with node 1 hung"
+    );
 }
