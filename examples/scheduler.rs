@@ -8,12 +8,13 @@
 //! ```
 //!
 //! Without `REDLOCK_NODES` it starts its own local 5-node cluster, runs three instances in this
-//! process for a few ticks, checks that each tick ran exactly once, and exits.
+//! process for a few ticks, checks that every tick from the first to the last ran exactly once
+//! (a tick that never ran is an error too), and exits.
 //!
 //! Environment: `SCHEDULER_PERIOD_MS` (tick period, default 2000), `SCHEDULER_TICKS` (ticks in
 //! the self-contained demo, default 5), `SCHEDULER_ID` (instance id).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -43,8 +44,16 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Who ran each tick (shared by the in-process instances of the demo).
-type Ledger = Arc<Mutex<BTreeMap<u64, Vec<String>>>>;
+/// What the in-process instances of the demo did, shared between them.
+#[derive(Debug, Default)]
+struct Ledger {
+    /// Who ran each tick.
+    runs: BTreeMap<u64, Vec<String>>,
+    /// Every tick some instance tried to run.
+    tried: BTreeSet<u64>,
+}
+
+type Shared = Arc<Mutex<Ledger>>;
 
 /// One scheduler instance: at every period boundary, try to run the job for that tick.
 async fn instance(
@@ -52,7 +61,7 @@ async fn instance(
     id: String,
     period: Duration,
     ticks: u64,
-    ledger: Ledger,
+    ledger: Shared,
 ) -> Result<(), Failure> {
     let locks = Redlock::builder(urls).build()?;
     let job = RunOnce::builder(locks, "refresh-report")
@@ -69,11 +78,18 @@ async fn instance(
         tokio::time::sleep(at.duration_since(now).unwrap_or_default() + skew).await;
 
         let tick = tick_of(at, period);
+        ledger.lock().unwrap().tried.insert(tick);
         let ledger = Arc::clone(&ledger);
         let worker = id.clone();
         let outcome = job
             .run(tick, |ctx| async move {
-                ledger.lock().unwrap().entry(tick).or_default().push(worker);
+                ledger
+                    .lock()
+                    .unwrap()
+                    .runs
+                    .entry(tick)
+                    .or_default()
+                    .push(worker);
                 // The work: half a second, stamped with the run's fencing token.
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 ctx.token()
@@ -82,7 +98,9 @@ async fn instance(
         match outcome {
             Outcome::Ran { token, .. } => println!("[{id}] tick {tick}: ran (token {token})"),
             Outcome::Skipped { reason, .. } => println!("[{id}] tick {tick}: skipped, {reason}"),
-            Outcome::Lost { reason, .. } => println!("[{id}] tick {tick}: lost the lock, {reason}"),
+            Outcome::Lost { reason, .. } => {
+                println!("[{id}] tick {tick}: lost the lock, {reason}");
+            }
             _ => {}
         }
     }
@@ -94,7 +112,7 @@ async fn demo(period: Duration) -> Result<(), Failure> {
     let cluster = LocalCluster::start(5)?;
     let urls = cluster.urls();
     println!("started 5 local redis-server nodes; 3 instances, a tick every {period:?}\n");
-    let ledger = Ledger::default();
+    let ledger = Shared::default();
     let runs = (0..3).map(|i| {
         let (urls, ledger) = (urls.clone(), Arc::clone(&ledger));
         tokio::spawn(
@@ -106,13 +124,34 @@ async fn demo(period: Duration) -> Result<(), Failure> {
     }
     println!();
     let ledger = ledger.lock().unwrap();
-    for (tick, who) in ledger.iter() {
-        println!("tick {tick}: run by {}", who.join(", "));
+    let (Some(&first), Some(&last)) = (ledger.tried.first(), ledger.tried.last()) else {
+        return Err("no tick was tried".into());
+    };
+    if last - first + 1 < ticks {
+        return Err(format!("only ticks {first}..={last} were tried, {ticks} expected").into());
     }
-    let twice = ledger.values().filter(|w| w.len() != 1).count();
-    if twice > 0 {
-        return Err(format!("{twice} ticks did not run exactly once").into());
+    // Every tick of the range, so that a tick nobody ran (or nobody tried) shows too.
+    let mut wrong = 0;
+    for tick in first..=last {
+        match ledger.runs.get(&tick).map(Vec::as_slice) {
+            Some([who]) => println!("tick {tick}: run by {who}"),
+            Some(who) => {
+                println!(
+                    "tick {tick}: run {} times, by {}",
+                    who.len(),
+                    who.join(", ")
+                );
+                wrong += 1;
+            }
+            None => {
+                println!("tick {tick}: never ran");
+                wrong += 1;
+            }
+        }
     }
-    println!("every tick ran exactly once");
+    if wrong > 0 {
+        return Err(format!("{wrong} of ticks {first}..={last} did not run exactly once").into());
+    }
+    println!("every tick from {first} to {last} ran exactly once");
     Ok(())
 }

@@ -10,28 +10,33 @@
 //! every node and in the lock's hash slot:
 //!
 //! - `quorumlock:{NAME}:leader`, the *leader record*: `"<lock value> <token> <candidate id>"`,
-//!   written by the new leader on every node where its lock and fencing counter stand. The lock
-//!   value is random per acquisition, so the record binds the candidate id to one exact term: a
-//!   reader trusts a record only when its lock value is the one a quorum holds now. A stale record
-//!   (a crashed leader's) therefore never names the wrong leader. The record has no expiry (like
-//!   the fencing counter, it is one small key per election); resign deletes it.
+//!   built by the new leader from its own lock value and written on every node where that value
+//!   stands. The lock value is random per acquisition, so the record binds the candidate id to
+//!   one exact term: a reader trusts a record only when its lock value is the one a quorum holds
+//!   now. A stale record (a crashed leader's) therefore never names the wrong leader. The record
+//!   has no expiry (like the fencing counter, it is one small key per election); resign deletes
+//!   it.
 //! - `quorumlock:{NAME}:events`, a pub/sub channel: `"elected <token> <id>"` after the record is
 //!   written, `"resigned <token> <id>"` after a resign released the lock. Each [`Election`]
-//!   subscribes on every node (one connection per node, reconnected with backoff) so that a
-//!   standby retries the moment the leader resigns; notifications from several nodes are
-//!   deduplicated by token.
+//!   subscribes on every node (one connection per node, checked with a `PING` every 2 s and
+//!   re-established with backoff when it breaks or stops answering) so that a standby retries
+//!   the moment the leader resigns; the copies of a notice from several nodes are deduplicated
+//!   by token.
 //!
 //! Notifications can be lost (a node down, a subscription being re-established), so standbys
 //! never rely on them alone: after a refused attempt a standby reads the lock's remaining time to
 //! live on every node and sleeps until a quorum of them would have expired it (that is what makes
 //! crash handover take about one ttl), and never longer than the poll interval (with jitter).
+//! When that read shows no value on a quorum (standbys that retried together split the nodes),
+//! it retries after the lock client's short random pause instead.
 
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, Stream, StreamExt};
 use redis::Script;
 use redis::aio::MultiplexedConnection;
 use tokio::sync::broadcast;
@@ -47,21 +52,20 @@ use crate::quorum;
 use crate::redlock::{LockStatus, Redlock};
 use crate::scripts;
 
-/// Writes the leader record where this term's lock and fencing counter stand.
+/// Writes the leader record on a node where this term's lock value stands.
 ///
-/// - KEYS[1]: lock key, KEYS[2]: fencing counter, KEYS[3]: leader record
-/// - ARGV[1]: the term's token, ARGV[2]: the candidate id
-/// - Reply: the lock value the record was bound to, or nil when this node's counter is not at
-///   the token (a node that missed the acquisition, or one that answered it late).
+/// - KEYS[1]: lock key, KEYS[2]: leader record
+/// - ARGV[1]: this term's lock value, ARGV[2]: the record (`"<lock value> <token> <id>"`)
+/// - Reply: 1 when written, 0 when the node does not hold our value (it missed the
+///   acquisition, or the key expired there).
 static WRITE_RECORD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-local v = redis.call('GET', KEYS[1])
-if v and redis.call('GET', KEYS[2]) == ARGV[1] then
-  redis.call('SET', KEYS[3], v .. ' ' .. ARGV[1] .. ' ' .. ARGV[2])
-  return v
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[2], ARGV[2])
+  return 1
 end
-return false
+return 0
 "#,
     )
 });
@@ -85,9 +89,26 @@ return redis.call('PUBLISH', ARGV[2], ARGV[3])
 // ------------------------------------------------------------------------------------------------
 // Side connections: the election's and the scheduler's own connections to the lock's nodes.
 
+/// How long calls to a node fail at once after a failed connect, before the next connect is
+/// tried; doubled after each failure up to [`SIDE_BACKOFF_MAX`].
+const SIDE_BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// The longest fail-fast pause between two connects to a node that keeps failing.
+const SIDE_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
 /// One plain connection per node of a [`Redlock`], for what the lock client does not do itself:
 /// the leader record, pub/sub announcements and the scheduler's tick markers. Uses the lock's
 /// node URLs and timeouts.
+///
+/// Every call is bounded by the node timeout, connecting included: a connect runs in a spawned
+/// task bounded by the connect timeout, which a call waits for only until its own deadline. A
+/// node that failed (a connect that failed, or a call that timed out or broke its connection)
+/// is *suspect*: calls to it fail at once, without waiting, until a connect in the background
+/// succeeds again (tried at most every [`SIDE_BACKOFF_MAX`]). So a dead or silent node costs
+/// one node timeout once, then nothing.
+///
+/// Unlike the lock client, a call that timed out drops its connection: nothing sent here needs
+/// to reach a node in order after an earlier call (a late leader record is bound to a term that
+/// readers no longer trust, a late tick marker is still true).
 pub(crate) struct Sidecar {
     nodes: Vec<SideNode>,
     node_timeout: Duration,
@@ -97,7 +118,37 @@ pub(crate) struct Sidecar {
 struct SideNode {
     name: String,
     client: redis::Client,
-    conn: Mutex<Option<MultiplexedConnection>>,
+    state: Arc<Mutex<SideState>>,
+}
+
+/// The connection to one node, shared with its connect task.
+struct SideState {
+    slot: Slot,
+    generation: u64,
+    /// Why the node last failed, until a connect succeeds: while set, calls fail at once with
+    /// it instead of waiting for a (re)connect.
+    suspect: Option<NodeError>,
+    /// The fail-fast pause after the next failed connect.
+    backoff: Duration,
+}
+
+type Connected = Result<(MultiplexedConnection, u64), NodeError>;
+
+enum Slot {
+    Empty,
+    Ready(MultiplexedConnection, u64),
+    Connecting(Shared<BoxFuture<'static, Connected>>),
+    /// The last connect failed: no new connect before this instant.
+    Failed(Instant),
+}
+
+/// What a call finds in a node's slot.
+enum Found {
+    Ready(MultiplexedConnection, u64),
+    Pending(Shared<BoxFuture<'static, Connected>>),
+    FailFast(NodeError),
+    /// No tokio runtime to connect in the background: connect in the call itself.
+    Inline,
 }
 
 impl fmt::Debug for Sidecar {
@@ -127,7 +178,12 @@ impl Sidecar {
                 Ok(SideNode {
                     name: node_name(client.get_connection_info()),
                     client,
-                    conn: Mutex::new(None),
+                    state: Arc::new(Mutex::new(SideState {
+                        slot: Slot::Empty,
+                        generation: 0,
+                        suspect: None,
+                        backoff: SIDE_BACKOFF_MIN,
+                    })),
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
@@ -138,18 +194,27 @@ impl Sidecar {
         })
     }
 
-    /// Runs `op` on every node at once, each call bounded by the node timeout (plus the connect
-    /// timeout when a connection must be made first). Replies in node order.
+    /// Runs `op` on every node at once, each call bounded by the node timeout (connecting
+    /// included; see the type's docs). Replies in node order.
     pub(crate) async fn all<T, F, Fut>(&self, op: F) -> Vec<Result<T, NodeError>>
     where
         F: Fn(MultiplexedConnection) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
+        let deadline = Instant::now() + self.node_timeout;
         let calls = self
             .nodes
             .iter()
-            .map(|n| n.call(&op, self.node_timeout, self.connect_timeout));
+            .map(|n| n.call(&op, deadline, self.connect_timeout));
         futures::future::join_all(calls).await
+    }
+
+    /// Starts connecting to every node not connected yet, in the background (when a tokio
+    /// runtime is running), so that the first calls find their connections ready.
+    pub(crate) fn warm_up(&self) {
+        for n in &self.nodes {
+            let _ = n.find(self.connect_timeout);
+        }
     }
 
     /// The failures among `replies`, named by node.
@@ -175,44 +240,148 @@ impl SideNode {
     async fn call<T, F, Fut>(
         &self,
         op: &F,
-        node_timeout: Duration,
+        deadline: Instant,
         connect_timeout: Duration,
     ) -> Result<T, NodeError>
     where
         F: Fn(MultiplexedConnection) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        let cached = lock(&self.conn).clone();
-        let conn = match cached {
-            Some(conn) => conn,
-            None => {
-                let config = redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(None);
-                let conn = tokio::time::timeout(
-                    connect_timeout,
-                    self.client
-                        .get_multiplexed_async_connection_with_config(&config),
-                )
-                .await
-                .map_err(|_| NodeError::Timeout(connect_timeout))?
-                .map_err(NodeError::from_redis)?;
-                *lock(&self.conn) = Some(conn.clone());
-                conn
+        let start = Instant::now();
+        let timed_out = || NodeError::Timeout(deadline.saturating_duration_since(start));
+        let (conn, generation) = match self.find(connect_timeout) {
+            Found::Ready(conn, generation) => (conn, generation),
+            Found::FailFast(e) => return Err(e),
+            Found::Pending(connecting) => match tokio::time::timeout_at(deadline, connecting).await
+            {
+                Ok(connected) => connected?,
+                Err(_) => return Err(timed_out()),
+            },
+            Found::Inline => {
+                match tokio::time::timeout_at(deadline, connect(&self.client, connect_timeout))
+                    .await
+                {
+                    Ok(conn) => (conn?, 0),
+                    Err(_) => return Err(timed_out()),
+                }
             }
         };
-        match tokio::time::timeout(node_timeout, op(conn)).await {
+        match tokio::time::timeout_at(deadline, op(conn)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => {
-                if e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error() {
-                    *lock(&self.conn) = None;
-                }
                 tracing::debug!(node = %self.name, error = %e, "side call failed");
-                Err(NodeError::from_redis(e))
+                let e = NodeError::from_redis(e);
+                // An error reply proves the connection works; anything else may not.
+                if !matches!(&e, NodeError::Redis(r) if matches!(r.kind(), redis::ErrorKind::Server(_)))
+                {
+                    self.broken(generation, &e);
+                }
+                Err(e)
             }
-            Err(_) => Err(NodeError::Timeout(node_timeout)),
+            Err(_) => {
+                let e = timed_out();
+                tracing::debug!(node = %self.name, error = %e, "side call timed out");
+                self.broken(generation, &e);
+                Err(e)
+            }
         }
     }
+
+    /// The connection, the connect to wait for, or the error to fail with at once. Starts a
+    /// connect in the background when none is ready or running and the backoff allows.
+    fn find(&self, connect_timeout: Duration) -> Found {
+        let mut st = lock(&self.state);
+        match &st.slot {
+            Slot::Ready(conn, generation) => return Found::Ready(conn.clone(), *generation),
+            Slot::Connecting(pending) => {
+                return match &st.suspect {
+                    Some(e) => Found::FailFast(e.clone()),
+                    None => Found::Pending(pending.clone()),
+                };
+            }
+            Slot::Failed(until) if Instant::now() < *until => {
+                return Found::FailFast(
+                    st.suspect
+                        .clone()
+                        .unwrap_or(NodeError::Timeout(connect_timeout)),
+                );
+            }
+            Slot::Failed(_) | Slot::Empty => {}
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return Found::Inline;
+        };
+        st.generation += 1;
+        let generation = st.generation;
+        let (state, client, name) = (
+            Arc::clone(&self.state),
+            self.client.clone(),
+            self.name.clone(),
+        );
+        let task = handle.spawn(async move {
+            let result = connect(&client, connect_timeout).await;
+            let mut st = lock(&state);
+            match &result {
+                Ok(conn) => {
+                    st.slot = Slot::Ready(conn.clone(), generation);
+                    st.suspect = None;
+                    st.backoff = SIDE_BACKOFF_MIN;
+                }
+                Err(e) => {
+                    tracing::debug!(node = %name, error = %e, backoff = ?st.backoff, "side connect failed");
+                    st.slot = Slot::Failed(Instant::now() + st.backoff);
+                    st.suspect = Some(e.clone());
+                    st.backoff = (st.backoff * 2).min(SIDE_BACKOFF_MAX);
+                }
+            }
+            result.map(|conn| (conn, generation))
+        });
+        let pending = async move {
+            task.await
+                .unwrap_or(Err(NodeError::Timeout(connect_timeout)))
+        }
+        .boxed()
+        .shared();
+        st.slot = Slot::Connecting(pending.clone());
+        match &st.suspect {
+            Some(e) => Found::FailFast(e.clone()),
+            None => Found::Pending(pending),
+        }
+    }
+
+    /// Drops the connection a call failed on (unless already replaced) and marks the node
+    /// suspect until a reconnect succeeds.
+    fn broken(&self, generation: u64, why: &NodeError) {
+        let mut st = lock(&self.state);
+        if matches!(&st.slot, Slot::Ready(_, g) if *g == generation) {
+            st.slot = Slot::Empty;
+            st.suspect = Some(why.clone());
+            tracing::debug!(node = %self.name, error = %why, "side connection dropped; will reconnect");
+        }
+    }
+}
+
+/// A new side connection, bounded by the connect timeout.
+async fn connect(
+    client: &redis::Client,
+    connect_timeout: Duration,
+) -> Result<MultiplexedConnection, NodeError> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(None);
+    tokio::time::timeout(
+        connect_timeout,
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    .map_err(|_| NodeError::Timeout(connect_timeout))?
+    .map_err(|e| {
+        if e.is_timeout() {
+            NodeError::Timeout(connect_timeout)
+        } else {
+            NodeError::from_redis(e)
+        }
+    })
 }
 
 /// Locks a mutex, recovering from poisoning (the data are plain values, always consistent).
@@ -276,13 +445,16 @@ struct Notifier {
 impl Notifier {
     const MIN_PAUSE: Duration = Duration::from_millis(100);
     const MAX_PAUSE: Duration = Duration::from_secs(2);
+    /// How often a subscription's connection is checked with a `PING`.
+    const KEEPALIVE_EVERY: Duration = Duration::from_secs(2);
 
-    fn start(sidecar: &Sidecar, channel: &str) -> Self {
+    /// Starts one subscription task per node on `handle`.
+    fn start(sidecar: &Sidecar, channel: &str, handle: &tokio::runtime::Handle) -> Self {
         let (tx, _) = broadcast::channel(64);
         let tasks = sidecar
             .clients()
             .map(|(name, client)| {
-                AbortOnDropHandle::new(tokio::spawn(Self::subscribe(
+                AbortOnDropHandle::new(handle.spawn(Self::subscribe(
                     client.clone(),
                     name.to_owned(),
                     channel.to_owned(),
@@ -295,6 +467,11 @@ impl Notifier {
     }
 
     /// Subscribes on one node for as long as the notifier lives, reconnecting with backoff.
+    ///
+    /// A subscription's connection carries nothing while nobody publishes, so a connection
+    /// that died without a FIN or RST (a node paused or cut off by the network) would look
+    /// healthy forever: every [`KEEPALIVE_EVERY`](Self::KEEPALIVE_EVERY) a `PING` must be
+    /// answered within the connect timeout, or the subscription is dropped and made again.
     async fn subscribe(
         client: redis::Client,
         node: String,
@@ -312,21 +489,44 @@ impl Notifier {
             })
             .await;
             match pubsub {
-                Ok(Ok(mut pubsub)) => {
+                Ok(Ok(pubsub)) => {
                     tracing::debug!(%node, channel, "subscribed");
                     if subscribed_before {
                         let _ = tx.send(Notice::Resubscribed);
                     }
                     subscribed_before = true;
                     pause = Self::MIN_PAUSE;
-                    let mut messages = pubsub.on_message();
-                    while let Some(msg) = messages.next().await {
-                        let payload: String = msg.get_payload().unwrap_or_default();
-                        if let Some(notice) = Notice::parse(&payload) {
-                            let _ = tx.send(notice);
+                    let (mut sink, mut messages) = pubsub.split();
+                    let keepalive = async {
+                        loop {
+                            tokio::time::sleep(Self::KEEPALIVE_EVERY).await;
+                            match tokio::time::timeout(connect_timeout, sink.ping::<redis::Value>())
+                                .await
+                            {
+                                Ok(Ok(_)) => {}
+                                Ok(Err(e)) => return format!("PING failed: {e}"),
+                                Err(_) => {
+                                    return format!("no answer to PING within {connect_timeout:?}");
+                                }
+                            }
                         }
-                    }
-                    tracing::debug!(%node, channel, "subscription ended; resubscribing");
+                    };
+                    tokio::pin!(keepalive);
+                    let why = loop {
+                        tokio::select! {
+                            msg = messages.next() => match msg {
+                                Some(msg) => {
+                                    let payload: String = msg.get_payload().unwrap_or_default();
+                                    if let Some(notice) = Notice::parse(&payload) {
+                                        let _ = tx.send(notice);
+                                    }
+                                }
+                                None => break "connection closed".to_owned(),
+                            },
+                            why = &mut keepalive => break why,
+                        }
+                    };
+                    tracing::debug!(%node, channel, reason = %why, "subscription lost; resubscribing");
                 }
                 Ok(Err(e)) => tracing::debug!(%node, error = %e, "subscribe failed"),
                 Err(_) => tracing::debug!(%node, "subscribe timed out"),
@@ -338,11 +538,31 @@ impl Notifier {
     }
 }
 
-/// Why a wait ended.
-#[derive(Debug, PartialEq, Eq)]
-enum Woke {
-    Timer,
-    Notice,
+/// Which notices are news: each is published on every node, so up to N copies arrive (and
+/// copies of consecutive notices may interleave). Terms' tokens grow, so a notice is news when
+/// its token is above the last one of its kind; a re-established subscription always is
+/// (notices may have been missed).
+#[derive(Debug, Default)]
+struct Fresh {
+    elected: u64,
+    resigned: u64,
+}
+
+impl Fresh {
+    /// True for the first copy of a notice.
+    fn first_copy(&mut self, notice: &Notice) -> bool {
+        let seen = match notice {
+            Notice::Elected { token, .. } => (&mut self.elected, *token),
+            Notice::Resigned { token, .. } => (&mut self.resigned, *token),
+            Notice::Resubscribed => return true,
+        };
+        if seen.1 > *seen.0 {
+            *seen.0 = seen.1;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// Waits until `until`, or until a notice for which `wake` says yes (or notices were missed).
@@ -350,21 +570,37 @@ async fn wait_for(
     notices: &mut broadcast::Receiver<Notice>,
     until: Instant,
     mut wake: impl FnMut(&Notice) -> bool,
-) -> Woke {
+) {
     loop {
         tokio::select! {
-            _ = tokio::time::sleep_until(until) => return Woke::Timer,
+            _ = tokio::time::sleep_until(until) => return,
             notice = notices.recv() => match notice {
-                Ok(n) if wake(&n) => return Woke::Notice,
+                Ok(n) if wake(&n) => return,
                 Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(_)) => return Woke::Notice,
+                Err(broadcast::error::RecvError::Lagged(_)) => return,
                 Err(broadcast::error::RecvError::Closed) => {
                     tokio::time::sleep_until(until).await;
-                    return Woke::Timer;
+                    return;
                 }
             }
         }
     }
+}
+
+/// Consecutive short retries a standby makes while no candidate holds a quorum, before it
+/// falls back to waiting as if a leader held the lock.
+const SPLIT_ROUNDS: u32 = 8;
+
+/// The state of one campaign.
+#[derive(Debug, Default)]
+struct Campaign {
+    /// The last attempt's error.
+    last: Option<Error>,
+    /// Too few nodes answered the last attempt (logged once at warn).
+    degraded: bool,
+    /// Short retries made in a row after split votes.
+    split_rounds: u32,
+    fresh: Fresh,
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -417,8 +653,28 @@ struct Inner {
     channel: String,
     sidecar: Sidecar,
     notifier: OnceLock<Notifier>,
-    /// This candidate's current term: its token and lost signal.
-    term: Mutex<Option<(FencingToken, CancellationToken)>>,
+    /// This candidate's current term.
+    term: Mutex<Option<Term>>,
+    /// How many times a campaign went back to standing by (see `wait_standing_by`).
+    standbys: tokio::sync::watch::Sender<u64>,
+}
+
+/// A term this candidate holds: shared by its [`Leadership`] guard and the [`Election`] (for
+/// [`Election::is_leading`] and [`Election::health`]).
+struct Term {
+    token: FencingToken,
+    lost: CancellationToken,
+    lock: SharedLock,
+}
+
+/// The term's lock, taken out by resign (or the guard's drop).
+type SharedLock = Arc<Mutex<Option<Lock>>>;
+
+impl Term {
+    /// True while the lost signal has not fired and the lock's validity has not run out.
+    fn is_valid(&self) -> bool {
+        !self.lost.is_cancelled() && lock(&self.lock).as_ref().is_some_and(|l| !l.is_lost())
+    }
 }
 
 impl fmt::Debug for Election {
@@ -507,6 +763,7 @@ impl ElectionBuilder {
                 sidecar,
                 notifier: OnceLock::new(),
                 term: Mutex::new(None),
+                standbys: tokio::sync::watch::Sender::new(0),
             }),
         })
     }
@@ -550,7 +807,8 @@ pub enum Observation {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Health {
-    /// This candidate leads: it holds a term whose lost signal has not fired.
+    /// This candidate leads: it holds a term whose lost signal has not fired and whose validity
+    /// has not run out.
     Leader {
         /// The term's fencing token.
         token: FencingToken,
@@ -651,6 +909,12 @@ impl Election {
 
     /// Campaigns for at most `wait`, then gives up with the last attempt's error.
     ///
+    /// The wait is a hard bound on standing by: the call returns within `wait` (cutting short
+    /// a wait, an attempt or a status read in progress), except that the first attempt always
+    /// runs to its end (one round, bounded by the lock client's node timeout: a zero `wait`
+    /// makes one attempt), and that a won term is taken up (the leader record written and
+    /// announced, each step bounded by the node timeout) before returning.
+    ///
     /// # Errors
     ///
     /// [`Error::Held`] when another candidate still leads after `wait`, [`Error::NoQuorum`] when
@@ -669,61 +933,125 @@ impl Election {
         // The receiver exists before the first attempt. The subscriptions come up in the
         // background; a resign before they do is caught by the status read or the poll.
         let mut notices = self.notices();
-        let mut acted_on = 0u64;
-        let mut degraded = false;
+        let mut state = Campaign::default();
+        let lock = match self.attempt(&mut state).await {
+            Ok(lock) => lock,
+            Err(e) if !e.is_retryable() => return Err(e),
+            Err(e) => {
+                state.last = Some(e);
+                let standing_by = self.stand_by(&mut notices, &mut state);
+                let won = match give_up {
+                    None => standing_by.await,
+                    Some(end) => match tokio::time::timeout_at(end, standing_by).await {
+                        Ok(won) => won,
+                        Err(_) => Err(state.last.take().unwrap_or_else(|| self.silent(end))),
+                    },
+                };
+                match won {
+                    Ok(lock) => lock,
+                    Err(e) => {
+                        tracing::debug!(election = %inner.name, error = %e, "campaign gave up");
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        Ok(self.take_office(lock).await)
+    }
+
+    /// Waits and attempts again until an attempt wins or fails for good. `state.last` holds the
+    /// last attempt's error throughout (the caller's error if it gives up midway).
+    async fn stand_by(
+        &self,
+        notices: &mut broadcast::Receiver<Notice>,
+        state: &mut Campaign,
+    ) -> Result<Lock, Error> {
+        let inner = &*self.inner;
         loop {
-            let err = match inner.locks.try_acquire(&inner.name, inner.ttl).await {
-                Ok(lock) => {
-                    if degraded {
-                        tracing::info!(election = %inner.name, "a quorum of nodes is reachable again");
-                    }
-                    return Ok(self.take_office(lock).await);
-                }
-                Err(e) => e,
+            let next = match &state.last {
+                Some(Error::Held { .. }) => self.next_attempt_while_held(state).await,
+                Some(Error::NoQuorum { .. }) => Instant::now() + self.poll_pause(),
+                _ => Instant::now() + contention_pause(&inner.locks),
             };
-            let next = match &err {
-                Error::Held { .. } => {
-                    if degraded {
-                        tracing::info!(election = %inner.name, "a quorum of nodes is reachable again");
-                        degraded = false;
-                    }
-                    self.next_attempt_while_held().await
-                }
-                Error::NoQuorum { .. } => {
-                    if degraded {
-                        tracing::debug!(election = %inner.name, error = %err, "still too few nodes to campaign");
-                    } else {
-                        tracing::warn!(election = %inner.name, candidate = %inner.candidate, error = %err, "too few nodes reachable to campaign; nobody can lead until a quorum is back");
-                        degraded = true;
-                    }
-                    Instant::now() + self.poll_pause()
-                }
-                Error::ValidityExpired { .. } => Instant::now() + contention_pause(&inner.locks),
-                _ => return Err(err),
-            };
-            let until = give_up.map_or(next, |end| next.min(end));
-            let woke = wait_for(&mut notices, until, |n| match n {
-                Notice::Resigned { token, .. } if *token > acted_on => {
-                    acted_on = *token;
-                    true
-                }
-                Notice::Resubscribed => true,
-                _ => false,
+            inner.standbys.send_modify(|n| *n += 1);
+            let fresh = &mut state.fresh;
+            wait_for(notices, next, |n| {
+                fresh.first_copy(n) && !matches!(n, Notice::Elected { .. })
             })
             .await;
-            if woke == Woke::Timer && give_up.is_some_and(|end| Instant::now() >= end) {
-                tracing::debug!(election = %inner.name, error = %err, "campaign gave up");
-                return Err(err);
+            match self.attempt(state).await {
+                Ok(lock) => return Ok(lock),
+                Err(e) if !e.is_retryable() => return Err(e),
+                Err(e) => state.last = Some(e),
             }
+        }
+    }
+
+    /// One attempt, logging changes between a reachable and an unreachable quorum.
+    async fn attempt(&self, state: &mut Campaign) -> Result<Lock, Error> {
+        let inner = &*self.inner;
+        let result = inner.locks.try_acquire(&inner.name, inner.ttl).await;
+        match &result {
+            Ok(_) | Err(Error::Held { .. }) if state.degraded => {
+                tracing::info!(election = %inner.name, "a quorum of nodes is reachable again");
+                state.degraded = false;
+            }
+            Err(e @ Error::NoQuorum { .. }) => {
+                if state.degraded {
+                    tracing::debug!(election = %inner.name, error = %e, "still too few nodes to campaign");
+                } else {
+                    tracing::warn!(election = %inner.name, candidate = %inner.candidate, error = %e, "too few nodes reachable to campaign; nobody can lead until a quorum is back");
+                    state.degraded = true;
+                }
+            }
+            _ => {}
+        }
+        result
+    }
+
+    /// The error of a bounded campaign whose first attempt could not be followed by another
+    /// before the end (not expected: the first attempt's error is normally kept).
+    fn silent(&self, end: Instant) -> Error {
+        let waited = end.elapsed();
+        let failures = self
+            .inner
+            .locks
+            .node_names()
+            .into_iter()
+            .map(|node| NodeFailure {
+                node,
+                cause: NodeError::Timeout(waited),
+            })
+            .collect::<Vec<_>>();
+        Error::NoQuorum {
+            key: self.inner.name.clone(),
+            reached: 0,
+            nodes: failures.len(),
+            needed: self.inner.locks.quorum(),
+            failures,
         }
     }
 
     /// After an attempt found the lock held: when a quorum of nodes will have let the current
     /// term expire (plus a random pause), but no later than the poll interval.
-    async fn next_attempt_while_held(&self) -> Instant {
+    ///
+    /// When no value is held by a quorum (candidates that retried together split the nodes
+    /// between them, and their attempts' keys are being released), the next attempt comes
+    /// after the short contention pause instead, for up to [`SPLIT_ROUNDS`] rounds in a row.
+    async fn next_attempt_while_held(&self, state: &mut Campaign) -> Instant {
         let inner = &*self.inner;
         let status = inner.locks.status(&inner.name).await;
         let now = Instant::now();
+        if let Ok(s) = &status
+            && s.holder().is_none()
+            && s.answered() >= s.quorum
+            && state.split_rounds < SPLIT_ROUNDS
+        {
+            state.split_rounds += 1;
+            tracing::debug!(election = %inner.name, round = state.split_rounds, "no candidate holds a quorum (a split vote); retrying after a short pause");
+            return now + contention_pause(&inner.locks);
+        }
+        state.split_rounds = 0;
         let poll = now + self.poll_pause();
         let free_in = status.ok().and_then(|s| free_in(&s));
         tracing::debug!(election = %inner.name, ?free_in, "another candidate leads; standing by");
@@ -733,18 +1061,52 @@ impl Election {
         }
     }
 
+    /// Test support (feature `testkit`; not a stable API): waits until campaigns on this
+    /// election (this handle and its clones) have gone back to standing by at least `n` times
+    /// in all. A campaign stands by after every attempt that did not win, once it has read the
+    /// lock's state and computed its next attempt: a resign announced after this resolves
+    /// wakes it (if its subscriptions are up).
+    #[cfg(feature = "testkit")]
+    #[doc(hidden)]
+    pub async fn wait_standing_by(&self, n: u64) {
+        let mut rx = self.inner.standbys.subscribe();
+        let _ = rx.wait_for(|c| *c >= n).await;
+    }
+
+    /// How many times campaigns on this election have gone back to standing by (see
+    /// [`wait_standing_by`](Self::wait_standing_by)).
+    #[cfg(feature = "testkit")]
+    #[doc(hidden)]
+    pub fn standing_by_count(&self) -> u64 {
+        *self.inner.standbys.borrow()
+    }
+
     fn poll_pause(&self) -> Duration {
         self.inner.poll.mul_f64(0.75 + 0.5 * rand::random::<f64>())
     }
 
-    /// Starts the subscriptions on first use and returns a receiver of their notices.
+    /// Starts the subscriptions on first use and returns a receiver of their notices. Without
+    /// a tokio runtime there are no subscriptions (a later call in a runtime starts them): the
+    /// receiver is closed, and standbys and observers rely on their timers alone.
     fn notices(&self) -> broadcast::Receiver<Notice> {
         let inner = &*self.inner;
-        inner
-            .notifier
-            .get_or_init(|| Notifier::start(&inner.sidecar, &inner.channel))
-            .tx
-            .subscribe()
+        if let Some(notifier) = inner.notifier.get() {
+            return notifier.tx.subscribe();
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => inner
+                .notifier
+                .get_or_init(|| {
+                    inner.sidecar.warm_up();
+                    Notifier::start(&inner.sidecar, &inner.channel, &handle)
+                })
+                .tx
+                .subscribe(),
+            Err(_) => {
+                tracing::debug!(election = %inner.name, "no tokio runtime: no notifications, polling only");
+                broadcast::channel(1).1
+            }
+        }
     }
 
     async fn take_office(&self, lock: Lock) -> Leadership {
@@ -752,48 +1114,61 @@ impl Election {
         lock.keep_alive();
         let lost = lock.lost_token();
         let token = lock.token();
-        *lock_term(inner) = Some((token, lost.clone()));
+        let shared: SharedLock = Arc::new(Mutex::new(Some(lock)));
+        *lock_term(inner) = Some(Term {
+            token,
+            lost: lost.clone(),
+            lock: Arc::clone(&shared),
+        });
         // The guard exists before the next await: a cancelled campaign resigns through its Drop.
         let mut leadership = Leadership {
             election: self.clone(),
-            lock: Some(lock),
+            lock: shared,
             token,
             lost,
             record: None,
             since: std::time::Instant::now(),
         };
-        leadership.record = self.publish_record(token).await;
+        leadership.record = self.publish_record(&leadership).await;
         tracing::info!(election = %inner.name, candidate = %inner.candidate, %token, "elected leader");
         leadership
     }
 
-    /// Writes the leader record on every node, then announces the term. Returns the record
-    /// written (`None` if no node took it).
-    async fn publish_record(&self, token: FencingToken) -> Option<String> {
+    /// Writes the leader record on every node that holds our lock value, then announces the
+    /// term. Returns the record (`None` when our lock value could not be confirmed, so none
+    /// was written).
+    async fn publish_record(&self, leadership: &Leadership) -> Option<String> {
         let inner = &*self.inner;
-        let (lock_key, fence_key) = (
-            scripts::lock_key(&inner.name),
-            scripts::fence_key(&inner.name),
-        );
-        let raw = token.get();
-        let (lock_key, fence_key, record_key, candidate) =
-            (&lock_key, &fence_key, &inner.record_key, &inner.candidate);
-        let replies = inner
-            .sidecar
-            .all(move |mut c| async move {
-                let mut call = WRITE_RECORD.prepare_invoke();
-                call.key(lock_key)
-                    .key(fence_key)
-                    .key(record_key)
-                    .arg(raw)
-                    .arg(candidate);
-                call.invoke_async::<Option<String>>(&mut c).await
-            })
-            .await;
-        let bound = most_common(replies.into_iter().filter_map(|r| r.ok().flatten()));
-        if bound.is_none() {
-            tracing::warn!(election = %inner.name, %token, "could not write the leader record on any node; readers will not know this leader's id");
-        }
+        let token = leadership.token;
+        let candidate = &inner.candidate;
+        let record = match self.own_value(leadership).await {
+            Some(value) => {
+                let record = format!("{value} {token} {candidate}");
+                let lock_key = scripts::lock_key(&inner.name);
+                let (lock_key, record_key, value, rec) =
+                    (&lock_key, &inner.record_key, &value, &record);
+                let replies = inner
+                    .sidecar
+                    .all(move |mut c| async move {
+                        let mut call = WRITE_RECORD.prepare_invoke();
+                        call.key(lock_key).key(record_key).arg(value).arg(rec);
+                        call.invoke_async::<i64>(&mut c).await
+                    })
+                    .await;
+                let written = replies.iter().filter(|r| matches!(r, Ok(1))).count();
+                if written == 0 {
+                    tracing::warn!(election = %inner.name, %token, failures = ?inner.sidecar.failures(&replies), "could not write the leader record on any node; readers will not know this leader's id");
+                } else {
+                    tracing::debug!(election = %inner.name, %token, written, "leader record written");
+                }
+                // Kept even if no node confirmed it: resign deletes it wherever it landed.
+                Some(record)
+            }
+            None => {
+                tracing::warn!(election = %inner.name, %token, "could not confirm this term's lock value on a quorum; no leader record written, readers will not know this leader's id");
+                None
+            }
+        };
         let message = Notice::elected(token, candidate);
         let (channel, message) = (&inner.channel, &message);
         inner
@@ -806,7 +1181,23 @@ impl Election {
                     .await
             })
             .await;
-        bound.map(|v| format!("{v} {token} {candidate}"))
+        record
+    }
+
+    /// This term's lock value: the value a quorum holds, read while the term is valid (no
+    /// other value can stand on a quorum then). Two reads at most.
+    async fn own_value(&self, leadership: &Leadership) -> Option<String> {
+        let inner = &*self.inner;
+        for _ in 0..2 {
+            let status = inner.locks.status(&inner.name).await.ok()?;
+            if leadership.is_lost() {
+                return None;
+            }
+            if let Some(value) = status.holder() {
+                return Some(value.to_owned());
+            }
+        }
+        None
     }
 
     /// Deletes our record and announces the resignation on every node.
@@ -833,12 +1224,13 @@ impl Election {
 
     fn end_term(&self, token: FencingToken) {
         let mut term = lock_term(&self.inner);
-        if term.as_ref().is_some_and(|(t, _)| *t == token) {
+        if term.as_ref().is_some_and(|t| t.token == token) {
             *term = None;
         }
     }
 
-    /// True while this candidate holds a term whose lost signal has not fired. No I/O.
+    /// True while this candidate holds a term whose lost signal has not fired and whose
+    /// validity has not run out. No I/O.
     pub fn is_leading(&self) -> bool {
         self.current_term().is_some()
     }
@@ -846,8 +1238,8 @@ impl Election {
     fn current_term(&self) -> Option<FencingToken> {
         lock_term(&self.inner)
             .as_ref()
-            .filter(|(_, lost)| !lost.is_cancelled())
-            .map(|(t, _)| *t)
+            .filter(|t| t.is_valid())
+            .map(|t| t.token)
     }
 
     /// Who leads now, and since which token, read from every node (a quorum must answer).
@@ -911,6 +1303,7 @@ impl Election {
         let state = Observer {
             election: self.clone(),
             notices: None,
+            fresh: Fresh::default(),
             last: None,
             wait_until: None,
         };
@@ -940,9 +1333,7 @@ impl Election {
     }
 }
 
-fn lock_term(
-    inner: &Inner,
-) -> std::sync::MutexGuard<'_, Option<(FencingToken, CancellationToken)>> {
+fn lock_term(inner: &Inner) -> std::sync::MutexGuard<'_, Option<Term>> {
     lock(&inner.term)
 }
 
@@ -950,6 +1341,8 @@ fn lock_term(
 struct Observer {
     election: Election,
     notices: Option<broadcast::Receiver<Notice>>,
+    /// Notices already acted on (so the N copies of one cause one read).
+    fresh: Fresh,
     last: Option<Seen>,
     wait_until: Option<Instant>,
 }
@@ -965,15 +1358,10 @@ enum Seen {
 impl Observer {
     async fn next(&mut self) -> Observation {
         let notices = self.notices.get_or_insert_with(|| self.election.notices());
-        let mut last_notice: Option<Notice> = None;
         loop {
             if let Some(until) = self.wait_until.take() {
-                wait_for(notices, until, |n| {
-                    let fresh = last_notice.as_ref() != Some(n) || *n == Notice::Resubscribed;
-                    last_notice = Some(n.clone());
-                    fresh
-                })
-                .await;
+                let fresh = &mut self.fresh;
+                wait_for(notices, until, |n| fresh.first_copy(n)).await;
             }
             let obs = self.election.observe_once().await;
             let poll = self.election.poll_pause();
@@ -1028,13 +1416,15 @@ fn leader_from(status: &LockStatus, records: &[String]) -> Option<Leader> {
         Some((token, parts.next().unwrap_or_default().to_owned()))
     });
     // Without a record: the counter most of the holding nodes agree on (the acquisition brought
-    // a quorum of them to the token; a node that answered it late may stand higher), the lower
-    // of equals.
+    // a quorum of them to the token; a node that answered it late may stand higher or lower),
+    // the highest of equals (the token is the highest counter of the nodes that answered the
+    // acquisition in time, so a lower one of equals is a late node's).
     let token = record.as_ref().map(|(t, _)| *t).unwrap_or_else(|| {
         let mut fences: Vec<u64> = held.iter().map(|s| s.fence).collect();
         fences.sort_unstable();
         let count = |f: &u64| fences.iter().filter(|g| *g == f).count();
-        fences.iter().copied().rev().max_by_key(count).unwrap_or(0)
+        // `max_by_key` keeps the last of equals: in ascending order, the highest.
+        fences.iter().copied().max_by_key(count).unwrap_or(0)
     });
     let mut ttls: Vec<Duration> = held.iter().filter_map(|s| s.ttl).collect();
     ttls.sort_by(|a, b| b.cmp(a));
@@ -1047,15 +1437,6 @@ fn leader_from(status: &LockStatus, records: &[String]) -> Option<Leader> {
         token: FencingToken::new(token),
         expires_in,
     })
-}
-
-/// The value that occurs most often (the first of equals).
-fn most_common(values: impl Iterator<Item = String>) -> Option<String> {
-    let values: Vec<String> = values.collect();
-    values
-        .iter()
-        .max_by_key(|v| values.iter().filter(|w| w == v).count())
-        .cloned()
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1077,7 +1458,8 @@ fn most_common(values: impl Iterator<Item = String>) -> Option<String> {
 #[must_use = "dropping the leadership resigns at once (in the background)"]
 pub struct Leadership {
     election: Election,
-    lock: Option<Lock>,
+    /// The term's lock; `None` once resigned.
+    lock: SharedLock,
     token: FencingToken,
     lost: CancellationToken,
     record: Option<String>,
@@ -1118,17 +1500,19 @@ impl Leadership {
 
     /// Validity left on the term's lease now (zero once lost).
     pub fn validity(&self) -> Duration {
-        self.lock.as_ref().map_or(Duration::ZERO, Lock::validity)
+        lock(&self.lock)
+            .as_ref()
+            .map_or(Duration::ZERO, Lock::validity)
     }
 
     /// True once the leadership is lost (see [`lost`](Self::lost)).
     pub fn is_lost(&self) -> bool {
-        self.lost.is_cancelled() || self.lock.as_ref().is_none_or(Lock::is_lost)
+        self.lost.is_cancelled() || lock(&self.lock).as_ref().is_none_or(Lock::is_lost)
     }
 
     /// Why the leadership was lost, once it was.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        self.lock.as_ref().and_then(Lock::lost_reason)
+        lock(&self.lock).as_ref().and_then(Lock::lost_reason)
     }
 
     /// A future that resolves when the leadership is lost: the lease could not be extended on a
@@ -1162,8 +1546,8 @@ impl Leadership {
     ///
     /// Cancel-safe: if dropped midway, the lock is released in the background; the notification
     /// may then be missing, and standbys take over at their next poll.
-    pub async fn resign(mut self) -> Result<(), Error> {
-        let Some(lock) = self.lock.take() else {
+    pub async fn resign(self) -> Result<(), Error> {
+        let Some(lock) = lock(&self.lock).take() else {
             return Ok(());
         };
         self.election.end_term(self.token);
@@ -1178,7 +1562,7 @@ impl Leadership {
 
 impl Drop for Leadership {
     fn drop(&mut self) {
-        let Some(lock) = self.lock.take() else {
+        let Some(lock) = lock(&self.lock).take() else {
             return;
         };
         self.election.end_term(self.token);
@@ -1299,9 +1683,30 @@ mod tests {
             node(Some("new"), Some(900), 9),
             node(Some("new"), Some(900), 7),
         ]);
+        // No majority among the holders: the highest counter (the token is the highest
+        // counter among the nodes that answered the acquisition in time).
         assert_eq!(
             leader_from(&counters_disagree, &[]).unwrap().token,
-            FencingToken::new(7)
+            FencingToken::new(9)
+        );
+        // A tie: two nodes at 8 (the token; raised by the acquisition), two late ones at 6.
+        let tie = status(vec![
+            node(Some("new"), Some(900), 6),
+            node(Some("new"), Some(900), 8),
+            node(Some("new"), Some(900), 8),
+            node(Some("new"), Some(900), 6),
+            down(),
+        ]);
+        assert_eq!(leader_from(&tie, &[]).unwrap().token, FencingToken::new(8));
+        // A majority wins over a higher late counter.
+        let late_higher = status(vec![
+            node(Some("new"), Some(900), 8),
+            node(Some("new"), Some(900), 8),
+            node(Some("new"), Some(900), 12),
+        ]);
+        assert_eq!(
+            leader_from(&late_higher, &[]).unwrap().token,
+            FencingToken::new(8)
         );
     }
 
@@ -1315,12 +1720,5 @@ mod tests {
             down(),
         ]);
         assert_eq!(leader_from(&s, &["a 1 x".to_owned()]), None);
-    }
-
-    #[test]
-    fn most_common_prefers_the_majority() {
-        let v = ["a", "b", "b"].into_iter().map(str::to_owned);
-        assert_eq!(most_common(v).as_deref(), Some("b"));
-        assert_eq!(most_common(std::iter::empty()), None);
     }
 }

@@ -12,6 +12,12 @@
 //! later for the same tick finds the marker (read from every node, so it meets the quorum
 //! written) and skips. A job whose lock was lost leaves no marker, so a later instance may run
 //! that tick again.
+//!
+//! A job that finishes at the moment its lock is lost (its future completed, but the lock's
+//! lost signal fired or its validity ran out by the time the helper looks) keeps its output:
+//! the outcome is [`Outcome::Lost`] with `output: Some(..)`, because the end of its run was not
+//! covered by the lock (another instance may have started the tick meanwhile), and no marker is
+//! written.
 
 use std::fmt;
 use std::future::Future;
@@ -206,8 +212,10 @@ pub enum Outcome<T> {
         /// Why.
         reason: SkipReason,
     },
-    /// The job started but its lock was lost before it finished: its future was dropped, and
-    /// no marker was written.
+    /// The job's lock was lost before the run was over: another instance may have run the
+    /// tick too (writes stamped with the token let the resource refuse this run's late ones).
+    /// No marker was written (unless the loss came while it was being written), so a later
+    /// instance may run the tick again.
     Lost {
         /// The tick.
         tick: String,
@@ -215,6 +223,9 @@ pub enum Outcome<T> {
         token: FencingToken,
         /// Why the lock was lost.
         reason: LostReason,
+        /// `None` when the loss stopped the job (its future was dropped at its current await);
+        /// what the job returned when it had completed by the time the loss was seen.
+        output: Option<T>,
     },
 }
 
@@ -224,11 +235,13 @@ impl<T> Outcome<T> {
         matches!(self, Outcome::Ran { .. })
     }
 
-    /// The job's output, if it ran.
+    /// The job's output, if it ran to completion: always for [`Outcome::Ran`], and for an
+    /// [`Outcome::Lost`] whose job completed as its lock was lost.
     pub fn output(self) -> Option<T> {
         match self {
             Outcome::Ran { output, .. } => Some(output),
-            _ => None,
+            Outcome::Lost { output, .. } => output,
+            Outcome::Skipped { .. } => None,
         }
     }
 
@@ -253,7 +266,9 @@ pub enum SkipReason {
         /// The marker's content: `"<token> <instance id>"` of the run that wrote it.
         by: String,
     },
-    /// Too few nodes answered to take the lock or to read the tick marker.
+    /// Too few nodes answered to take the lock or to read the tick marker
+    /// ([`Error::NoQuorum`]), or they answered so slowly that the lock had no validity left
+    /// ([`Error::ValidityExpired`]).
     Unavailable(Error),
 }
 
@@ -339,8 +354,12 @@ impl RunOnce {
                 tracing::debug!(job = %self.job, %tick, "another instance is running; skipping");
                 return skip(SkipReason::Running);
             }
-            Err(e @ (Error::NoQuorum { .. } | Error::ValidityExpired { .. })) => {
+            Err(e @ Error::NoQuorum { .. }) => {
                 tracing::warn!(job = %self.job, %tick, error = %e, "too few lock nodes reachable; skipping this tick");
+                return skip(SkipReason::Unavailable(e));
+            }
+            Err(e @ Error::ValidityExpired { .. }) => {
+                tracing::warn!(job = %self.job, %tick, error = %e, "the lock nodes answered too slowly to take the job's lock; skipping this tick");
                 return skip(SkipReason::Unavailable(e));
             }
             Err(e) => return Err(e),
@@ -370,10 +389,12 @@ impl RunOnce {
         };
         let lost = ctx.lost.clone();
         tracing::debug!(job = %self.job, %tick, %token, "running");
+        // The job first: one that completed in the same poll as the loss keeps its output (the
+        // loss is reported all the same, below).
         let output = tokio::select! {
             biased;
-            _ = lost.cancelled() => None,
             out = job(ctx) => Some(out),
+            _ = lost.cancelled() => None,
         };
         let Some(output) = output else {
             let reason = lock.lost_reason().unwrap_or(LostReason::Expired);
@@ -383,12 +404,25 @@ impl RunOnce {
                 tick,
                 token,
                 reason,
+                output: None,
             });
         };
+        if lock.is_lost() {
+            return Ok(self.lost_at_the_end(lock, tick, token, output, "no tick marker written"));
+        }
         let marked = match self.marker_ttl {
             Some(ttl) => self.write_marker(&tick, token, ttl).await,
             None => false,
         };
+        if lock.is_lost() {
+            return Ok(self.lost_at_the_end(
+                lock,
+                tick,
+                token,
+                output,
+                "lost while writing the tick marker",
+            ));
+        }
         self.release(lock, &tick).await;
         tracing::debug!(job = %self.job, %tick, %token, marked, "ran");
         Ok(Outcome::Ran {
@@ -397,6 +431,27 @@ impl RunOnce {
             output,
             marked,
         })
+    }
+
+    /// The outcome of a job that completed, but whose lock was lost by the time it did (or
+    /// while its marker was being written).
+    fn lost_at_the_end<T>(
+        &self,
+        lock: Lock,
+        tick: String,
+        token: FencingToken,
+        output: T,
+        what: &str,
+    ) -> Outcome<T> {
+        let reason = lock.lost_reason().unwrap_or(LostReason::Expired);
+        tracing::warn!(job = %self.job, %tick, %token, %reason, "the job completed, but its lock was lost by then ({what}); another instance may run this tick too");
+        drop(lock);
+        Outcome::Lost {
+            tick,
+            token,
+            reason,
+            output: Some(output),
+        }
     }
 
     /// One try, retried only while nobody holds a quorum (instances that started together split

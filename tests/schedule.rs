@@ -174,7 +174,7 @@ async fn t30_marker_blocks_a_late_instance_until_it_expires() {
 #[tokio::test]
 async fn t40_long_job_keeps_its_lease_and_others_skip_as_running() {
     let cluster = cluster(5);
-    let ttl = Duration::from_millis(500);
+    let ttl = Duration::from_secs(2);
     let make = |id: &str| {
         RunOnce::builder(client(&cluster), "s40")
             .ttl(ttl)
@@ -189,14 +189,15 @@ async fn t40_long_job_keeps_its_lease_and_others_skip_as_running() {
             started_tx.send(()).unwrap();
             tokio::select! {
                 _ = ctx.lost().cancelled() => panic!("lost while kept alive"),
-                _ = tokio::time::sleep(ttl * 4) => "done",
+                _ = tokio::time::sleep(ttl * 3) => "done",
             }
         })
         .await
         .unwrap()
     });
     started(started_rx).await;
-    tokio::time::sleep(ttl * 2).await; // past the lock's original ttl
+    // Not a synchronisation: the point is to be past the lock's original ttl.
+    tokio::time::sleep(ttl + ttl / 2).await;
     for tick in [1, 2] {
         let outcome = b.run(tick, |_| async {}).await.unwrap();
         assert!(
@@ -204,7 +205,11 @@ async fn t40_long_job_keeps_its_lease_and_others_skip_as_running() {
             "tick {tick}: {outcome:?}"
         );
     }
-    let outcome = tokio::time::timeout(WAIT, long).await.unwrap().unwrap();
+    let outcome = tokio::time::timeout(ttl * 3 + WAIT, long)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(outcome.ran(), "{outcome:?}");
     assert_eq!(outcome.output(), Some("done"));
 }
 
@@ -259,10 +264,54 @@ async fn t60_lost_lock_stops_the_job_and_leaves_no_marker() {
         .await
         .unwrap()
         .unwrap();
-    assert!(matches!(outcome, Outcome::Lost { .. }), "{outcome:?}");
+    assert!(
+        matches!(outcome, Outcome::Lost { output: None, .. }),
+        "{outcome:?}"
+    );
     assert_eq!(finished.load(Ordering::SeqCst), 0, "the job was stopped");
     for url in &urls[3..] {
-        assert_eq!(marker_on(url, "s60", "1"), None);
+        assert_eq!(marker_on(url, "s60", "1").await, None);
+    }
+}
+
+/// A job that completes at the moment its lock is lost (here: it returns as soon as the lost
+/// signal fires) keeps its output, the outcome still says lost, and no marker is written.
+#[tokio::test]
+async fn t61_job_completing_as_the_lock_is_lost_keeps_its_output() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let ttl = Duration::from_millis(1500);
+    let a = RunOnce::builder(client(&cluster), "s61")
+        .ttl(ttl)
+        .instance("a")
+        .build()
+        .unwrap();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let run = tokio::spawn(async move {
+        a.run(1, |ctx| async move {
+            started_tx.send(()).unwrap();
+            ctx.lost().cancelled().await;
+            "finished on loss"
+        })
+        .await
+        .unwrap()
+    });
+    started(started_rx).await;
+    for i in 0..3 {
+        cluster.kill(i).unwrap();
+    }
+    let outcome = tokio::time::timeout(ttl + WAIT, run)
+        .await
+        .unwrap()
+        .unwrap();
+    match &outcome {
+        Outcome::Lost { output, .. } => assert_eq!(*output, Some("finished on loss")),
+        other => panic!("{other:?}"),
+    }
+    assert!(!outcome.ran());
+    assert_eq!(outcome.output(), Some("finished on loss"));
+    for url in &urls[3..] {
+        assert_eq!(marker_on(url, "s61", "1").await, None);
     }
 }
 
@@ -274,13 +323,20 @@ async fn started(rx: tokio::sync::oneshot::Receiver<()>) {
         .expect("the job sent its start");
 }
 
-fn marker_on(url: &str, job: &str, tick: &str) -> Option<String> {
+/// The tick marker on one node (an async read: no blocking call inside the test's runtime).
+async fn marker_on(url: &str, job: &str, tick: &str) -> Option<String> {
     let client = redis::Client::open(url).expect("url");
-    let mut conn = client
-        .get_connection_with_timeout(Duration::from_secs(2))
+    let mut conn = tokio::time::timeout(WAIT, client.get_multiplexed_async_connection())
+        .await
+        .expect("connected within the wait")
         .expect("connect");
-    redis::cmd("GET")
-        .arg(format!("quorumlock:{{{job}}}:tick:{tick}"))
-        .query(&mut conn)
-        .expect("GET")
+    tokio::time::timeout(
+        WAIT,
+        redis::cmd("GET")
+            .arg(format!("quorumlock:{{{job}}}:tick:{tick}"))
+            .query_async(&mut conn),
+    )
+    .await
+    .expect("answered within the wait")
+    .expect("GET")
 }
