@@ -1141,7 +1141,7 @@ impl Election {
         let inner = &*self.inner;
         let token = leadership.token;
         let candidate = &inner.candidate;
-        let record = match self.own_value(leadership).await {
+        let record = match Self::own_value(leadership) {
             Some(value) => {
                 let record = format!("{value} {token} {candidate}");
                 let lock_key = scripts::lock_key(&inner.name);
@@ -1184,20 +1184,14 @@ impl Election {
         record
     }
 
-    /// This term's lock value: the value a quorum holds, read while the term is valid (no
-    /// other value can stand on a quorum then). Two reads at most.
-    async fn own_value(&self, leadership: &Leadership) -> Option<String> {
-        let inner = &*self.inner;
-        for _ in 0..2 {
-            let status = inner.locks.status(&inner.name).await.ok()?;
-            if leadership.is_lost() {
-                return None;
-            }
-            if let Some(value) = status.holder() {
-                return Some(value.to_owned());
-            }
+    /// This term's lock value, while the term is valid.
+    fn own_value(leadership: &Leadership) -> Option<String> {
+        if leadership.is_lost() {
+            return None;
         }
-        None
+        lock(&leadership.lock)
+            .as_ref()
+            .map(|lock| lock.value().to_owned())
     }
 
     /// Deletes our record and announces the resignation on every node.

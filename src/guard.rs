@@ -223,6 +223,12 @@ impl Lock {
         &self.state.key
     }
 
+    /// This acquisition's random value, as stored on the nodes (crate-internal: elections bind
+    /// their leader record to it).
+    pub(crate) fn value(&self) -> &str {
+        &self.state.value
+    }
+
     /// This acquisition's fencing token: greater than every earlier holder's (see
     /// [`FencingToken`] for the exact guarantee). Always 0 on a client built with
     /// [`fencing(false)`](crate::RedlockBuilder::fencing).
