@@ -1,10 +1,13 @@
 //! `redlock demo`: five throwaway `redis-server` masters, a few workers contending for one key,
-//! a node killed, the holder crashed, and the handover told with its fencing tokens and timing.
+//! a node killed, the holder frozen, and the handover told with its fencing tokens and timing.
 //!
-//! Each worker has its own client (as if on its own host). A holder "crashes" by stopping its
-//! lease without releasing (what `kill -9` or a power cut does): its keys stay until the ttl
-//! runs out, then the next worker gets a greater token. The crashed worker later wakes up (think
-//! of a long GC pause) and tries to write with its old token; the store refuses it.
+//! The node is really killed (SIGKILL to its `redis-server` process). The workers are tasks in
+//! this process, each with its own client (as if on its own host), so the holder's failure is
+//! simulated, and the narration says so: the holder freezes (as in a long GC pause, or under
+//! SIGSTOP), that is, it stops extending its lease and never releases, which to the lock is
+//! what a crash is too: its keys stay until the ttl runs out, then the next worker gets a
+//! greater token. The frozen worker later thaws and tries to write with its old token; the
+//! store refuses it.
 
 use std::fmt::Display;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,7 +38,7 @@ const NODES: usize = 5;
 /// The node the story kills.
 const VICTIM: usize = 2;
 const KEY: &str = "demo:nightly-report";
-/// Short, so that the handover after a crash takes about two seconds.
+/// Short, so that the handover after the freeze takes about two seconds.
 const TTL: Duration = Duration::from_secs(2);
 /// How long a holder works before it releases.
 const WORK: Duration = Duration::from_millis(1200);
@@ -64,7 +67,8 @@ pub(crate) async fn demo(args: DemoArgs) -> u8 {
     let workers = usize::from(args.workers);
     out!(
         "redlock demo: {workers} workers contend for one lock held across {NODES} throwaway \
-         redis-server masters."
+         redis-server masters.\nThe workers are tasks in this process, each with its own \
+         client, as if on its own host."
     );
     let cluster = match LocalCluster::start(NODES) {
         Ok(c) => c,
@@ -254,7 +258,8 @@ impl Story {
         let holder = self.progress(|p| p.last_holder);
         self.crashed = Some(holder);
         say(&format_args!(
-            ">>> crashing the holder, {}: it stops extending and never releases (kill -9)",
+            ">>> freezing the holder, {} (simulated in this process, like a long GC pause): it \
+             stops extending its lease and never releases, just as if it had crashed",
             NAMES[holder]
         ));
         self.crash[holder].cancel();
@@ -262,7 +267,7 @@ impl Story {
         self.wait_for("the handover", |p| p.handover.is_some())
             .await?;
         say(&format_args!(
-            ">>> {} wakes up (as from a long GC pause) and writes with its old token",
+            ">>> {} thaws, unaware that its lock expired, and writes with its old token",
             NAMES[holder]
         ));
         self.wake.notify_one();
@@ -354,8 +359,8 @@ impl Story {
         }
         if let (Some(handover), Some(who)) = (p.handover, self.crashed) {
             out!(
-                "  {} crashed holding the lock; the next holder had it {} later \
-                 (bounded by the {} ttl; nobody had to clean up)",
+                "  {} froze holding the lock; the next holder had it {} later \
+                 (bounded by the {} ttl, as for a crashed holder; nobody had to clean up)",
                 NAMES[who],
                 seconds(handover),
                 humantime::format_duration(TTL)
@@ -465,7 +470,7 @@ impl Worker {
                         .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
                     let token = lock.token();
                     lock.forget();
-                    self.say("crashed   no more extensions, no release: its keys stay until the ttl ends");
+                    self.say("frozen    no more extensions, no release: its keys stay until the ttl ends");
                     self.zombie(token).await;
                     return;
                 }
@@ -501,7 +506,7 @@ impl Worker {
             seconds(lock.validity())
         );
         if let Some(h) = handover {
-            line.push_str(&format!("; handover {} after the crash", seconds(h)));
+            line.push_str(&format!("; handover {} after the freeze", seconds(h)));
         }
         // The work: a write to the store, stamped with the token.
         if let Err(stale) = self.shared.store.admit(token) {
@@ -524,7 +529,7 @@ impl Worker {
         }
     }
 
-    /// After crashing: wakes when told and tries to write with the old token.
+    /// After freezing: thaws when told and tries to write with the old token.
     async fn zombie(&self, token: FencingToken) {
         tokio::select! {
             () = self.wake.notified() => {}

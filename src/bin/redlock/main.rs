@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use quorumlock::{ConfigError, Error, Redlock, RestartGuard};
+use quorumlock::{ConfigError, Error, Redlock, RedlockBuilder, RestartGuard};
 
 // When CMD ran to its end while the lock was held, `redlock` exits with CMD's own code.
 
@@ -32,6 +32,9 @@ const EXIT_NO_QUORUM: u8 = 69;
 const EXIT_HELD: u8 = 75;
 /// The lock was lost while CMD ran; CMD was terminated.
 const EXIT_LOST: u8 = 79;
+/// Outside the contract: a library error this build does not know how to classify (EX_SOFTWARE).
+/// The library's error enum is `#[non_exhaustive]`; a new variant lands here until it is mapped.
+const EXIT_SOFTWARE: u8 = 70;
 
 /// Run a command while holding a distributed lock across N independent Redis masters
 /// (Redlock): a distributed flock(1).
@@ -40,7 +43,8 @@ const EXIT_LOST: u8 = 79;
 #[command(
     after_help = "Exit codes: CMD's own (128+signal if it died of a signal), \
     64 usage error, 69 too few nodes reachable for a quorum, 75 held by another owner, \
-    79 lock lost while CMD ran. See docs/cli.md."
+    79 lock lost while CMD ran; outside the contract: 126/127 CMD cannot be run / not found, \
+    70 unclassified internal error, 71 operating system error. See docs/cli.md."
 )]
 struct Cli {
     #[command(flatten)]
@@ -65,7 +69,7 @@ struct NodeArgs {
 
     /// How long one node may take to answer one call.
     #[arg(long, global = true, env = "REDLOCK_NODE_TIMEOUT", hide_env_values = true, value_name = "D",
-          default_value = "250ms", value_parser = humantime::parse_duration)]
+          default_value = "250ms", value_parser = duration_up_to(MAX_NODE_TIMEOUT, "1h"))]
     node_timeout: Duration,
 
     /// Which nodes are kept out of quorums because they may have restarted without their lock
@@ -83,7 +87,7 @@ struct NodeArgs {
     /// The largest ttl any client uses on these nodes (default: this run's --ttl); a node up
     /// for less than this is held out under the strict guard.
     #[arg(long, global = true, env = "REDLOCK_MAX_TTL", hide_env_values = true, value_name = "D",
-          value_parser = humantime::parse_duration)]
+          value_parser = duration_up_to(MAX_TTL, MAX_TTL_TEXT))]
     max_ttl: Option<Duration>,
 }
 
@@ -113,15 +117,22 @@ enum Command {
 #[derive(Debug, Args)]
 struct RunArgs {
     /// The lease: how long the lock lives unless extended (extended every ttl/3 while CMD runs).
-    #[arg(long, value_name = "D", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "D", default_value = "30s", value_parser = duration_up_to(MAX_TTL, MAX_TTL_TEXT))]
     ttl: Duration,
     /// How long to keep trying while another owner holds the lock (0: one try, with the usual
     /// short randomized retries).
-    #[arg(long, value_name = "D", default_value = "0s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "D", default_value = "0s", value_parser = duration_up_to(MAX_WAIT, "365days"))]
     wait: Duration,
-    /// After the lock is lost, how long CMD has between SIGTERM and SIGKILL.
-    #[arg(long, value_name = "D", default_value = "5s", value_parser = humantime::parse_duration)]
+    /// After the lock is lost, how long CMD (its process group) has between SIGTERM and SIGKILL.
+    #[arg(long, value_name = "D", default_value = "5s",
+          value_parser = duration_up_to(MAX_KILL_AFTER, "1day"))]
     kill_after: Duration,
+    /// Keep CMD in redlock's process group, as timeout(1) --foreground does: CMD can read from
+    /// the terminal and gets the terminal's signals, but only CMD itself (not what it started)
+    /// is signalled. By default CMD runs in a process group of its own, and signals (forwarded,
+    /// or SIGTERM/SIGKILL after a loss) go to that whole group.
+    #[arg(long)]
+    foreground: bool,
     /// The lock's name.
     key: String,
     /// The command to run (directly, no shell) and its arguments.
@@ -182,6 +193,32 @@ fn main() -> ExitCode {
 /// Exit code when the operating system refuses something no user input can cause (EX_OSERR).
 const EXIT_OS_ERROR: u8 = 71;
 
+/// The longest `--ttl` and `--max-ttl`: the library's limit (Redis' `PX` in practice, 49 days).
+const MAX_TTL: Duration = RedlockBuilder::MAX_TTL;
+const MAX_TTL_TEXT: &str = "4294967295ms, about 49.7 days";
+/// The longest `--node-timeout`: the library's limit for timings (one hour).
+const MAX_NODE_TIMEOUT: Duration = RedlockBuilder::MAX_TIMING;
+/// The longest `--wait`: a year (beyond it, loop in the caller).
+const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The longest `--kill-after`: a day.
+const MAX_KILL_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// A clap value parser for a humantime duration no longer than `max` (spelt `max_text` in the
+/// message): every duration option is bounded, so that no later arithmetic on instants can
+/// overflow, and a mistaken value is a usage error (64) naming the limit.
+fn duration_up_to(
+    max: Duration,
+    max_text: &'static str,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+        if d > max {
+            return Err(format!("too long: at most {max_text}"));
+        }
+        Ok(d)
+    }
+}
+
 /// The one place where a library error becomes an exit code (the contract's table).
 fn exit_code(e: &Error) -> u8 {
     match e {
@@ -191,7 +228,9 @@ fn exit_code(e: &Error) -> u8 {
         Error::NoQuorum { .. } | Error::ValidityExpired { .. } => EXIT_NO_QUORUM,
         Error::Lost { .. } => EXIT_LOST,
         Error::InvalidArgument(_) | Error::Config(_) => EXIT_USAGE,
-        _ => EXIT_USAGE,
+        // `Error` is non-exhaustive: a variant added to the library after this mapping was
+        // written is not silently a usage error.
+        _ => EXIT_SOFTWARE,
     }
 }
 
@@ -203,13 +242,31 @@ fn report(cause: &dyn Display) {
 
 /// Reports a library error and returns its exit code.
 fn fail(e: &Error) -> u8 {
+    report(&describe(e));
+    exit_code(e)
+}
+
+/// The one line that names the cause of a library error.
+fn describe(e: &Error) -> String {
     match e {
         Error::Config(ConfigError::NoNodes) => {
-            report(&format_args!("{e} (use --nodes URL,... or REDLOCK_NODES)"));
+            format!("{e} (use --nodes URL,... or REDLOCK_NODES)")
         }
-        _ => report(e),
+        // No node failed, so there is none to name: say what the time went to.
+        Error::ValidityExpired { key, elapsed, ttl } => format!(
+            "the nodes answered too slowly for a quorum on {key:?}: a quorum agreed only after \
+             {} of the {} ttl, which left no validity (check the nodes and the network, or use \
+             a longer --ttl)",
+            humantime::format_duration(round_to_ms(*elapsed)),
+            humantime::format_duration(*ttl),
+        ),
+        _ => e.to_string(),
     }
-    exit_code(e)
+}
+
+/// A duration cut to whole milliseconds, for messages.
+fn round_to_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Help and version go to stdout with exit 0; every other parse error is one line and 64.
@@ -284,9 +341,6 @@ fn init_logging() {
         .try_init();
 }
 
-/// Lets the releases the library sends in the background (the nodes beyond the quorum, failed
-/// acquisition rounds) reach their nodes before the process exits. Each of them is bounded by
-/// the node timeout, so this waits at most that long, and not at all once they are done.
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,5 +374,59 @@ mod tests {
         };
         assert_eq!(exit_code(&lost), 79);
         assert_eq!(exit_code(&Error::Config(ConfigError::NoNodes)), 64);
+        let too_long = ConfigError::TooLong {
+            name: "node timeout",
+            value: Duration::from_secs(7200),
+            max: Duration::from_secs(3600),
+        };
+        assert_eq!(exit_code(&Error::Config(too_long)), 64);
+        let ttl = quorumlock::ArgumentError::TtlTooLong(Duration::from_secs(100 * 86400));
+        assert_eq!(exit_code(&Error::InvalidArgument(ttl)), 64);
+        let slow = Error::ValidityExpired {
+            key: "k".into(),
+            elapsed: Duration::from_millis(1200),
+            ttl: Duration::from_secs(1),
+        };
+        assert_eq!(exit_code(&slow), 69);
+    }
+
+    #[test]
+    fn a_slow_quorum_says_what_happened() {
+        let slow = Error::ValidityExpired {
+            key: "job".into(),
+            elapsed: Duration::from_micros(1_204_567),
+            ttl: Duration::from_secs(1),
+        };
+        assert_eq!(
+            describe(&slow),
+            "the nodes answered too slowly for a quorum on \"job\": a quorum agreed only after \
+             1s 204ms of the 1s ttl, which left no validity (check the nodes and the network, or \
+             use a longer --ttl)"
+        );
+        assert!(describe(&Error::Config(ConfigError::NoNodes)).ends_with("or REDLOCK_NODES)"));
+    }
+
+    #[test]
+    fn every_duration_option_is_bounded() {
+        let ttl = duration_up_to(MAX_TTL, MAX_TTL_TEXT);
+        assert_eq!(ttl("49days"), Ok(Duration::from_secs(49 * 86400)));
+        assert_eq!(ttl("4294967295ms"), Ok(MAX_TTL));
+        assert_eq!(
+            ttl("50days").unwrap_err(),
+            "too long: at most 4294967295ms, about 49.7 days"
+        );
+        assert!(ttl("300000000000y").is_err());
+        // Each limit's text parses back to the limit.
+        for (max, text) in [
+            (MAX_NODE_TIMEOUT, "1h"),
+            (MAX_WAIT, "365days"),
+            (MAX_KILL_AFTER, "1day"),
+        ] {
+            assert_eq!(humantime::parse_duration(text), Ok(max));
+            let parse = duration_up_to(max, text);
+            assert_eq!(parse(text), Ok(max));
+            assert!(parse(&format!("{text} 1ms")).is_err());
+        }
+        assert!(duration_up_to(MAX_WAIT, "365days")("soon").is_err());
     }
 }
