@@ -58,6 +58,9 @@ async fn keep_alive(client: Redlock, state: &LockState, every: Duration) {
 async fn extend_once(client: &Redlock, state: &LockState) -> bool {
     let cfg = &client.inner.cfg;
     let mut round = 0u32;
+    // The failures of the last round that could not reach a quorum: if the deadline then cuts a
+    // later round short, they are why the lock was lost.
+    let mut last_failures: Option<Vec<crate::error::NodeFailure>> = None;
     loop {
         round += 1;
         let deadline = state.deadline();
@@ -78,7 +81,10 @@ async fn extend_once(client: &Redlock, state: &LockState) -> bool {
                 Vec::new()
             }
             Err(_) => {
-                state.lose(LostReason::Expired);
+                state.lose(match last_failures {
+                    Some(failures) => LostReason::Unreachable { failures },
+                    None => LostReason::Expired,
+                });
                 return false;
             }
         };
@@ -87,6 +93,7 @@ async fn extend_once(client: &Redlock, state: &LockState) -> bool {
             state.lose(LostReason::Unreachable { failures });
             return false;
         }
+        last_failures = Some(failures.clone());
         // Warn once per failed extension, then quietly until it succeeds or the lock is lost.
         if round == 1 {
             tracing::warn!(

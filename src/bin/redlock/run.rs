@@ -481,8 +481,9 @@ mod tests {
                 Some((Termination::Kill, GroupEnd::Gone)),
                 false
             ),
-            "lock \"job\" was lost: only 0 nodes still hold our value, 3 needed; \
-             CMD ignored SIGTERM and its process group was killed after 1s 500ms"
+            "lock \"job\" was lost: a quorum no longer holds our value (0 nodes had confirmed it \
+             when that was certain, 3 needed); CMD ignored SIGTERM and its process group was \
+             killed after 1s 500ms"
         );
         let no_failures = line(LostReason::Unreachable { failures: vec![] }, term, true);
         assert_eq!(
