@@ -6,7 +6,7 @@ use crate::runner::{SHORT, Scenario, expect_safe};
 ///
 /// Expected: no overlap, strictly growing tokens, no write past validity, no hung operation,
 /// no stale write at all (nobody ever holds a lock it lost), and a steady stream of handovers.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_contend_without_violations() {
     let out = expect_safe(Scenario::new("none", &[]), 20, SHORT).await;
     assert!(out.report.sections >= 20, "{}", out.explain());
