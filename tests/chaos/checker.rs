@@ -19,14 +19,20 @@
 //!   the next fault; the nemesis waits for that, up to the bound, before its next fault, so a
 //!   slow recovery is seen after every heal), and the worst gap with no section at all;
 //! - **starved**: a fault that left some client a healthy majority, long enough that the lock
-//!   should have been acquired during it (see [`available_after`](crate::history::Fault::available_after)), in which nobody did;
+//!   should have been acquired during it (see
+//!   [`available_after`](crate::history::Fault::available_after)), in which nobody acquired it
+//!   and no attempt was even refused by a quorum holding it. Refusals are contention: clients
+//!   that each hold part of the nodes (a round that waits for an unanswering node keeps its
+//!   partial keys for the node timeout) can keep one another out for a while, which Redlock
+//!   does not promise to avoid; a window with neither shows the fault took more than it should
+//!   have, or the clients stopped trying;
 //! - **harness trouble**: child lines that did not parse, writes whose outcome is unknown, and
 //!   incidents (a client that did not stop, a child that had to be killed). Each fails a run.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use crate::history::{History, Mono, SessionId, Write};
+use crate::history::{History, Mono, OpKind, SessionId, Write};
 
 /// A fault during which the lock must stay available has to last this much longer than its
 /// `available_after` before a lack of acquisitions counts as starvation.
@@ -74,6 +80,9 @@ pub struct Report {
     pub during: Vec<usize>,
     /// Faults long enough for their `available_after` promise to be judged.
     pub judged: Vec<usize>,
+    /// Judged faults with no acquisition during them, but attempts refused by a quorum that
+    /// held the lock: contention, not unavailability (not a violation; printed).
+    pub contended: Vec<usize>,
     /// Faults that should have seen an acquisition during them (see
     /// [`available_after`](crate::history::Fault::available_after)) and saw none.
     pub starved: Vec<usize>,
@@ -231,7 +240,19 @@ pub fn check(h: &History, reacquire_bound: Duration) -> Report {
         })
         .map(|(i, _)| i)
         .collect();
-    let starved = judged.iter().copied().filter(|&i| during[i] == 0).collect();
+    let refused_during = |f: &crate::history::Fault| {
+        h.ops.iter().any(|op| {
+            op.kind == OpKind::Acquire
+                && op.outcome == "held"
+                && op.end >= f.start
+                && op.end <= f.healed
+        })
+    };
+    let (contended, starved): (Vec<usize>, Vec<usize>) = judged
+        .iter()
+        .copied()
+        .filter(|&i| during[i] == 0)
+        .partition(|&i| refused_during(&h.faults[i]));
 
     // Unavailability: gaps between sections, from the start, and after the last one to the end
     // (a lock that never came back is unavailable until the run stopped).
@@ -259,6 +280,7 @@ pub fn check(h: &History, reacquire_bound: Duration) -> Report {
         worst_gap,
         during,
         judged,
+        contended,
         starved,
         clock_jumps: h.clock_jumps.len(),
         jumps_fired: h.clock_jumps.iter().filter(|j| j.fired()).count(),

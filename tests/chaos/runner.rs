@@ -258,7 +258,7 @@ fn summary(name: &str, h: &History, r: &Report) -> String {
     format!(
         "[chaos {name}] {} faults, {} ops ({} held, {} no quorum, {} expired, {} lost), {} sections, \
          {} writes ({} stale), {} violations, worst gap {:?}, worst heal-to-acquire {:?}, \
-         {} of {} faults judged for availability during them ({} starved), \
+         {} of {} faults judged for availability during them ({} starved, {} only contended), \
          clock jumps {}/{} fired, {} harness problems",
         h.faults.len(),
         r.ops,
@@ -275,6 +275,7 @@ fn summary(name: &str, h: &History, r: &Report) -> String {
         r.judged.len(),
         h.faults.len(),
         r.starved.len(),
+        r.contended.len(),
         r.jumps_fired,
         r.clock_jumps,
         r.harness_trouble(),
@@ -432,6 +433,40 @@ impl Outcome {
                 f.what,
                 f.healed.since(f.start)
             );
+            // What the clients did meanwhile (times from the fault's start, in ms).
+            let at = |m: Mono| (i128::from(m.0) - i128::from(f.start.0)) / 1_000_000;
+            for sec in self
+                .history
+                .sections
+                .iter()
+                .filter(|x| x.acquired <= f.healed && x.end() >= f.start)
+            {
+                let _ = writeln!(
+                    s,
+                    "      section {} client {} token {}: {}..{} ms",
+                    sec.session,
+                    sec.client,
+                    sec.token,
+                    at(sec.acquired),
+                    at(sec.end())
+                );
+            }
+            for op in self
+                .history
+                .ops
+                .iter()
+                .filter(|op| op.start <= f.healed && op.end >= f.start)
+            {
+                let _ = writeln!(
+                    s,
+                    "      client {} {:?} {}..{} ms: {}",
+                    op.client,
+                    op.kind,
+                    at(op.start),
+                    at(op.end),
+                    op.outcome
+                );
+            }
         }
         for line in &self.history.malformed {
             let _ = writeln!(s, "  MALFORMED CHILD LINE {line:?}");

@@ -353,6 +353,24 @@ fn a_fault_that_left_a_majority_must_see_acquisitions_during_it() {
     assert_eq!(r.judged, vec![0, 3, 4]);
     assert_eq!(r.starved, vec![0, 3]);
     assert_eq!(r.violations(), 2, "{r:?}");
+
+    // Attempts refused by a quorum holding the lock during the fault: contention (clients
+    // keeping one another out), not unavailability.
+    let refused = |start, end, outcome| Op {
+        client: 2,
+        kind: OpKind::Acquire,
+        start: ms(start),
+        end: ms(end),
+        bound: Duration::from_secs(5),
+        outcome,
+    };
+    h.ops = vec![
+        refused(0, 1800, "held"),         // ends inside fault 0
+        refused(5000, 7800, "held"),      // ends after fault 3 healed
+        refused(5300, 7000, "no_quorum"), // unreachable is no excuse
+    ];
+    let r = check(&h, Duration::from_secs(60));
+    assert_eq!((&r.contended, &r.starved), (&vec![0], &vec![3]), "{r:?}");
 }
 
 #[test]

@@ -38,23 +38,23 @@ pub async fn warm_up(spec: &ClientSpec, rec: &Recorder, resource: &Resource) {
         assert!(h.write(resource, rec).await);
         h.release(rec).await.expect("warm-up release");
     }
-    // A release returns once a quorum answered; the rest finishes in the background. Wait for
-    // it, so that the next acquisition can reach every node. On a loaded machine a call can
-    // land after the release that should follow it and leave a stray key: it expires with the
-    // ttl, so the wait allows for that.
-    let urls = spec.urls.clone();
-    wait_until(
-        spec.ttl + WAIT,
-        "the warm-up's releases removed the key from every node",
-        || {
-            let urls = urls.clone();
-            async move {
-                tokio::task::spawn_blocking(move || holders(&urls, KEY) == 0)
-                    .await
-                    .unwrap()
-            }
-        },
-    )
+    no_key_left(&spec.urls, spec.ttl).await;
+}
+
+/// Waits until no node holds a value for the key. A release returns once a quorum answered and
+/// the rest finishes in the background; on a loaded machine a call can even land after the
+/// release that should follow it and leave a stray key, which expires with its `ttl`: the wait
+/// allows for that. Then the next acquisition can reach every node.
+pub async fn no_key_left(urls: &[String], ttl: Duration) {
+    let urls = urls.to_vec();
+    wait_until(ttl + WAIT, "no node holds the key any more", || {
+        let urls = urls.clone();
+        async move {
+            tokio::task::spawn_blocking(move || holders(&urls, KEY) == 0)
+                .await
+                .unwrap()
+        }
+    })
     .await;
 }
 
