@@ -5,14 +5,16 @@
 //! ```
 //!
 //! The time is split evenly between the faults; each fault's share is cut into runs of about
-//! 30 s, each on a fresh cluster with its own seed: run `n` of row `i` uses `first + 1000 i + n`,
-//! where `first` is printed (`QUORUMLOCK_CHAOS_SEED` sets it). `QUORUMLOCK_CHAOS_ONLY=<text>`
-//! keeps the rows whose name contains `<text>` (same seeds and run length), to replay one.
+//! 30 s (plus the waits for recovery after each heal), each on a fresh cluster with its own
+//! seed: run `n` of row `i` uses `first + 1000 i + n`, where `first` is printed
+//! (`QUORUMLOCK_CHAOS_SEED` sets it). `QUORUMLOCK_CHAOS_ONLY=<text>` keeps the rows whose name
+//! contains `<text>` (same seeds and run length), to replay one.
 //!
 //! The faults the lock is meant to survive must show no violation at all (token regressions
 //! excepted where restarts lose counters, as the row says); for the others the table shows what
-//! broke and whether fencing caught it. Every row must stay live: nothing hung, the lock
-//! acquired during every minority fault and again within the bound after every heal.
+//! broke and whether fencing caught it. Every row must stay live: nothing hung, no starved
+//! fault (see `checker.rs`), the lock acquired again within the bound after every heal, and no
+//! harness trouble.
 
 use std::time::Duration;
 
