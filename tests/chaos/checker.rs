@@ -16,12 +16,27 @@
 //! - **caught**: stale writes rejected that came from a session that overlapped another or wrote
 //!   past its validity: the violations fencing made harmless;
 //! - **liveness**: after each fault healed, how long until the lock was acquired again (before
-//!   the next fault), and the worst gap with no section at all.
+//!   the next fault; the nemesis waits for that, up to the bound, before its next fault, so a
+//!   slow recovery is seen after every heal), and the worst gap with no section at all;
+//! - **starved**: a fault that left some client a healthy majority, long enough that the lock
+//!   should have been acquired during it (see
+//!   [`available_after`](crate::history::Fault::available_after)), in which nobody acquired it
+//!   and no attempt was even refused by a quorum holding it. Refusals are contention: clients
+//!   that each hold part of the nodes (a round that waits for an unanswering node keeps its
+//!   partial keys for the node timeout) can keep one another out for a while, which Redlock
+//!   does not promise to avoid; a window with neither shows the fault took more than it should
+//!   have, or the clients stopped trying;
+//! - **harness trouble**: child lines that did not parse, writes whose outcome is unknown, and
+//!   incidents (a client that did not stop, a child that had to be killed). Each fails a run.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use crate::history::{History, Mono, SessionId, Write};
+use crate::history::{History, Mono, OpKind, SessionId, Write};
+
+/// A fault during which the lock must stay available has to last this much longer than its
+/// `available_after` before a lack of acquisitions counts as starvation.
+pub const STARVE_MIN: Duration = Duration::from_secs(1);
 
 /// Fencing did not make a violation harmless.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,6 +76,22 @@ pub struct Report {
     /// The longest time with no critical section at all (from the start of the history to its
     /// end, so a lock that never came back counts until the run stopped).
     pub worst_gap: Duration,
+    /// Per fault: acquisitions from its injection to its heal.
+    pub during: Vec<usize>,
+    /// Faults long enough for their `available_after` promise to be judged.
+    pub judged: Vec<usize>,
+    /// Judged faults with no acquisition during them, but attempts refused by a quorum that
+    /// held the lock: contention, not unavailability (not a violation; printed).
+    pub contended: Vec<usize>,
+    /// Faults that should have seen an acquisition during them (see
+    /// [`available_after`](crate::history::Fault::available_after)) and saw none.
+    pub starved: Vec<usize>,
+    /// Clock jumps made, and how many of them expired a bare-majority holder's key.
+    pub clock_jumps: usize,
+    pub jumps_fired: usize,
+    pub malformed: usize,
+    pub unfinished_writes: usize,
+    pub incidents: usize,
 }
 
 impl Report {
@@ -72,6 +103,13 @@ impl Report {
             + self.hung.len()
             + self.uncaught.len()
             + self.slow_recoveries.len()
+            + self.starved.len()
+            + self.harness_trouble()
+    }
+
+    /// Child lines that did not parse, writes with unknown outcome, incidents.
+    pub fn harness_trouble(&self) -> usize {
+        self.malformed + self.unfinished_writes + self.incidents
     }
 
     /// The longest heal-to-acquisition time seen (None when no fault was followed by one).
@@ -182,6 +220,40 @@ pub fn check(h: &History, reacquire_bound: Duration) -> Report {
         .map(|(i, _)| i)
         .collect();
 
+    let during: Vec<usize> = h
+        .faults
+        .iter()
+        .map(|f| {
+            sections
+                .iter()
+                .filter(|s| s.acquired >= f.start && s.acquired <= f.healed)
+                .count()
+        })
+        .collect();
+    let judged: Vec<usize> = h
+        .faults
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| {
+            f.available_after
+                .is_some_and(|after| f.healed.since(f.start) >= after + STARVE_MIN)
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let refused_during = |f: &crate::history::Fault| {
+        h.ops.iter().any(|op| {
+            op.kind == OpKind::Acquire
+                && op.outcome == "held"
+                && op.end >= f.start
+                && op.end <= f.healed
+        })
+    };
+    let (contended, starved): (Vec<usize>, Vec<usize>) = judged
+        .iter()
+        .copied()
+        .filter(|&i| during[i] == 0)
+        .partition(|&i| refused_during(&h.faults[i]));
+
     // Unavailability: gaps between sections, from the start, and after the last one to the end
     // (a lock that never came back is unavailable until the run stopped).
     let mut worst_gap = Duration::ZERO;
@@ -206,6 +278,15 @@ pub fn check(h: &History, reacquire_bound: Duration) -> Report {
         reacquired,
         slow_recoveries,
         worst_gap,
+        during,
+        judged,
+        contended,
+        starved,
+        clock_jumps: h.clock_jumps.len(),
+        jumps_fired: h.clock_jumps.iter().filter(|j| j.fired()).count(),
+        malformed: h.malformed.len(),
+        unfinished_writes: h.unfinished_writes.len(),
+        incidents: h.incidents.len(),
     }
 }
 

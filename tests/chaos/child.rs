@@ -17,8 +17,8 @@ use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::history::{Mono, Op, OpKind, Pause, Recorder, Section, SessionId, Write};
-use crate::resource::Resource;
+use crate::history::{Mono, Op, OpKind, Pause, PendingWrite, Recorder, Section, SessionId, Write};
+use crate::resource::{Resource, holder_of_value};
 use crate::workload::{ClientSpec, run_client};
 
 pub const PREFIX: &str = "CHAOS ";
@@ -78,63 +78,145 @@ pub enum Event {
         at: Mono,
         until: Mono,
     },
+    /// The session's deadline moved (an extension): the last one stands if the child dies.
+    Extended {
+        session: SessionId,
+        until: Mono,
+    },
     Checked {
         session: SessionId,
         at: Mono,
     },
+    /// A write is about to be sent.
+    Writing(PendingWrite),
+    /// The session's lost signal fired.
+    Lost {
+        session: SessionId,
+        at: Mono,
+    },
+    /// The child's loop ended normally.
+    Done,
+}
+
+/// What a line of the child's stdout is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Line {
+    Record(Event),
+    /// Not ours (libtest's own output).
+    Other,
+    /// Looks like a record (has [`PREFIX`]) but does not parse: a bug, and fails the run.
+    Malformed,
+}
+
+/// Classifies one line of the child's stdout.
+pub fn classify(line: &str) -> Line {
+    match decode(line) {
+        Some(e) => Line::Record(e),
+        None if line.contains(PREFIX.trim_end()) => Line::Malformed,
+        None => Line::Other,
+    }
 }
 
 pub fn decode(line: &str) -> Option<Event> {
     let f: Vec<&str> = line.strip_prefix(PREFIX)?.split_whitespace().collect();
     let n = |i: usize| f.get(i)?.parse::<u64>().ok();
     let m = |i: usize| n(i).map(Mono);
+    // Every record has an exact number of fields.
+    let fields = |k: usize| (f.len() == k).then_some(());
     Some(match *f.first()? {
-        "section" => Event::Section(Section {
-            session: n(1)?,
-            client: n(2)? as usize,
-            token: n(3)?,
-            acquired: m(4)?,
-            valid_until: m(5)?,
-            released: m(6).filter(|r| r.0 != 0),
-        }),
-        "write" => Event::Write(Write {
-            session: n(1)?,
-            token: n(2)?,
-            start: m(3)?,
-            end: m(4)?,
-            accepted: n(5)? == 1,
-        }),
-        "acquired" => Event::Acquired {
-            session: n(1)?,
-            token: n(2)?,
-            at: m(3)?,
-            until: m(4)?,
-        },
-        "checked" => Event::Checked {
-            session: n(1)?,
-            at: m(2)?,
-        },
-        "op" => Event::Op(Op {
-            client: n(1)? as usize,
-            kind: match *f.get(2)? {
-                "acquire" => OpKind::Acquire,
-                "extend" => OpKind::Extend,
-                "release" => OpKind::Release,
-                "write" => OpKind::Write,
-                _ => return None,
-            },
-            start: m(3)?,
-            end: m(4)?,
-            bound: Duration::from_nanos(n(5)?),
-            outcome: match *f.get(6)? {
-                "ok" => "ok",
-                "held" => "held",
-                "no_quorum" => "no_quorum",
-                "expired" => "expired",
-                "lost" => "lost",
-                _ => "error",
-            },
-        }),
+        "section" => {
+            fields(7)?;
+            Event::Section(Section {
+                session: n(1)?,
+                client: n(2)? as usize,
+                token: n(3)?,
+                acquired: m(4)?,
+                valid_until: m(5)?,
+                released: m(6).filter(|r| r.0 != 0),
+            })
+        }
+        "write" => {
+            fields(6)?;
+            Event::Write(Write {
+                session: n(1)?,
+                token: n(2)?,
+                start: m(3)?,
+                end: m(4)?,
+                accepted: match n(5)? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                },
+            })
+        }
+        "acquired" => {
+            fields(5)?;
+            Event::Acquired {
+                session: n(1)?,
+                token: n(2)?,
+                at: m(3)?,
+                until: m(4)?,
+            }
+        }
+        "extended" => {
+            fields(3)?;
+            Event::Extended {
+                session: n(1)?,
+                until: m(2)?,
+            }
+        }
+        "checked" => {
+            fields(3)?;
+            Event::Checked {
+                session: n(1)?,
+                at: m(2)?,
+            }
+        }
+        "writing" => {
+            fields(5)?;
+            Event::Writing(PendingWrite {
+                session: n(1)?,
+                client: n(2)? as usize,
+                token: n(3)?,
+                start: m(4)?,
+            })
+        }
+        "lost" => {
+            fields(3)?;
+            Event::Lost {
+                session: n(1)?,
+                at: m(2)?,
+            }
+        }
+        "done" => {
+            fields(1)?;
+            Event::Done
+        }
+        "op" => {
+            fields(7)?;
+            Event::Op(Op {
+                client: n(1)? as usize,
+                kind: match *f.get(2)? {
+                    "acquire" => OpKind::Acquire,
+                    "extend" => OpKind::Extend,
+                    "release" => OpKind::Release,
+                    "write" => OpKind::Write,
+                    _ => return None,
+                },
+                start: m(3)?,
+                end: m(4)?,
+                bound: Duration::from_nanos(n(5)?),
+                outcome: match *f.get(6)? {
+                    "ok" => "ok",
+                    "held" => "held",
+                    "no_quorum" => "no_quorum",
+                    "expired" => "expired",
+                    "lost" => "lost",
+                    "error" => "error",
+                    _ => return None,
+                },
+            })
+        }
         _ => return None,
     })
 }
@@ -221,6 +303,8 @@ pub fn child_main() {
         });
         run_client(spec.client, resource, rec, stop).await;
         println!("{PREFIX}done");
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
     });
 }
 
@@ -230,12 +314,11 @@ pub struct ChildClient {
     pid: Pid,
     index: usize,
     rec: Recorder,
+    resource_url: String,
     paused_at: Option<Mono>,
-    /// `Acquired` and `Checked` events as they arrive.
+    /// Every event as it arrives.
     pub events: mpsc::UnboundedReceiver<Event>,
-    /// Sessions acquired but not closed: what a killed child leaves behind.
-    open: std::sync::Arc<std::sync::Mutex<Vec<Section>>>,
-    reader: tokio::task::JoinHandle<()>,
+    reader: tokio::task::JoinHandle<bool>,
 }
 
 impl ChildClient {
@@ -258,23 +341,31 @@ impl ChildClient {
         let pid = Pid::from_raw(child.id().expect("running") as i32);
         let stdout = child.stdout.take().expect("piped");
         let (tx, events) = mpsc::unbounded_channel();
-        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (rec2, open2) = (rec.clone(), open.clone());
+        let rec2 = rec.clone();
         let index = spec.client.client;
+        // Returns whether the child said it was done.
         let reader = tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let Some(event) = decode(&line) else {
-                    continue;
+            let mut done = false;
+            loop {
+                let line = match lines.next_line().await {
+                    Ok(Some(line)) => line,
+                    Ok(None) => break,
+                    Err(e) => {
+                        rec2.malformed(format!("unreadable output of the child: {e}"));
+                        break;
+                    }
+                };
+                let event = match classify(&line) {
+                    Line::Record(event) => event,
+                    Line::Other => continue,
+                    Line::Malformed => {
+                        rec2.malformed(line);
+                        continue;
+                    }
                 };
                 match &event {
-                    Event::Section(s) => {
-                        open2
-                            .lock()
-                            .unwrap()
-                            .retain(|o: &Section| o.session != s.session);
-                        rec2.section(s.clone());
-                    }
+                    Event::Section(s) => rec2.section(s.clone()),
                     Event::Write(w) => rec2.write(w.clone()),
                     Event::Op(op) => rec2.op(op.clone()),
                     Event::Acquired {
@@ -282,7 +373,7 @@ impl ChildClient {
                         token,
                         at,
                         until,
-                    } => open2.lock().unwrap().push(Section {
+                    } => rec2.open(Section {
                         session: *session,
                         client: index,
                         token: *token,
@@ -290,19 +381,24 @@ impl ChildClient {
                         valid_until: *until,
                         released: None,
                     }),
+                    Event::Extended { session, until } => rec2.extended(*session, *until),
+                    Event::Writing(p) => rec2.write_started(p.clone()),
+                    Event::Lost { session, at } => rec2.lost(*session, *at),
                     Event::Checked { .. } => {}
+                    Event::Done => done = true,
                 }
                 let _ = tx.send(event);
             }
+            done
         });
         ChildClient {
             child,
             pid,
-            index: spec.client.client,
+            index,
             rec,
+            resource_url: spec.resource_url.clone(),
             paused_at: None,
             events,
-            open,
             reader,
         }
     }
@@ -345,22 +441,81 @@ impl ChildClient {
         }
     }
 
-    /// Asks the child to stop after its current section and waits (bounded) for it to exit;
-    /// kills it otherwise. Sessions it left open go into the history.
+    /// Asks the child to stop after its current section and waits (bounded) for it to exit.
+    /// A child that does not exit in time is killed, which is an incident (it fails the run):
+    /// the sections it left open are closed at its death, with the last deadline it reported
+    /// (its keep-alive died with it), and a write it had in flight is resolved from the
+    /// resource: accepted if the resource holds its session's value, otherwise left unfinished
+    /// (rejected, never applied, or applied and overwritten: the history cannot tell).
     pub async fn stop(mut self, within: Duration) {
         if self.paused_at.is_some() {
             self.resume();
         }
         drop(self.child.stdin.take());
-        if tokio::time::timeout(within, self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
+        let died = match tokio::time::timeout(within, self.child.wait()).await {
+            Ok(Ok(status)) => {
+                if !status.success() {
+                    self.rec
+                        .incident(format!("the child client exited with {status}"));
+                }
+                Mono::now()
+            }
+            Ok(Err(e)) => {
+                self.rec
+                    .incident(format!("waiting for the child client failed: {e}"));
+                Mono::now()
+            }
+            Err(_) => {
+                let _ = self.child.start_kill();
+                let at = Mono::now();
+                self.rec.incident(format!(
+                    "the child client did not stop within {within:?}: killed"
+                ));
+                if tokio::time::timeout(within, self.child.wait())
+                    .await
+                    .is_err()
+                {
+                    self.rec
+                        .incident(format!("the killed child did not exit within {within:?}"));
+                }
+                at
+            }
+        };
+        match tokio::time::timeout(within, &mut self.reader).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => self
+                .rec
+                .incident("the child client's output ended without `done`".to_owned()),
+            Ok(Err(e)) => self
+                .rec
+                .incident(format!("the child's output reader failed: {e}")),
+            Err(_) => {
+                self.reader.abort();
+                self.rec.incident(format!(
+                    "the child's output did not end within {within:?} of its exit"
+                ));
+            }
         }
-        let _ = tokio::time::timeout(within, &mut self.reader).await;
-        for s in self.open.lock().unwrap().drain(..) {
-            self.rec.section(s);
+        let closed = self.rec.close_open(self.index, died);
+        if closed > 0 {
+            self.rec.incident(format!(
+                "the child client died with {closed} section(s) open: closed at its death"
+            ));
+        }
+        let pending = self.rec.pending_writes(self.index);
+        if !pending.is_empty() {
+            let holder = holder_of_value(&self.resource_url, Duration::from_secs(5)).await;
+            for p in pending {
+                if holder == Some(p.session) {
+                    self.rec.write(Write {
+                        session: p.session,
+                        token: p.token,
+                        start: p.start,
+                        end: died,
+                        accepted: true,
+                    });
+                }
+            }
         }
     }
 }

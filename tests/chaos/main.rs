@@ -10,8 +10,9 @@
 //!
 //! Cases sort by intent: t10 the checker and the proxy, t20 no faults, t30 node faults, t40
 //! network faults, t50 data loss, t60 a paused client, t70 a clock jump, t80 everything mixed,
-//! t90 regressions (known core bugs, ignored until fixed), t99 the long profile (`--ignored`). Each random case prints its seed; set
-//! `QUORUMLOCK_CHAOS_SEED` to replay it.
+//! t90 regressions (core bugs the suite found, pinned by deterministic tests; one ignored
+//! demonstration of the guard-off regression), t99 the long profile (`--ignored`). Each random
+//! case prints its seed; set `QUORUMLOCK_CHAOS_SEED` to replay it.
 #![allow(unreachable_pub)]
 
 #[path = "../support/proxy.rs"]

@@ -15,7 +15,7 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 
 use crate::child::ChildClient;
-use crate::history::{Fault as FaultRecord, Mono, Recorder};
+use crate::history::{ClockJump as ClockJumpRecord, Fault as FaultRecord, Mono, Recorder};
 use crate::proxy::ProxyNet;
 
 /// The kinds of fault a scenario lets the nemesis draw.
@@ -129,6 +129,59 @@ impl fmt::Display for Fault {
 }
 
 impl Fault {
+    /// How far into the fault the lock must be acquirable again, if at all: the nodes some
+    /// client cannot use (`cut`: killed, paused, or behind a faulted link).
+    ///
+    /// - Every client keeps a majority, and all of them together lose at most a minority
+    ///   (kills and pauses of a minority, link faults on the same minority for everyone, a
+    ///   clock jump's cut): a holder's leftover keys sit on that minority only, so the others
+    ///   can acquire at once. `Some(0)`.
+    /// - Some client keeps a majority, but the clients lose different nodes (per-client
+    ///   partitions, random links): a holder cut from a majority cannot release there, and its
+    ///   keys may block the rest until they expire. `Some(ttl)`.
+    /// - No client keeps a majority, or the fault is instantaneous (resets) or freezes a holder
+    ///   (a paused client keeps the lock until it expires): `None`.
+    pub fn available_after(&self, nodes: usize, clients: usize, ttl: Duration) -> Option<Duration> {
+        let quorum = nodes / 2 + 1;
+        let cut: Vec<Vec<usize>> = match self {
+            Fault::Kill { nodes: ks, down } if !down.is_zero() => vec![ks.clone(); clients],
+            Fault::PauseNodes { nodes: ps, .. } => vec![ps.clone(); clients],
+            Fault::Latency { links, .. } | Fault::Blackhole { links, .. } => (0..clients)
+                .map(|c| {
+                    links
+                        .iter()
+                        .filter(|&&(lc, _)| lc == c)
+                        .map(|&(_, n)| n)
+                        .collect()
+                })
+                .collect(),
+            Fault::Partition { views, .. } => views
+                .iter()
+                .map(|v| (0..nodes).filter(|n| !v.contains(n)).collect())
+                .collect(),
+            Fault::ClockJump { client, cut, .. } => (0..clients)
+                .map(|c| {
+                    if c == *client {
+                        cut.clone()
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect(),
+            Fault::Kill { .. } | Fault::Reset { .. } | Fault::PauseClient { .. } => return None,
+        };
+        let mut union: Vec<usize> = cut.iter().flatten().copied().collect();
+        union.sort_unstable();
+        union.dedup();
+        if union.len() < quorum {
+            Some(Duration::ZERO)
+        } else if cut.iter().any(|c| c.len() < quorum) {
+            Some(ttl)
+        } else {
+            None
+        }
+    }
+
     /// How long the fault lasts (nominally).
     pub fn hold(&self) -> Duration {
         match self {
@@ -292,7 +345,21 @@ pub struct Env {
     pub child: Option<ChildClient>,
     /// Nodes persist with `appendfsync always`: a restart keeps their data.
     pub aof: bool,
+    /// The clients' restart guard holds a restarted node out (for the max ttl, then until its
+    /// counters are restored).
+    pub guard_holds_out: bool,
+    pub ttl: Duration,
+    /// Until when nodes restarted by an earlier fault may still be held out.
+    pub held_out_until: Mono,
 }
+
+/// How long after a restart's hold-out (the max ttl) a node may still be out: reconnecting and
+/// restoring its counters.
+const HOLD_OUT_MARGIN: Duration = Duration::from_secs(1);
+/// How long the nemesis may take to reach a node directly (clock jumps).
+const DIRECT_CONNECT: Duration = Duration::from_secs(2);
+/// How often the targeted clock jump looks for a bare-majority holder.
+const HOLDER_POLL: Duration = Duration::from_millis(15);
 
 impl Env {
     async fn nodes(&self, what: impl FnOnce(&mut LocalCluster) + Send + 'static) {
@@ -303,10 +370,14 @@ impl Env {
     }
 }
 
-/// Injects `fault`, waits, heals it, and records it.
-pub async fn inject(env: &mut Env, fault: &Fault, rec: &Recorder) {
+/// Injects `fault`, waits, heals it, and records it. Returns when it healed.
+pub async fn inject(env: &mut Env, fault: &Fault, rec: &Recorder) -> Mono {
     tracing::info!("--- nemesis: {fault}");
     let start = Mono::now();
+    // Nodes still held out after an earlier restart count as lost too: no promise then.
+    let available_after = fault
+        .available_after(env.urls.len(), env.net.clients(), env.ttl)
+        .filter(|_| start >= env.held_out_until);
     match fault {
         Fault::Kill { nodes, down } => {
             let ns = nodes.clone();
@@ -325,6 +396,9 @@ pub async fn inject(env: &mut Env, fault: &Fault, rec: &Recorder) {
                 }
             })
             .await;
+            if env.guard_holds_out {
+                env.held_out_until = Mono::now() + env.ttl + HOLD_OUT_MARGIN;
+            }
         }
         Fault::PauseNodes { nodes, hold } => {
             let ns = nodes.clone();
@@ -379,15 +453,34 @@ pub async fn inject(env: &mut Env, fault: &Fault, rec: &Recorder) {
                 env.net.link(*client, n).set_blackhole(true);
             }
             // Targeted: jump as soon as the cut client holds the lock on its bare majority (a
-            // value on `node` that no cut node has), or at half time anyway.
+            // value on `node` that no cut node has), or at half time anyway; which one it was
+            // goes into the history.
             let mut conns = connect_all(&env.urls).await;
-            let _ = tokio::time::timeout(*hold / 2, async {
-                while !bare_majority_holder(&mut conns, cut, *node).await {
-                    tokio::time::sleep(Duration::from_millis(2)).await;
+            let holder = tokio::time::timeout(*hold / 2, async {
+                loop {
+                    if let Some(value) = bare_majority_holder(&mut conns, cut, *node).await {
+                        return value;
+                    }
+                    tokio::time::sleep(HOLDER_POLL).await;
                 }
             })
-            .await;
-            jump_clock(&env.urls[*node], *jump).await;
+            .await
+            .ok();
+            let at = Mono::now();
+            let (keys, hit_holder) = jump_clock(&env.urls[*node], *jump, holder.as_deref()).await;
+            if holder.is_none() {
+                tracing::info!(
+                    "nemesis: no bare-majority holder within {:?}; node {node} jumped anyway",
+                    *hold / 2
+                );
+            }
+            rec.clock_jump(ClockJumpRecord {
+                node: *node,
+                at,
+                targeted: holder.is_some(),
+                hit_holder,
+                keys,
+            });
             tokio::time::sleep(*hold / 2).await;
             env.net.heal();
         }
@@ -398,64 +491,72 @@ pub async fn inject(env: &mut Env, fault: &Fault, rec: &Recorder) {
             child.resume();
         }
     }
+    let healed = Mono::now();
     rec.fault(FaultRecord {
         what: fault.to_string(),
         start,
-        healed: Mono::now(),
+        healed,
+        available_after,
     });
+    healed
 }
 
-/// Whether `node` holds a lock value that none of the `cut` nodes has: a holder that could not
-/// reach them and counts on `node` for its majority. `conns` are direct connections to every node.
+/// The lock value on `node` if none of the `cut` nodes has it: a holder that could not reach
+/// them and counts on `node` for its majority. `conns` are direct connections to every node.
 async fn bare_majority_holder(
     conns: &mut [redis::aio::MultiplexedConnection],
     cut: &[usize],
     node: usize,
-) -> bool {
+) -> Option<String> {
     let key = crate::support::lock_key(crate::workload::KEY);
     let mut get = redis::cmd("GET");
     get.arg(&key);
-    let Ok(Some(held)) = get.query_async::<Option<String>>(&mut conns[node]).await else {
-        return false;
-    };
+    let held = get
+        .query_async::<Option<String>>(&mut conns[node])
+        .await
+        .ok()
+        .flatten()?;
     for &n in cut {
         if get
             .query_async::<Option<String>>(&mut conns[n])
             .await
             .ok()
             .flatten()
-            == Some(held.clone())
+            .as_ref()
+            == Some(&held)
         {
-            return false;
+            return None;
         }
     }
-    true
+    Some(held)
+}
+
+/// A direct connection to a node, bounded by [`DIRECT_CONNECT`].
+async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(url).expect("node url");
+    tokio::time::timeout(DIRECT_CONNECT, client.get_multiplexed_async_connection())
+        .await
+        .unwrap_or_else(|_| panic!("nemesis: no connection to {url} within {DIRECT_CONNECT:?}"))
+        .unwrap_or_else(|e| panic!("nemesis: connect to {url}: {e}"))
 }
 
 async fn connect_all(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
-    let mut conns = Vec::with_capacity(urls.len());
-    for url in urls {
-        let client = redis::Client::open(url.as_str()).expect("node url");
-        conns.push(
-            client
-                .get_multiplexed_async_connection()
-                .await
-                .expect("connect to a node directly"),
-        );
-    }
-    conns
+    futures::future::join_all(urls.iter().map(|u| connect(u))).await
 }
 
 /// A forward clock jump of `jump` on one node, simulated: every key's remaining time to live
 /// there is cut by `jump` (deleted when less is left), which is what Redis does to keys when its
-/// wall clock jumps, since it stores expiries as absolute wall-clock times.
+/// wall clock jumps, since it stores expiries as absolute wall-clock times. Returns how many
+/// keys it cut, and whether the lock key held `holder` (when given) at the jump.
 ///
 /// Real clock jumps with libfaketime do not work here: Debian's `redis-server` is linked with
 /// jemalloc, which libfaketime cannot initialise under (libfaketime issue #130); the server
 /// hangs at start.
-pub async fn jump_clock(url: &str, jump: Duration) -> u64 {
+pub async fn jump_clock(url: &str, jump: Duration, holder: Option<&str>) -> (u64, bool) {
     let script = redis::Script::new(
         r"
+local hit = 0
+if ARGV[2] ~= '' and redis.call('GET', KEYS[1]) == ARGV[2] then hit = 1 end
 local n = 0
 local jump = tonumber(ARGV[1])
 for _, k in ipairs(redis.call('KEYS', '*')) do
@@ -465,17 +566,17 @@ for _, k in ipairs(redis.call('KEYS', '*')) do
     n = n + 1
   end
 end
-return n
+return {n, hit}
 ",
     );
-    let client = redis::Client::open(url).expect("node url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
+    let mut conn = connect(url).await;
+    let mut call = script.key(crate::support::lock_key(crate::workload::KEY));
+    call.arg(jump.as_millis() as u64).arg(holder.unwrap_or(""));
+    let (n, hit): (u64, u64) = tokio::time::timeout(DIRECT_CONNECT, call.invoke_async(&mut conn))
         .await
-        .expect("connect to the node for the clock jump");
-    script
-        .arg(jump.as_millis() as u64)
-        .invoke_async(&mut conn)
-        .await
-        .expect("clock jump script")
+        .unwrap_or_else(|_| {
+            panic!("nemesis: clock jump script on {url} took over {DIRECT_CONNECT:?}")
+        })
+        .expect("clock jump script");
+    (n, hit == 1)
 }

@@ -1,11 +1,15 @@
 //! The checker on hand-made histories: a clean one passes, and each kind of violation is found,
-//! so a green chaos run means something.
+//! so a green chaos run means something. Also the recorder's open sections, the child's record
+//! format, and the nemesis' availability promises, on which the checker's verdicts rest.
 
 use std::time::Duration;
 
 use crate::checker::{Uncaught, check};
-use crate::child::{Event, decode, encode_op, encode_section, encode_write};
-use crate::history::{Fault, History, Mono, Op, OpKind, Pause, Section, SessionId, Write};
+use crate::child::{Event, Line, classify, decode, encode_op, encode_section, encode_write};
+use crate::history::{
+    ClockJump, Fault, History, Mono, Op, OpKind, Pause, PendingWrite, Recorder, Section, SessionId,
+    Write,
+};
 
 const BOUND: Duration = Duration::from_secs(5);
 
@@ -258,11 +262,13 @@ fn liveness_is_measured_from_each_heal_to_the_next_acquisition() {
             what: "a".into(),
             start: ms(50),
             healed: ms(110),
+            ..Fault::default()
         },
         Fault {
             what: "b".into(),
             start: ms(320),
             healed: ms(2000),
+            ..Fault::default()
         },
     ];
     let r = check(&h, BOUND);
@@ -280,6 +286,7 @@ fn liveness_is_measured_from_each_heal_to_the_next_acquisition() {
         what: "c".into(),
         start: ms(2100),
         healed: ms(2200),
+        ..Fault::default()
     });
     h.sections.push(section(4, 14, 2300, 3300, Some(2400)));
     let r = check(&h, BOUND);
@@ -317,4 +324,242 @@ fn child_records_survive_the_trip_through_stdout() {
     assert_eq!(decode(&line(encode_write(&w))), Some(Event::Write(w)));
     assert_eq!(decode(&line(encode_op(&op))), Some(Event::Op(op)));
     assert_eq!(decode("running 1 test"), None);
+}
+
+#[test]
+fn a_fault_that_left_a_majority_must_see_acquisitions_during_it() {
+    let fault = |start, healed, available_after| Fault {
+        what: "f".into(),
+        start: ms(start),
+        healed: ms(healed),
+        available_after,
+    };
+    let mut h = clean(); // acquisitions at 0, 120 and 310
+    h.end = ms(10_000);
+    h.faults = vec![
+        // 1.5 s with a majority for everyone and nobody acquired: starved.
+        fault(400, 1900, Some(Duration::ZERO)),
+        // The same, but nothing was promised (no client kept a majority).
+        fault(2000, 3500, None),
+        // Leftover keys may block the others for a ttl: 1.5 s is not enough to tell.
+        fault(3600, 5100, Some(Duration::from_secs(1))),
+        // ... 2.5 s is.
+        fault(5200, 7700, Some(Duration::from_secs(1))),
+        // Acquired during it: fine.
+        fault(100, 1500, Some(Duration::ZERO)),
+    ];
+    let r = check(&h, Duration::from_secs(60));
+    assert_eq!(r.during, vec![0, 0, 0, 0, 2]);
+    assert_eq!(r.judged, vec![0, 3, 4]);
+    assert_eq!(r.starved, vec![0, 3]);
+    assert_eq!(r.violations(), 2, "{r:?}");
+
+    // Attempts refused by a quorum holding the lock during the fault: contention (clients
+    // keeping one another out), not unavailability.
+    let refused = |start, end, outcome| Op {
+        client: 2,
+        kind: OpKind::Acquire,
+        start: ms(start),
+        end: ms(end),
+        bound: Duration::from_secs(5),
+        outcome,
+    };
+    h.ops = vec![
+        refused(0, 1800, "held"),         // ends inside fault 0
+        refused(5000, 7800, "held"),      // ends after fault 3 healed
+        refused(5300, 7000, "no_quorum"), // unreachable is no excuse
+    ];
+    let r = check(&h, Duration::from_secs(60));
+    assert_eq!((&r.contended, &r.starved), (&vec![0], &vec![3]), "{r:?}");
+}
+
+#[test]
+fn harness_trouble_fails_the_run() {
+    let mut h = clean();
+    assert_eq!(check(&h, BOUND).violations(), 0);
+    h.malformed.push("CHAOS section 1 2".into());
+    h.incidents.push("client 0 did not stop".into());
+    h.unfinished_writes.push(PendingWrite {
+        session: 3,
+        client: 3,
+        token: 13,
+        start: ms(500),
+    });
+    let r = check(&h, BOUND);
+    assert_eq!(
+        (r.malformed, r.incidents, r.unfinished_writes),
+        (1, 1, 1),
+        "{r:?}"
+    );
+    assert_eq!(r.violations(), 3);
+}
+
+#[test]
+fn clock_jumps_count_only_when_they_hit_a_bare_majority_holder() {
+    let jump = |targeted, hit_holder| ClockJump {
+        node: 1,
+        at: ms(10),
+        targeted,
+        hit_holder,
+        keys: 2,
+    };
+    let mut h = clean();
+    h.clock_jumps = vec![jump(false, false), jump(true, false), jump(true, true)];
+    let r = check(&h, BOUND);
+    assert_eq!((r.clock_jumps, r.jumps_fired), (3, 1));
+}
+
+/// A client stopped (or a child killed) inside a section: the snapshot keeps the section, so
+/// the checker still sees its overlap.
+#[test]
+fn a_section_still_open_at_the_snapshot_is_judged() {
+    let rec = Recorder::new();
+    let open = |session, client, acquired, until| Section {
+        session,
+        client,
+        token: session,
+        acquired: ms(acquired),
+        valid_until: ms(until),
+        released: None,
+    };
+    rec.open(open(1, 0, 0, 1000));
+    // Extended (by keep-alive, reported): valid until 3000 now.
+    rec.extended(1, ms(3000));
+    rec.open(open(2, 1, 2000, 3000));
+    rec.section(Section {
+        released: Some(ms(2100)),
+        ..open(2, 1, 2000, 3000)
+    });
+    let h = rec.snapshot();
+    assert_eq!(h.sections.len(), 2);
+    let first = h.sections.iter().find(|s| s.session == 1).unwrap();
+    assert_eq!((first.released, first.valid_until), (None, ms(3000)));
+    assert_eq!(check(&h, BOUND).overlaps, vec![(1, 2)]);
+    assert_eq!(rec.acquired_since(ms(0)), 2);
+}
+
+/// A killed child's open section is rebuilt from its last reported deadline and ends at its
+/// death: an extended lease is not cut short at its first deadline.
+#[test]
+fn a_killed_childs_section_ends_at_its_death_with_its_last_deadline() {
+    let rec = Recorder::new();
+    rec.open(section(7, 7, 0, 1000, None));
+    rec.extended(7, ms(1600));
+    rec.extended(7, ms(2400));
+    rec.open(section(8, 8, 100, 900, None)); // another client's, stays open
+    rec.write_started(PendingWrite {
+        session: 7,
+        client: 7,
+        token: 7,
+        start: ms(1900),
+    });
+    assert_eq!(rec.close_open(7, ms(2000)), 1);
+    assert_eq!(rec.pending_writes(7).len(), 1);
+    // Another client acquires at 1500: inside the extended lease, after the first deadline.
+    rec.section(section(9, 9, 1500, 2500, Some(1800)));
+    let h = rec.snapshot();
+    let s7 = h.sections.iter().find(|s| s.session == 7).unwrap();
+    assert_eq!(
+        (s7.valid_until, s7.released, s7.end()),
+        (ms(2400), Some(ms(2000)), ms(2000))
+    );
+    assert_eq!(h.unfinished_writes.len(), 1);
+    let r = check(&h, BOUND);
+    assert!(r.overlaps.contains(&(7, 9)), "{:?}", r.overlaps);
+    assert_eq!(r.unfinished_writes, 1);
+}
+
+#[test]
+fn every_child_record_parses_and_anything_else_with_the_prefix_is_malformed() {
+    let line = |body: &str| format!("{}{body}", crate::child::PREFIX);
+    assert_eq!(
+        classify(&line("extended 7 2400000000")),
+        Line::Record(Event::Extended {
+            session: 7,
+            until: ms(2400)
+        })
+    );
+    assert_eq!(
+        classify(&line("lost 7 2500000000")),
+        Line::Record(Event::Lost {
+            session: 7,
+            at: ms(2500)
+        })
+    );
+    assert_eq!(
+        classify(&line("writing 7 1 42 1900000000")),
+        Line::Record(Event::Writing(PendingWrite {
+            session: 7,
+            client: 1,
+            token: 42,
+            start: ms(1900)
+        }))
+    );
+    assert_eq!(classify(&line("done")), Line::Record(Event::Done));
+    for bad in [
+        "section 7 1 42 100",          // fields missing
+        "write 7 42 1 2 1 extra",      // one too many
+        "write 7 42 1 2 7",            // not a flag
+        "op 1 acquire 1 2 3 exploded", // unknown outcome
+        "acquired seven 1 2 3",        // not a number
+        "teleported 7",                // unknown record
+    ] {
+        assert_eq!(classify(&line(bad)), Line::Malformed, "{bad}");
+    }
+    assert_eq!(
+        classify(".CHAOS done"),
+        Line::Malformed,
+        "glued to libtest's output"
+    );
+    assert_eq!(classify("running 1 test"), Line::Other);
+    assert_eq!(classify("test result: ok. 1 passed"), Line::Other);
+}
+
+#[test]
+fn the_nemesis_knows_when_the_lock_must_stay_available() {
+    use crate::nemesis::Fault as F;
+    let ttl = Duration::from_secs(1);
+    let s = Duration::from_secs(1);
+    let after = |f: F| f.available_after(5, 3, ttl);
+    let all = |nodes: &[usize]| -> Vec<(usize, usize)> {
+        (0..3)
+            .flat_map(|c| nodes.iter().map(move |&n| (c, n)))
+            .collect()
+    };
+    // Node faults on a minority.
+    let kill = |nodes: Vec<usize>, down| F::Kill { nodes, down };
+    assert_eq!(after(kill(vec![0, 3], s)), Some(Duration::ZERO));
+    assert_eq!(
+        after(kill(vec![0, 3], Duration::ZERO)),
+        None,
+        "instantaneous"
+    );
+    assert_eq!(after(kill(vec![0, 1, 3], s)), None, "a majority");
+    let pause = |nodes: Vec<usize>| F::PauseNodes { nodes, hold: s };
+    assert_eq!(after(pause(vec![4])), Some(Duration::ZERO));
+    assert_eq!(after(pause(vec![0, 2, 4])), None);
+    // The same minority cut for every client, or different ones.
+    let hole = |links| F::Blackhole { links, hold: s };
+    assert_eq!(after(hole(all(&[1, 2]))), Some(Duration::ZERO));
+    assert_eq!(
+        after(hole(vec![(0, 0), (0, 1), (1, 2), (1, 3)])),
+        Some(ttl),
+        "leftover keys of a holder cut from one minority can block another client"
+    );
+    assert_eq!(after(hole(all(&[0, 1, 2]))), None);
+    let views = |views| F::Partition { views, hold: s };
+    assert_eq!(
+        after(views(vec![vec![0, 1, 2], vec![2, 3, 4], vec![0]])),
+        Some(ttl)
+    );
+    assert_eq!(after(views(vec![vec![0, 1], vec![3, 4], vec![2]])), None);
+    let jump = F::ClockJump {
+        client: 1,
+        cut: vec![0, 4],
+        node: 2,
+        jump: s,
+        hold: s,
+    };
+    assert_eq!(after(jump), Some(Duration::ZERO));
+    assert_eq!(after(F::PauseClient { hold: s }), None);
 }

@@ -1,14 +1,85 @@
-//! No faults: the baseline every other case is compared with.
+//! No faults: the baseline every other case is compared with, and how a client stopped inside
+//! its section is recorded.
 
+use std::time::Duration;
+
+use crate::checker::check;
+use crate::history::{History, Mono, Recorder};
 use crate::runner::{SHORT, Scenario, expect_safe};
+use crate::support::cluster;
+use crate::workload::{ClientSpec, Held};
+
+const WAIT: Duration = Duration::from_secs(10);
 
 /// Three clients contend for one key on five healthy nodes for a few seconds.
 ///
 /// Expected: no overlap, strictly growing tokens, no write past validity, no hung operation,
 /// no stale write at all (nobody ever holds a lock it lost), and a steady stream of handovers.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_contend_without_violations() {
     let out = expect_safe(Scenario::new("none", &[]), 20, SHORT).await;
     assert!(out.report.sections >= 20, "{}", out.explain());
     assert_eq!(out.report.stale_rejected, 0, "{}", out.explain());
+}
+
+/// A client stopped inside its critical section (its task aborted, as the runner does with a
+/// client that does not stop in time) stays in the history: the section is open in a snapshot
+/// taken meanwhile, and closed at the abort afterwards, with its kept-alive deadline.
+///
+/// Expected: the open section is judged until its deadline; after the abort it ends at the
+/// abort, the dropped guard releases the lock in the background, and the next holder does not
+/// overlap it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_stopped_inside_its_section_stays_in_the_history() {
+    let c = cluster(3);
+    let rec = Recorder::new();
+    let ttl = Duration::from_secs(3);
+    let spec = ClientSpec::new(0, c.urls(), ttl, 0);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn({
+        let (locks, rec) = (spec.locks(), rec.clone());
+        async move {
+            let held = Held::acquire(&locks, 0, ttl, WAIT, &rec).await.unwrap();
+            held.lock().keep_alive();
+            let _ = tx.send(held.session);
+            std::future::pending::<()>().await;
+            drop(held);
+        }
+    });
+    let session = tokio::time::timeout(WAIT, rx).await.unwrap().unwrap();
+    let find = |h: &History| h.sections.iter().find(|s| s.session == session).cloned();
+    let h = rec.snapshot();
+    let open = find(&h).expect("the open section is in the snapshot");
+    assert_eq!(open.released, None);
+    assert!(open.valid_until > h.end, "{open:?} is still valid");
+
+    let aborted = Mono::now();
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    let closed = find(&rec.snapshot()).expect("the closed section");
+    let released = closed.released.expect("closed at the abort");
+    assert!(
+        released >= aborted && closed.valid_until > released,
+        "{closed:?}"
+    );
+
+    // The dropped guard released in the background: another client gets the lock long before
+    // the old deadline, and the checker sees no overlap.
+    let b = Held::acquire(
+        &ClientSpec::new(1, c.urls(), ttl, 0).locks(),
+        1,
+        ttl,
+        WAIT,
+        &rec,
+    )
+    .await
+    .expect("released by the dropped guard");
+    assert!(
+        b.acquired < closed.valid_until,
+        "B acquired at {:?}, before the old deadline",
+        b.acquired
+    );
+    b.release(&rec).await.unwrap();
+    let r = check(&rec.snapshot(), WAIT);
+    assert!(r.overlaps.is_empty() && r.violations() == 0, "{r:?}");
 }

@@ -13,7 +13,7 @@ use crate::runner::{SHORT, Scenario, expect_safe};
 /// the client's restart guard is off, so the delay alone must keep the lock safe.
 ///
 /// Expected: no overlap, strictly growing tokens, no write past validity, no hung operation.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_minority_with_delayed_restart_keeps_exclusion() {
     let scn = Scenario::new("kill-minority-delayed", &[FaultKind::KillMinorityDelayed])
         .guard(RestartGuard::Off);
@@ -24,7 +24,7 @@ async fn kill_minority_with_delayed_restart_keeps_exclusion() {
 /// (`Restarted`: a node whose run id changed is held out for the max ttl) does the waiting.
 ///
 /// Expected: no overlap, strictly growing tokens, no write past validity, no hung operation.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_minority_with_immediate_restart_is_held_out_by_the_restart_guard() {
     let scn = Scenario::new("kill-minority-immediate+guard", &[FaultKind::KillMinority]);
     expect_safe(scn, 31, SHORT).await;
@@ -34,7 +34,7 @@ async fn kill_minority_with_immediate_restart_is_held_out_by_the_restart_guard()
 /// back with their keys and fencing counters; the restart guard is off.
 ///
 /// Expected: no overlap, strictly growing tokens, no write past validity, no hung operation.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_majority_with_aof_always_keeps_exclusion() {
     let scn = Scenario::new("kill-majority-immediate+aof", &[FaultKind::KillMajority])
         .aof()
@@ -47,7 +47,7 @@ async fn kill_majority_with_aof_always_keeps_exclusion() {
 ///
 /// Expected: no overlap, strictly growing tokens, no write past validity, no operation hung
 /// past its bound (the per-node timeout cuts every call short).
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_nodes_cost_availability_only() {
     let scn = Scenario::new("pause-nodes", &[FaultKind::PauseNodes]);
     expect_safe(scn, 33, SHORT).await;

@@ -12,7 +12,7 @@ use crate::runner::{SHORT, Scenario, expect_safe};
 ///
 /// Expected: no overlap, strictly growing tokens, no write past validity (validity is computed
 /// from the slow round), no hung operation.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_keeps_exclusion() {
     expect_safe(Scenario::new("latency", &[FaultKind::Latency]), 40, SHORT).await;
 }
@@ -21,7 +21,7 @@ async fn latency_keeps_exclusion() {
 /// held is delivered on heal (late acquisitions land after their round gave up).
 ///
 /// Expected: no overlap, strictly growing tokens, no write past validity, no hung operation.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blackholes_keep_exclusion() {
     expect_safe(
         Scenario::new("blackhole", &[FaultKind::Blackhole]),
@@ -35,7 +35,7 @@ async fn blackholes_keep_exclusion() {
 ///
 /// Expected: no overlap, strictly growing tokens, no write past validity, no hung operation;
 /// clients reconnect (a reset is not a restart: the run id is unchanged, nothing is held out).
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_resets_keep_exclusion() {
     expect_safe(Scenario::new("reset", &[FaultKind::Reset]), 42, SHORT).await;
 }
@@ -44,7 +44,7 @@ async fn connection_resets_keep_exclusion() {
 /// only a minority. Any two majorities share a node, whose fencing counter carries the token.
 ///
 /// Expected: no overlap, strictly growing tokens, no write past validity, no hung operation.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_seeing_different_majorities_keep_exclusion_and_token_order() {
     let scn = Scenario::new("client-partition", &[FaultKind::ClientPartition]);
     expect_safe(scn, 43, SHORT).await;

@@ -19,8 +19,11 @@ use crate::workload::{ClientSpec, Held};
 /// Expected: no overlap of critical sections (the new holder acquires only after the child's
 /// validity ended: the lock did its job), the child's write is reported past its validity, and
 /// fencing rejects it: the resource keeps the new holder's value. The heartbeat did not help:
-/// it was frozen too. Liveness: the new holder acquires within ttl + 2 s of the freeze.
-#[tokio::test]
+/// it was frozen too. But the lock's "lost" signal did its part: the child reports it fired
+/// after the freeze and no later than its stale write returned (the moment the child could
+/// have checked), so a client that watched it would have known. Liveness: the new holder
+/// acquires within ttl + 2 s of the freeze.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_holder_wakes_up_and_its_stale_write_is_rejected() {
     let nodes = cluster(3);
     let urls = nodes.urls();
@@ -44,13 +47,13 @@ async fn a_paused_holder_wakes_up_and_its_stale_write_is_rejected() {
         },
         rec.clone(),
     );
-    let child_token = match child
+    let (child_session, child_token) = match child
         .wait_for(Duration::from_secs(20), "its acquisition", |e| {
             matches!(e, Event::Acquired { .. })
         })
         .await
     {
-        Event::Acquired { token, .. } => token,
+        Event::Acquired { session, token, .. } => (session, token),
         _ => unreachable!(),
     };
     child
@@ -76,6 +79,7 @@ async fn a_paused_holder_wakes_up_and_its_stale_write_is_rejected() {
         what: "SIGSTOP the child client".into(),
         start: frozen,
         healed: Mono::now(),
+        ..Fault::default()
     });
     child.stop(Duration::from_secs(10)).await;
 
@@ -98,6 +102,46 @@ async fn a_paused_holder_wakes_up_and_its_stale_write_is_rejected() {
         took_over <= ttl + Duration::from_secs(2),
         "took over after {took_over:?}"
     );
+    // The post-mortem's question: had the lost signal fired by the time the child could check?
+    let lost: Vec<_> = h
+        .lost
+        .iter()
+        .filter(|l| l.session == child_session)
+        .collect();
+    assert_eq!(
+        lost.len(),
+        1,
+        "the child reports its lost signal once: {h:?}"
+    );
+    let (lost_at, stale) = (lost[0].at, child_writes[0]);
+    assert!(
+        lost_at > frozen,
+        "the signal fired after the freeze, not before: {lost_at:?} vs {frozen:?}"
+    );
+    assert!(
+        lost_at <= stale.end,
+        "the signal had fired by the time the stale write returned: lost at {lost_at:?}, \
+         write {:?}..{:?}",
+        stale.start,
+        stale.end
+    );
+    let child_section = h
+        .sections
+        .iter()
+        .find(|s| s.session == child_session)
+        .expect("the child's section");
+    assert!(
+        child_section.valid_until <= lost_at,
+        "the child's deadline ({:?}) had passed when the signal fired ({lost_at:?})",
+        child_section.valid_until
+    );
+    let ms = |a: Mono, b: Mono| (i128::from(a.0) - i128::from(b.0)) as f64 / 1e6;
+    println!(
+        "lost signal at {:+.2} ms from the stale write's start; the write returned {:.2} ms later",
+        ms(lost_at, stale.start),
+        ms(stale.end, lost_at)
+    );
+    assert!(h.incidents.is_empty() && h.malformed.is_empty(), "{h:?}");
     let mut conn = redis::Client::open(store.url())
         .unwrap()
         .get_multiplexed_async_connection()

@@ -1,6 +1,6 @@
-//! Regressions: bugs the chaos suite found in the core. A test whose fix has landed runs with the
-//! short profile; one whose bug is still open is ignored (so the short profile stays green) and
-//! is un-ignored with its fix.
+//! Regressions: bugs the chaos suite found in the core, each pinned by a deterministic test that
+//! runs with the short profile now that its fix has landed, plus one ignored demonstration of
+//! what the restart guard is for (it fails by design with the guard off).
 
 use std::time::Duration;
 
@@ -56,14 +56,12 @@ async fn after_rolling_restart(
 /// procedure done by the operator: at most one node (a minority of three) down at a time, each
 /// kept down longer than the ttl, restarted empty. Mutual exclusion holds, but the restarted
 /// nodes' fencing counters start again from zero, and with no operation in between nothing
-/// raises them: a quorum of the two restarted nodes hands out a token far below the last one.
-/// `FencingToken`'s guarantee ("... or a restarted node kept out of quorums for longer than the
-/// largest ttl") says this cannot happen; the resource then rejects the legitimate holder's
-/// writes as stale.
+/// raises them: a quorum of the two restarted nodes hands out a token far below the last one,
+/// and the resource then rejects the legitimate holder's writes as stale.
 ///
 /// Kept as a demonstration of what the default restart guard prevents: it fails, by design,
-/// with the guard off (the documented guarantee asks for the guard or for persistence).
-#[tokio::test]
+/// with the guard off (`FencingToken`'s guarantee asks for the guard or for persistence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "by design: with RestartGuard::Off the client trusts every node and restores nothing (FencingToken docs, docs/safety.md); shows why the guard is on by default"]
 async fn delayed_restarts_without_the_guard_keep_tokens_growing() {
     let (a_token, b) = after_rolling_restart(RestartGuard::Off, true).await;
@@ -75,14 +73,14 @@ async fn delayed_restarts_without_the_guard_keep_tokens_growing() {
     );
 }
 
-/// The same rolling restart with the default restart guard. The guard now restores a restarted
-/// node's counters from `N - Q + 1` clean nodes before it counts again; with both restarts seen
-/// at once (nothing ran in between) each restarted node has one clean peer where two are
-/// needed, so both stay out for good and the lock cannot be taken again: tokens do not regress,
-/// but every long-lived client is locked out.
+/// The same rolling restart with the default restart guard. The guard restores a restarted
+/// node's counters before it counts again, from `N - Q + 1` clean nodes; with both restarts
+/// seen at once (nothing ran in between) each restarted node has one clean peer where two are
+/// wanted. The repair used to wait for a second one forever, locking every long-lived client
+/// out; it now restores from every clean node there is (node 2 must answer), best effort.
 ///
-/// Expected (once fixed): B acquires within 5 s, with a token above A's.
-#[tokio::test]
+/// Expected: B acquires within 5 s, with a token above A's (node 2 kept A's counter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_in_a_quiet_period_leaves_the_lock_usable() {
     let (a_token, b) = after_rolling_restart(RestartGuard::Restarted, false).await;
     let b = b.expect("the lock is usable again after a rolling restart");
@@ -94,11 +92,13 @@ async fn a_rolling_restart_in_a_quiet_period_leaves_the_lock_usable() {
 }
 
 /// Two of three nodes persisted with `appendfsync always` are killed and restarted at once:
-/// nothing is lost. With the default guard the client still treats them as wiped and needs
-/// two clean peers to restore their counters, which it does not have.
+/// nothing is lost. The default guard used to treat them as wiped and wait for two clean peers
+/// to restore their counters, which it does not have, locking the client out for good; a node
+/// persisted with `appendfsync always` now reloads its counters with its keys and needs no
+/// repair (it still waits out the max ttl).
 ///
-/// Expected (once fixed): the lock is acquired again within 5 s, with a higher token.
-#[tokio::test]
+/// Expected: the lock is acquired again within 5 s, with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_majority_restarted_with_aof_is_usable_again() {
     let mut cluster = LocalCluster::start_with(3, &ServerOptions::new().aof_always())
         .unwrap_or_else(|e| panic!("{e}"));
@@ -128,7 +128,7 @@ async fn a_majority_restarted_with_aof_is_usable_again() {
 ///
 /// Expected: B's attempt fails (both wiped nodes held out); no overlap. Fixed in main by
 /// checking the hold-out after connecting (`Node::run_now`).
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_node_is_held_out_from_the_very_call_that_reconnects() {
     let mut cluster = cluster(3);
     let urls = cluster.urls();

@@ -147,62 +147,125 @@ async fn critical_section(
     let long = !spec.once && rng.random_bool(LONG_SECTIONS);
     let keep_alive = spec.keep_alive || long;
     if keep_alive {
-        held.lock.keep_alive();
+        held.lock().keep_alive();
     }
     let (writes, max_work) = if long {
         (rng.random_range(3..=6), LONG_WORK)
     } else {
         (rng.random_range(spec.writes.clone()), spec.work)
     };
-    for n in 0..writes {
-        if n > 0 && !keep_alive && rng.random_bool(0.25) {
-            held.extend(spec.ttl, rec).await;
+    let done = CancellationToken::new();
+    let body = async {
+        for n in 0..writes {
+            if n > 0 && !keep_alive && rng.random_bool(0.25) {
+                held.extend(spec.ttl, rec).await;
+            }
+            let work = if spec.once {
+                max_work
+            } else {
+                max_work.mul_f64(rng.random())
+            };
+            held.observe(rec);
+            if held.lock().is_lost() || held.lock().validity() < work + WRITE_MARGIN {
+                break;
+            }
+            rec.checked(held.session, Mono::now());
+            tokio::time::sleep(work).await;
+            if spec.recheck && (held.lock().is_lost() || held.lock().validity() < WRITE_MARGIN) {
+                break;
+            }
+            held.write(resource, rec).await;
         }
-        let work = if spec.once {
-            max_work
-        } else {
-            max_work.mul_f64(rng.random())
-        };
-        if held.lock.is_lost() || held.lock.validity() < work + WRITE_MARGIN {
-            break;
-        }
-        rec.checked(held.session, Mono::now());
-        tokio::time::sleep(work).await;
-        if spec.recheck && (held.lock.is_lost() || held.lock.validity() < WRITE_MARGIN) {
-            break;
-        }
-        held.write(resource, rec).await;
+        done.cancel();
+    };
+    if keep_alive {
+        // The background extensions move the deadline behind our back: report each move (a
+        // killed child's section is rebuilt from the last one) and the moment the lost signal
+        // fires. The library has no "extended" event, so the deadline is sampled.
+        tokio::join!(body, held.watch(rec, &done));
+    } else {
+        body.await;
     }
     let _ = held.release(rec).await;
 }
 
+/// How often a kept-alive section's deadline is sampled for extensions.
+const DEADLINE_SAMPLE: Duration = Duration::from_millis(10);
+
 /// A critical section in progress, recording what is done under it. The random clients use it,
 /// and the scripted cases drive it step by step.
+///
+/// The section is recorded as open when it begins; [`release`](Self::release) closes it. A
+/// `Held` dropped without release (its task was aborted) closes it at that moment, with the
+/// lock's deadline as it then stood: the client can no longer act, and the guard's drop
+/// releases the lock in the background.
 pub struct Held {
-    pub lock: Lock,
+    lock: Option<Lock>,
     pub session: SessionId,
     pub token: u64,
     pub acquired: Mono,
     pub client: usize,
+    rec: Recorder,
+    /// The deadline last reported to the recorder.
+    reported: std::sync::Mutex<Mono>,
 }
 
 impl Held {
     /// Wraps a lock just acquired: a new session begins now.
     pub fn new(lock: Lock, client: usize, rec: &Recorder) -> Held {
+        let acquired = Mono::now();
+        let until = Mono::of(lock.deadline());
         let held = Held {
             session: rec.session(),
             token: lock.token().get(),
-            acquired: Mono::now(),
+            acquired,
             client,
-            lock,
+            lock: Some(lock),
+            rec: rec.clone(),
+            reported: std::sync::Mutex::new(until),
         };
-        rec.acquired(
-            held.session,
-            held.token,
-            held.acquired,
-            Mono::of(held.lock.deadline()),
-        );
+        rec.open(Section {
+            session: held.session,
+            client,
+            token: held.token,
+            acquired,
+            valid_until: until,
+            released: None,
+        });
         held
+    }
+
+    /// The lock held.
+    pub fn lock(&self) -> &Lock {
+        self.lock.as_ref().expect("held until released")
+    }
+
+    /// Reports the deadline to the recorder if it moved since last reported.
+    pub fn observe(&self, rec: &Recorder) {
+        let until = Mono::of(self.lock().deadline());
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        // `Mono::of` converts with a fresh reading of both clocks: ignore sub-ms jitter.
+        if until.0.abs_diff(reported.0) > 1_000_000 {
+            *reported = until;
+            rec.extended(self.session, until);
+        }
+    }
+
+    /// Until `done`: reports every move of the deadline, and when the lost signal fires.
+    async fn watch(&self, rec: &Recorder, done: &CancellationToken) {
+        let lost = self.lock().lost();
+        tokio::pin!(lost);
+        let mut lost_seen = false;
+        loop {
+            tokio::select! {
+                _ = done.cancelled() => break,
+                () = &mut lost, if !lost_seen => {
+                    lost_seen = true;
+                    rec.lost(self.session, Mono::now());
+                }
+                () = tokio::time::sleep(DEADLINE_SAMPLE) => self.observe(rec),
+            }
+        }
     }
 
     /// `acquire_timeout(KEY, ttl, wait)`, recorded.
@@ -229,31 +292,28 @@ impl Held {
     /// Extends by hand, recorded.
     pub async fn extend(&self, ttl: Duration, rec: &Recorder) {
         let start = Mono::now();
-        let r = self.lock.extend(ttl).await;
+        let r = self.lock().extend(ttl).await;
         self.op(rec, OpKind::Extend, start, outcome(&r));
+        self.observe(rec);
     }
 
     /// Writes to the resource with this session's token; whether fencing accepted it.
     pub async fn write(&self, resource: &Resource, rec: &Recorder) -> bool {
         let start = Mono::now();
-        let accepted = resource.write(rec, self.session, self.token).await;
+        let accepted = resource
+            .write(rec, self.client, self.session, self.token)
+            .await;
         self.op(rec, OpKind::Write, start, "ok");
         accepted
     }
 
     /// Releases, and the section goes into the history.
-    pub async fn release(self, rec: &Recorder) -> Result<(), Error> {
+    pub async fn release(mut self, rec: &Recorder) -> Result<(), Error> {
+        let lock = self.lock.take().expect("held until released");
         let released = Mono::now();
-        let deadline = self.lock.deadline();
-        let r = self.lock.release().await;
-        rec.op(Op {
-            client: self.client,
-            kind: OpKind::Release,
-            start: released,
-            end: Mono::now(),
-            bound: call_bound(),
-            outcome: outcome(&r),
-        });
+        let deadline = lock.deadline();
+        // The section is closed before the call: if this task is aborted during the release,
+        // the drop does not close it a second time.
         rec.section(Section {
             session: self.session,
             client: self.client,
@@ -261,6 +321,15 @@ impl Held {
             acquired: self.acquired,
             valid_until: Mono::of(deadline),
             released: Some(released),
+        });
+        let r = lock.release().await;
+        rec.op(Op {
+            client: self.client,
+            kind: OpKind::Release,
+            start: released,
+            end: Mono::now(),
+            bound: call_bound(),
+            outcome: outcome(&r),
         });
         r
     }
@@ -274,5 +343,20 @@ impl Held {
             bound: call_bound(),
             outcome,
         });
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(lock) = &self.lock {
+            self.rec.section(Section {
+                session: self.session,
+                client: self.client,
+                token: self.token,
+                acquired: self.acquired,
+                valid_until: Mono::of(lock.deadline()),
+                released: Some(Mono::now()),
+            });
+        }
     }
 }
