@@ -84,27 +84,26 @@ impl MaxTtl {
     }
 }
 
-/// Per-round flags: which nodes' calls have been handed to their connection. One still waiting
-/// for a connection is sent only if its future is driven. One handed over is *probably* sent
-/// even if its future is dropped, but not certainly: redis-rs skips a queued command whose
-/// caller went away before its driver task wrote it. So a call whose effect must happen (a
-/// release) is driven to its answer, never dropped.
-#[derive(Debug, Clone)]
-pub(crate) struct Sent(Arc<[AtomicBool]>);
+/// A round's gate. While open, a call that finally gets its connection is sent. A round is
+/// *closed* at its verdict when its unanswered calls are to be driven to their answer (an
+/// extension): those already handed to their connection are, but one still waiting for a
+/// connection then gives up instead of sending late (after the lock's release, an extension
+/// could re-set the key).
+///
+/// Why drive at all: a call handed to its connection is only *probably* sent if its future is
+/// dropped; redis-rs skips a queued command whose caller went away before its driver task wrote
+/// it. A call still waiting for a connection is certainly not sent if dropped.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RoundGate(Arc<AtomicBool>);
 
-impl Sent {
-    pub(crate) fn new(n: usize) -> Self {
-        Sent((0..n).map(|_| AtomicBool::new(false)).collect())
+impl RoundGate {
+    /// Closes the round: calls still waiting for a connection will not be sent.
+    pub(crate) fn close(&self) {
+        self.0.store(true, Ordering::Release);
     }
 
-    pub(crate) fn mark(&self, i: usize) {
-        if let Some(flag) = self.0.get(i) {
-            flag.store(true, Ordering::Release);
-        }
-    }
-
-    pub(crate) fn get(&self, i: usize) -> bool {
-        self.0.get(i).is_some_and(|f| f.load(Ordering::Acquire))
+    fn is_open(&self) -> bool {
+        !self.0.load(Ordering::Acquire)
     }
 }
 
@@ -313,20 +312,25 @@ impl Node {
         call: Arc<ScriptCall>,
         hold_out: HoldOut,
         op: &'static str,
-        sent: Option<(Sent, usize)>,
+        gate: Option<RoundGate>,
     ) -> Result<Value, NodeError> {
         #[cfg(feature = "metrics")]
         let start = Instant::now();
-        let result = self.run_now(&call, hold_out, sent).await;
-        match &result {
-            Ok(_) => {
+        match self.run_now(&call, hold_out, gate).await {
+            Ok(Some(value)) => {
                 #[cfg(feature = "metrics")]
                 metrics::node_latency(&self.name, op, start.elapsed());
                 self.mark_up();
+                Ok(value)
             }
-            Err(e) => self.failed(op, e),
+            // Given up unsent because its round was closed: nobody reads this, nothing to
+            // record.
+            Ok(None) => Err(NodeError::Timeout(Duration::ZERO)),
+            Err(e) => {
+                self.failed(op, &e);
+                Err(e)
+            }
         }
-        result
     }
 
     /// Records a call that its round's deadline cut short.
@@ -357,12 +361,13 @@ impl Node {
         }
     }
 
+    /// `Ok(None)`: not sent, because the round was closed while this call waited to connect.
     async fn run_now(
         self: &Arc<Self>,
         call: &ScriptCall,
         hold_out: HoldOut,
-        sent: Option<(Sent, usize)>,
-    ) -> Result<Value, NodeError> {
+        gate: Option<RoundGate>,
+    ) -> Result<Option<Value>, NodeError> {
         let (mut conn, generation) = self.connection().await?;
         // Checked after connecting: a (re)connect is what reads the node's run id and uptime.
         if hold_out == HoldOut::Respect
@@ -372,8 +377,8 @@ impl Node {
         }
         // The first poll of the send below hands the command to the connection's queue. Its
         // driver writes it to the socket later, and skips it if this future is gone by then.
-        if let Some((sent, i)) = &sent {
-            sent.mark(*i);
+        if gate.as_ref().is_some_and(|gate| !gate.is_open()) {
+            return Ok(None);
         }
         // A server error comes back as a value; `extract_error` turns it into an error.
         let reply = match conn
@@ -392,7 +397,7 @@ impl Node {
             }
             other => other,
         };
-        reply.map_err(|e| self.call_error(e, generation))
+        reply.map(Some).map_err(|e| self.call_error(e, generation))
     }
 
     /// Classifies a call's error; a broken connection is dropped so the next call reconnects.

@@ -17,7 +17,7 @@ use crate::error::{ArgumentError, Error, LostReason, NodeError, NodeFailure};
 use crate::fencing::FencingToken;
 use crate::guard::{Lock, LockState};
 use crate::metrics;
-use crate::node::{HoldOut, MaxTtl, Node, Sent};
+use crate::node::{HoldOut, MaxTtl, Node, RoundGate};
 use crate::quorum::{self, Answer, Tally, Verdict};
 use crate::scripts::{self, ScriptCall};
 
@@ -56,7 +56,8 @@ pub(crate) struct Inner {
     pub(crate) nodes: Vec<Arc<Node>>,
     pub(crate) cfg: RedlockBuilder,
     max_ttl: Arc<MaxTtl>,
-    /// Background releases, late answers and repairs, so `flush` can wait for them.
+    /// Background releases, the unanswered part of releases and extensions, and repairs, so
+    /// `flush` can wait for them.
     pub(crate) tasks: TaskTracker,
 }
 
@@ -172,45 +173,38 @@ struct Round {
 }
 
 /// The calls of a round still unanswered when its verdict was taken.
-struct Tail {
+pub(crate) struct Tail {
     calls: FuturesUnordered<NodeFuture>,
-    answered: Vec<bool>,
-    sent: Sent,
+    gate: RoundGate,
     deadline: Instant,
 }
 
+impl std::fmt::Debug for Tail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tail")
+            .field("unanswered", &self.calls.len())
+            .finish()
+    }
+}
+
 impl Tail {
-    /// Whether any call is unanswered.
-    fn is_empty(&self) -> bool {
-        self.calls.is_empty()
-    }
-
-    /// Whether an unanswered call is still waiting for its connection: it is sent only if
-    /// something keeps polling it. (For calls whose effect is optional, such as the rest of a
-    /// won acquisition; a release is always driven, see `release_state`.)
-    fn needs_driving(&self) -> bool {
-        !self.calls.is_empty()
-            && self
-                .answered
-                .iter()
-                .enumerate()
-                .any(|(i, &answered)| !answered && !self.sent.get(i))
-    }
-
-    /// Drives the unanswered calls to their end (bounded by the round's deadline), handing each
-    /// answer to `on_answer`.
-    async fn drive<F, Fut>(self, mut on_answer: F)
-    where
-        F: FnMut(usize, Result<Value, NodeError>) -> Fut,
-        Fut: Future<Output = ()>,
-    {
-        let mut calls = self.calls;
-        let _ = tokio::time::timeout_at(self.deadline, async {
-            while let Some((i, reply)) = calls.next().await {
-                on_answer(i, reply).await;
-            }
-        })
-        .await;
+    /// Drives the unanswered calls to their answer in the background (bounded by the round's
+    /// deadline), so that their commands reach the nodes: a dropped call may be skipped by its
+    /// connection (see [`RoundGate`]). With `close`, calls still waiting for a connection give
+    /// up instead of being sent late.
+    fn drive_in(self, tasks: &TaskTracker, close: bool) {
+        if close {
+            self.gate.close();
+        }
+        if self.calls.is_empty() {
+            return;
+        }
+        let (mut calls, deadline) = (self.calls, self.deadline);
+        tasks.spawn(async move {
+            let _ =
+                tokio::time::timeout_at(deadline, async { while calls.next().await.is_some() {} })
+                    .await;
+        });
     }
 }
 
@@ -355,7 +349,7 @@ impl Redlock {
                 .attempt(key, &lock_key, &fence_key, &value, ttl, drift)
                 .await;
             let err = match result {
-                Ok((token, start, validity, late)) => {
+                Ok((token, start, validity, tail)) => {
                     undo.disarm();
                     metrics::acquire("acquired", called.elapsed());
                     let state = Arc::new(LockState::new(
@@ -367,8 +361,7 @@ impl Redlock {
                         ttl,
                         start + validity,
                     ));
-                    self.finish_late_answers(late, &state);
-                    return Ok(Lock::new(self.clone(), state));
+                    return Ok(Lock::new(self.clone(), state, tail));
                 }
                 Err(e) => e,
             };
@@ -497,6 +490,11 @@ impl Redlock {
                     ?validity,
                     "lock acquired"
                 );
+                // The unanswered calls are parked in the lock, never polled again: one already
+                // queued on its connection keeps its reply channel open, so redis-rs writes it
+                // (and it runs before any later call on that node's ordered connection); one
+                // still waiting for a connection is never sent. A node that misses the acquire
+                // gets the key from the next extension, with the then current ttl.
                 Ok((FencingToken::new(max), start, validity, round.rest))
             }
             None => {
@@ -508,46 +506,6 @@ impl Redlock {
                 })
             }
         }
-    }
-
-    /// After a won round, lets the calls still waiting for a connection reach their nodes, so the
-    /// lock stands on every node that answers in time. (Calls already queued on a connection are
-    /// left to it: if it skips one, that node simply does not hold the lock, which a quorum does
-    /// not need.) A late yes that arrives after the lock was released is undone on that node:
-    /// the release flag is set before any release is sent, so either the release ran after the
-    /// late acquire on the node's ordered connection, or this check sees the flag.
-    fn finish_late_answers(&self, late: Tail, state: &Arc<LockState>) {
-        if !late.needs_driving() {
-            return;
-        }
-        let client = self.clone();
-        let state = Arc::clone(state);
-        self.inner.tasks.spawn(async move {
-            late.drive(|i, reply| {
-                let late_yes = matches!(reply.and_then(int_reply), Ok(v) if v > 0);
-                let (client, state) = (&client, &state);
-                async move {
-                    if late_yes && state.is_released() {
-                        client.release_on(i, state).await;
-                    }
-                }
-            })
-            .await;
-        });
-    }
-
-    /// Releases a lock's value on one node (a late acquisition after the release).
-    async fn release_on(&self, i: usize, state: &LockState) {
-        let token = state.token().get().to_string();
-        let call = scripts::RELEASE.call(
-            &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
-            &[state.value().as_bytes(), token.as_bytes()],
-        );
-        let deadline = Instant::now() + self.inner.cfg.node_timeout;
-        let node = Arc::clone(&self.inner.nodes[i]);
-        let _ = node
-            .run(Arc::new(call), deadline, HoldOut::Ignore, "release")
-            .await;
     }
 
     /// Brings the counters of the yes-nodes below `max` up to it, so that a quorum stands at the
@@ -643,7 +601,7 @@ impl Redlock {
     ) -> Round {
         let n = self.inner.nodes.len();
         let start = Instant::now();
-        let sent = Sent::new(n);
+        let gate = RoundGate::default();
         let mut rest: FuturesUnordered<NodeFuture> = self
             .inner
             .nodes
@@ -651,7 +609,7 @@ impl Redlock {
             .enumerate()
             .map(|(i, node)| {
                 let fut =
-                    Arc::clone(node).call(Arc::clone(&call), hold_out, op, Some((sent.clone(), i)));
+                    Arc::clone(node).call(Arc::clone(&call), hold_out, op, Some(gate.clone()));
                 Box::pin(async move { (i, fut.await) }) as NodeFuture
             })
             .collect();
@@ -725,8 +683,7 @@ impl Redlock {
             failures,
             rest: Tail {
                 calls: rest,
-                answered,
-                sent,
+                gate,
                 deadline,
             },
         }
@@ -779,7 +736,11 @@ impl Redlock {
                 positive,
             )
             .await;
-        drop(round.rest);
+        // The calls already queued must reach their nodes: dropped, a queued command may be
+        // skipped, and a node would keep its old expiry (a later one, for a shorter ttl). Calls
+        // still waiting for a connection are not sent at all: sent late, after the release,
+        // one could re-set the key.
+        round.rest.drive_in(&self.inner.tasks, true);
         let key = state.key();
         match round.verdict {
             Verdict::Quorum => {
@@ -834,9 +795,7 @@ impl Redlock {
             .await;
         // The unanswered releases must reach their nodes: dropped, a queued command may be
         // skipped by its connection, and the key would outlive the release by up to a ttl.
-        if !round.rest.is_empty() {
-            self.inner.tasks.spawn(round.rest.drive(|_, _| async {}));
-        }
+        round.rest.drive_in(&self.inner.tasks, false);
         let key = state.key();
         match round.verdict {
             // Released where it was still ours, but the holder outlived its validity: the work
