@@ -236,23 +236,24 @@ proptest! {
 
     #[test]
     fn tokens_only_grow((n, ops) in scenario()) {
-        let mut world = World::new(n);
-        for op in &ops {
-            if let Err(e) = world.apply(op) {
-                prop_assert!(false, "{e} after {op:?}");
-            }
-        }
+        replay(n, &ops)?;
     }
 
     #[test]
     fn tokens_only_grow_across_repaired_crashes((n, ops) in crash_scenario()) {
-        let mut world = World::new(n);
-        for op in &ops {
-            if let Err(e) = world.apply(op) {
-                prop_assert!(false, "{e} after {op:?}");
-            }
+        replay(n, &ops)?;
+    }
+}
+
+/// Applies `ops` to a fresh world of `n` nodes; fails at the first token that did not grow.
+fn replay(n: usize, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut world = World::new(n);
+    for op in ops {
+        if let Err(e) = world.apply(op) {
+            prop_assert!(false, "{e} after {op:?}");
         }
     }
+    Ok(())
 }
 
 /// Crashes the guard sees, never released locks, different majorities: a repair from
