@@ -56,8 +56,9 @@ struct Cli {
 /// How to reach the nodes (every subcommand but `demo`).
 #[derive(Debug, Args)]
 struct NodeArgs {
-    /// The Redis masters: redis://[user:pass@]host:port[/db], rediss://..., unix:///path.sock
+    /// The Redis masters (`redis://`, `rediss://` or `unix://` URLs; see the help text).
     #[arg(
+        help = "The Redis masters: redis://[user:pass@]host:port[/db], rediss://..., unix:///path.sock",
         long,
         global = true,
         env = "REDLOCK_NODES",
