@@ -41,9 +41,6 @@ struct Health {
     run_id: Option<String>,
     held_out_until: Option<Instant>,
     repair: Repair,
-    /// Whether the last call (or connect) failed: failures are logged at warn on the way down
-    /// and at info on the way back, not on every call.
-    down: bool,
 }
 
 /// Whether a restarted node's fencing counters still have to be restored from the others.
@@ -126,6 +123,12 @@ pub(crate) struct Node {
     generation: AtomicU64,
     slot: Mutex<Slot>,
     health: Mutex<Health>,
+    /// True while `health` holds a hold-out or a repair: lets every call skip the mutex in the
+    /// common case. Set (under the mutex) before the connect that found a restart completes.
+    suspect: AtomicBool,
+    /// Whether the last call (or connect) failed: failures are logged at warn on the way down
+    /// and at info on the way back, not on every call.
+    down: AtomicBool,
 }
 
 impl std::fmt::Debug for Node {
@@ -150,6 +153,8 @@ impl Node {
             generation: AtomicU64::new(0),
             slot: Mutex::new(Slot::Empty),
             health: Mutex::new(Health::default()),
+            suspect: AtomicBool::new(false),
+            down: AtomicBool::new(false),
         }
     }
 
@@ -161,6 +166,9 @@ impl Node {
     /// Why this node counts toward no quorum now, if it does not: within the delayed-restart
     /// window, or while its fencing counters are being restored after a restart.
     pub(crate) fn held_out(&self) -> Option<NodeError> {
+        if !self.suspect.load(Ordering::Acquire) {
+            return None;
+        }
         let mut health = lock(&self.health);
         if let Some(until) = health.held_out_until {
             let now = Instant::now();
@@ -174,7 +182,15 @@ impl Node {
                 tracing::info!(node = %self.name, "restarted node counts toward quorums again");
             }
         }
+        self.settle(&health);
         (health.repair != Repair::Clean).then_some(NodeError::Repairing)
+    }
+
+    /// Clears the `suspect` hint once nothing holds the node out (called under the mutex).
+    fn settle(&self, health: &Health) {
+        if health.held_out_until.is_none() && health.repair == Repair::Clean {
+            self.suspect.store(false, Ordering::Release);
+        }
     }
 
     /// True while the node's fencing counters may be behind after a restart: it is then no
@@ -185,6 +201,9 @@ impl Node {
 
     /// Claims the restoring of this node's counters (true once per needed repair).
     pub(crate) fn claim_repair(&self) -> bool {
+        if !self.suspect.load(Ordering::Acquire) {
+            return false;
+        }
         let mut health = lock(&self.health);
         if health.repair == Repair::Needed {
             health.repair = Repair::Running;
@@ -200,6 +219,7 @@ impl Node {
         if health.repair == Repair::Running {
             health.repair = if ok { Repair::Clean } else { Repair::Needed };
         }
+        self.settle(&health);
     }
 
     /// Every fencing counter on this node: `(counter key, value)`, read with `SCAN` + `MGET`.
@@ -346,17 +366,13 @@ impl Node {
         if matches!(e, NodeError::HeldOut { .. } | NodeError::Repairing) {
             return;
         }
-        let mut health = lock(&self.health);
-        if !health.down {
-            health.down = true;
+        if !self.down.swap(true, Ordering::Relaxed) {
             tracing::warn!(node = %self.name, op, error = %e, "node unreachable; it counts as failed in every round until it answers again");
         }
     }
 
     fn mark_up(&self) {
-        let mut health = lock(&self.health);
-        if health.down {
-            health.down = false;
+        if self.down.load(Ordering::Relaxed) && self.down.swap(false, Ordering::Relaxed) {
             tracing::info!(node = %self.name, "node answers again");
         }
     }
@@ -524,6 +540,7 @@ impl Node {
                 // saturated deadline would only hold the node out longer.
                 let until = now.checked_add(remaining).unwrap_or(now + max_ttl);
                 health.held_out_until = Some(until);
+                self.suspect.store(true, Ordering::Release);
                 tracing::warn!(
                     node = %self.name,
                     uptime_s = uptime.as_secs(),
@@ -538,6 +555,7 @@ impl Node {
             // first contact, under the strict guard, may not have lost anything: time only.)
             if restarted {
                 health.repair = Repair::Needed;
+                self.suspect.store(true, Ordering::Release);
             }
         }
         health.run_id = Some(run_id);
