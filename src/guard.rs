@@ -14,7 +14,7 @@ use crate::error::{Error, LostReason};
 use crate::fencing::FencingToken;
 use crate::lease;
 use crate::metrics;
-use crate::redlock::{Redlock, Tail};
+use crate::redlock::Redlock;
 
 /// Shared state of one held lock (the guard, its lease task and any watcher).
 #[derive(Debug)]
@@ -195,9 +195,6 @@ pub struct Lock {
     client: Redlock,
     state: Arc<LockState>,
     task: Mutex<Option<AbortOnDropHandle<()>>>,
-    /// The acquisition's calls still unanswered when it was won, kept (unpolled) so that
-    /// redis-rs sends the queued ones; dropped at release.
-    tail: Mutex<Option<Tail>>,
     done: bool,
 }
 
@@ -212,12 +209,11 @@ impl std::fmt::Debug for Lock {
 }
 
 impl Lock {
-    pub(crate) fn new(client: Redlock, state: Arc<LockState>, tail: Tail) -> Self {
+    pub(crate) fn new(client: Redlock, state: Arc<LockState>) -> Self {
         Lock {
             client,
             state,
             task: Mutex::new(None),
-            tail: Mutex::new(Some(tail)),
             done: false,
         }
     }
@@ -366,11 +362,8 @@ impl Lock {
         self.done = true;
     }
 
-    /// Stops the lease task, and lets go of the acquisition's parked calls (a queued one that
-    /// redis-rs has not written yet may then be skipped: harmless, the lock is going).
     fn stop_task(&self) {
         lock(&self.task).take();
-        lock(&self.tail).take();
     }
 }
 

@@ -81,15 +81,13 @@ impl MaxTtl {
     }
 }
 
-/// A round's gate. While open, a call that finally gets its connection is sent. A round is
-/// *closed* at its verdict when its unanswered calls are to be driven to their answer (an
-/// extension): those already handed to their connection are, but one still waiting for a
-/// connection then gives up instead of sending late (after the lock's release, an extension
-/// could re-set the key).
+/// A round's gate. A round is *closed* at its verdict when its unanswered calls must not be
+/// sent late (an extension sent after the lock's release could re-set the key): a call still
+/// waiting for its connection then gives up instead of sending.
 ///
-/// Why drive at all: a call handed to its connection is only *probably* sent if its future is
-/// dropped; redis-rs skips a queued command whose caller went away before its driver task wrote
-/// it. A call still waiting for a connection is certainly not sent if dropped.
+/// (A call handed to its connection is only *probably* sent if its future is dropped: redis-rs
+/// skips a queued command whose caller went away before its driver task wrote it. A call
+/// still waiting for its connection is certainly not sent if dropped.)
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RoundGate(Arc<AtomicBool>);
 

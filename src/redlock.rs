@@ -173,38 +173,25 @@ struct Round {
 }
 
 /// The calls of a round still unanswered when its verdict was taken.
-pub(crate) struct Tail {
+///
+/// What becomes of them depends on the operation (see `docs/design.md`, "Late answers"). They
+/// are either dropped or driven by a task, never kept unpolled: a call waiting for room in its
+/// connection's queue holds that room once granted, and an unpolled one would hold it forever,
+/// starving the connection.
+struct Tail {
     calls: FuturesUnordered<NodeFuture>,
     gate: RoundGate,
     deadline: Instant,
 }
 
-impl std::fmt::Debug for Tail {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tail")
-            .field("unanswered", &self.calls.len())
-            .finish()
-    }
-}
-
 impl Tail {
-    /// Drives the unanswered calls to their answer in the background (bounded by the round's
-    /// deadline), so that their commands reach the nodes: a dropped call may be skipped by its
-    /// connection (see [`RoundGate`]). With `close`, calls still waiting for a connection give
-    /// up instead of being sent late.
-    fn drive_in(self, tasks: &TaskTracker, close: bool) {
-        if close {
-            self.gate.close();
-        }
-        if self.calls.is_empty() {
-            return;
-        }
-        let (mut calls, deadline) = (self.calls, self.deadline);
-        tasks.spawn(async move {
-            let _ =
-                tokio::time::timeout_at(deadline, async { while calls.next().await.is_some() {} })
-                    .await;
-        });
+    /// Drives the unanswered calls to their answer, bounded by the round's deadline.
+    async fn drive(self) {
+        let mut calls = self.calls;
+        let _ = tokio::time::timeout_at(self.deadline, async {
+            while calls.next().await.is_some() {}
+        })
+        .await;
     }
 }
 
@@ -266,6 +253,19 @@ impl Redlock {
         tasks.close();
         tasks.wait().await;
         tasks.reopen();
+    }
+
+    /// Makes sure a finished round's unanswered calls reach their nodes: a dropped call may be
+    /// skipped by its connection, so they are driven to their answer by a task (bounded by the
+    /// round's deadline). With `close`, calls still waiting for a connection give up instead of
+    /// being sent late.
+    fn settle(&self, tail: Tail, close: bool) {
+        if close {
+            tail.gate.close();
+        }
+        if !tail.calls.is_empty() {
+            self.inner.tasks.spawn(tail.drive());
+        }
     }
 
     /// One attempt round, no retries: the lock, or why not at once.
@@ -349,7 +349,7 @@ impl Redlock {
                 .attempt(key, &lock_key, &fence_key, &value, ttl, drift)
                 .await;
             let err = match result {
-                Ok((token, start, validity, tail)) => {
+                Ok((token, start, validity)) => {
                     undo.disarm();
                     metrics::acquire("acquired", called.elapsed());
                     let state = Arc::new(LockState::new(
@@ -361,7 +361,7 @@ impl Redlock {
                         ttl,
                         start + validity,
                     ));
-                    return Ok(Lock::new(self.clone(), state, tail));
+                    return Ok(Lock::new(self.clone(), state));
                 }
                 Err(e) => e,
             };
@@ -418,7 +418,7 @@ impl Redlock {
         value: &str,
         ttl: Duration,
         drift: Duration,
-    ) -> Result<(FencingToken, Instant, Duration, Tail), Error> {
+    ) -> Result<(FencingToken, Instant, Duration), Error> {
         metrics::attempt();
         let start = Instant::now();
         let budget_end = start + quorum::budget(ttl, drift);
@@ -490,12 +490,12 @@ impl Redlock {
                     ?validity,
                     "lock acquired"
                 );
-                // The unanswered calls are parked in the lock, never polled again: one already
-                // queued on its connection keeps its reply channel open, so redis-rs writes it
-                // (and it runs before any later call on that node's ordered connection); one
-                // still waiting for a connection is never sent. A node that misses the acquire
-                // gets the key from the next extension, with the then current ttl.
-                Ok((FencingToken::new(max), start, validity, round.rest))
+                // The unanswered calls are dropped with the round: one still waiting for a
+                // connection (or for room in its queue) is never sent, and one already queued
+                // either runs before any later call on that node's ordered connection or is
+                // skipped. A node that misses the acquire gets the key from the next extension,
+                // with the then current ttl.
+                Ok((FencingToken::new(max), start, validity))
             }
             None => {
                 tracing::warn!(key, ?elapsed, ?ttl, "quorum reached but no validity left");
@@ -740,7 +740,7 @@ impl Redlock {
         // skipped, and a node would keep its old expiry (a later one, for a shorter ttl). Calls
         // still waiting for a connection are not sent at all: sent late, after the release,
         // one could re-set the key.
-        round.rest.drive_in(&self.inner.tasks, true);
+        self.settle(round.rest, true);
         let key = state.key();
         match round.verdict {
             Verdict::Quorum => {
@@ -795,7 +795,7 @@ impl Redlock {
             .await;
         // The unanswered releases must reach their nodes: dropped, a queued command may be
         // skipped by its connection, and the key would outlive the release by up to a ttl.
-        round.rest.drive_in(&self.inner.tasks, false);
+        self.settle(round.rest, false);
         let key = state.key();
         match round.verdict {
             // Released where it was still ours, but the holder outlived its validity: the work

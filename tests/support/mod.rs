@@ -64,6 +64,20 @@ where
     }
 }
 
+/// Extends `lock` until every node in `urls` holds its key. An acquisition is only sure to stand
+/// on a quorum (a call still unanswered when the quorum is reached may never run); an extension
+/// re-sets the key where it is missing.
+pub async fn spread(lock: &quorumlock::Lock, urls: &[String]) {
+    wait_until(WAIT, "every node holds the lock", || async {
+        if holders(urls, lock.key()) == urls.len() {
+            return true;
+        }
+        let _ = lock.extend(lock.ttl()).await;
+        false
+    })
+    .await;
+}
+
 /// The lock key for a user key (the library's documented layout).
 pub fn lock_key(key: &str) -> String {
     format!("quorumlock:{{{key}}}")

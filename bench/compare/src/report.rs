@@ -165,6 +165,9 @@ impl Row {
         }
         if self.err > 0 {
             let e = self.first_err.as_deref().unwrap_or("").replace('|', "/");
+            if std::env::var_os("COMPARE_FULL_ERRORS").is_some() {
+                eprintln!("first error of {} / {}: {e}", self.imp, self.scenario);
+            }
             let e: String = e.chars().take(70).collect();
             notes.push(format!("{} errors, first: `{e}`", self.err));
         }
