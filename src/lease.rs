@@ -38,7 +38,7 @@ pub(crate) fn spawn(
     })))
 }
 
-async fn keep_alive(client: Redlock, state: &LockState, every: Duration) {
+async fn keep_alive(client: Redlock, state: &Arc<LockState>, every: Duration) {
     let mut next = Instant::now() + every;
     loop {
         tokio::select! {
@@ -55,7 +55,7 @@ async fn keep_alive(client: Redlock, state: &LockState, every: Duration) {
 /// One extension, retried after the configured random pause for as long as validity remains.
 /// Only two things end it early: a quorum saying the value is no longer ours, and the deadline.
 /// Returns false when the lock is lost (the signal has fired) or was released.
-async fn extend_once(client: &Redlock, state: &LockState) -> bool {
+async fn extend_once(client: &Redlock, state: &Arc<LockState>) -> bool {
     let cfg = &client.inner.cfg;
     let mut round = 0u32;
     // The failures of the last round that could not reach a quorum: if the deadline then cuts a

@@ -185,11 +185,18 @@ struct Tail {
 }
 
 impl Tail {
-    /// Drives the unanswered calls to their answer, bounded by the round's deadline.
-    async fn drive(self) {
+    /// Drives the unanswered calls to their answer, bounded by the round's deadline, handing
+    /// each answer to `on_answer`.
+    async fn drive<F, Fut>(self, mut on_answer: F)
+    where
+        F: FnMut(usize, Result<Value, NodeError>) -> Fut,
+        Fut: Future<Output = ()>,
+    {
         let mut calls = self.calls;
         let _ = tokio::time::timeout_at(self.deadline, async {
-            while calls.next().await.is_some() {}
+            while let Some((i, reply)) = calls.next().await {
+                on_answer(i, reply).await;
+            }
         })
         .await;
     }
@@ -255,17 +262,56 @@ impl Redlock {
         tasks.reopen();
     }
 
-    /// Makes sure a finished round's unanswered calls reach their nodes: a dropped call may be
+    /// Makes sure a release round's unanswered calls reach their nodes: a dropped call may be
     /// skipped by its connection, so they are driven to their answer by a task (bounded by the
-    /// round's deadline). With `close`, calls still waiting for a connection give up instead of
-    /// being sent late.
-    fn settle(&self, tail: Tail, close: bool) {
-        if close {
-            tail.gate.close();
-        }
+    /// round's deadline).
+    fn finish_release(&self, tail: Tail) {
         if !tail.calls.is_empty() {
-            self.inner.tasks.spawn(tail.drive());
+            self.inner
+                .tasks
+                .spawn(tail.drive(|_, _| std::future::ready(())));
         }
+    }
+
+    /// After a won acquisition or an extension, lets the unanswered calls already handed to
+    /// their connection reach their nodes (so the lock stands on every node that answers in
+    /// time, with its current expiry); calls still waiting for a connection give up instead of
+    /// being sent late. A late yes that arrives once the lock is released (the release overtook
+    /// it, which only a full connection queue allows) is undone on that node: the release flag
+    /// is set before any release is sent.
+    fn finish_held(&self, tail: Tail, state: &Arc<LockState>) {
+        tail.gate.close();
+        if tail.calls.is_empty() {
+            return;
+        }
+        let client = self.clone();
+        let state = Arc::clone(state);
+        self.inner.tasks.spawn(async move {
+            tail.drive(|i, reply| {
+                let late_yes = matches!(reply.and_then(int_reply), Ok(v) if v > 0);
+                let (client, state) = (&client, &state);
+                async move {
+                    if late_yes && state.is_released() {
+                        client.release_on(i, state).await;
+                    }
+                }
+            })
+            .await;
+        });
+    }
+
+    /// Releases a lock's value on one node (a late acquisition or extension after the release).
+    async fn release_on(&self, i: usize, state: &LockState) {
+        let token = state.token().get().to_string();
+        let call = scripts::RELEASE.call(
+            &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
+            &[state.value().as_bytes(), token.as_bytes()],
+        );
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let node = Arc::clone(&self.inner.nodes[i]);
+        let _ = node
+            .run(Arc::new(call), deadline, HoldOut::Ignore, "release")
+            .await;
     }
 
     /// One attempt round, no retries: the lock, or why not at once.
@@ -349,7 +395,7 @@ impl Redlock {
                 .attempt(key, &lock_key, &fence_key, &value, ttl, drift)
                 .await;
             let err = match result {
-                Ok((token, start, validity)) => {
+                Ok((token, start, validity, tail)) => {
                     undo.disarm();
                     metrics::acquire("acquired", called.elapsed());
                     let state = Arc::new(LockState::new(
@@ -361,6 +407,7 @@ impl Redlock {
                         ttl,
                         start + validity,
                     ));
+                    self.finish_held(tail, &state);
                     return Ok(Lock::new(self.clone(), state));
                 }
                 Err(e) => e,
@@ -418,7 +465,7 @@ impl Redlock {
         value: &str,
         ttl: Duration,
         drift: Duration,
-    ) -> Result<(FencingToken, Instant, Duration), Error> {
+    ) -> Result<(FencingToken, Instant, Duration, Tail), Error> {
         metrics::attempt();
         let start = Instant::now();
         let budget_end = start + quorum::budget(ttl, drift);
@@ -490,12 +537,7 @@ impl Redlock {
                     ?validity,
                     "lock acquired"
                 );
-                // The unanswered calls are dropped with the round: one still waiting for a
-                // connection (or for room in its queue) is never sent, and one already queued
-                // either runs before any later call on that node's ordered connection or is
-                // skipped. A node that misses the acquire gets the key from the next extension,
-                // with the then current ttl.
-                Ok((FencingToken::new(max), start, validity))
+                Ok((FencingToken::new(max), start, validity, round.rest))
             }
             None => {
                 tracing::warn!(key, ?elapsed, ?ttl, "quorum reached but no validity left");
@@ -695,7 +737,7 @@ impl Redlock {
     /// release has begun, so none can re-set a key the release removed.
     pub(crate) async fn extend_state(
         &self,
-        state: &LockState,
+        state: &Arc<LockState>,
         ttl: Duration,
     ) -> Result<Duration, Error> {
         let drift = self.check(state.key(), ttl)?;
@@ -740,7 +782,7 @@ impl Redlock {
         // skipped, and a node would keep its old expiry (a later one, for a shorter ttl). Calls
         // still waiting for a connection are not sent at all: sent late, after the release,
         // one could re-set the key.
-        self.settle(round.rest, true);
+        self.finish_held(round.rest, state);
         let key = state.key();
         match round.verdict {
             Verdict::Quorum => {
@@ -795,7 +837,7 @@ impl Redlock {
             .await;
         // The unanswered releases must reach their nodes: dropped, a queued command may be
         // skipped by its connection, and the key would outlive the release by up to a ttl.
-        self.settle(round.rest, false);
+        self.finish_release(round.rest);
         let key = state.key();
         match round.verdict {
             // Released where it was still ours, but the holder outlived its validity: the work

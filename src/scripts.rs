@@ -165,35 +165,33 @@ return 0
 /// Extend our lock; re-set it where it vanished (a node restarted empty, or never ran our
 /// acquire), and keep that node's fencing counter at or above our token.
 ///
-/// The key is re-set only while the node's counter is not above our token: a higher counter
-/// proves someone acquired the key there after us (and let it go), so our ownership there is over
-/// and must not be resurrected.
+/// The key is re-set wherever it is absent, whatever the node's counter says: a counter above
+/// our token only proves that someone held that one node after our acquisition began (a
+/// contender's failed attempt does that), not that anyone held a quorum. While our lock is
+/// valid nobody can; the case where someone did (a node's clock jumped and expired our key
+/// early) is outside the timing model, and fencing is what catches it (`docs/safety.md`).
 ///
 /// - KEYS[1]: lock key, KEYS[2]: fencing counter
 /// - ARGV[1]: our value, ARGV[2]: new ttl in milliseconds, ARGV[3]: our token
-/// - Reply: `1` extended, `2` re-set on a node that had lost the key, `0` another value holds it
-///   or another owner held it since our acquisition.
+/// - Reply: `1` extended, `2` re-set on a node that had lost the key, `0` another value holds it.
 pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
 local v = redis.call('GET', KEYS[1])
-local c = tonumber(redis.call('GET', KEYS[2]) or '0')
-local t = tonumber(ARGV[3])
+local r = 1
 if v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if c < t then
-    redis.call('SET', KEYS[2], ARGV[3])
-  end
-  return 1
-end
-if v ~= false or c > t then
+elseif v == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  r = 2
+else
   return 0
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-if c < t then
+local c = tonumber(redis.call('GET', KEYS[2]) or '0')
+if c < tonumber(ARGV[3]) then
   redis.call('SET', KEYS[2], ARGV[3])
 end
-return 2
+return r
 "#,
     )
 });
