@@ -81,24 +81,67 @@ impl MaxTtl {
     }
 }
 
-/// A round's gate. A round is *closed* at its verdict when its unanswered calls must not be
-/// sent late (an extension sent after the lock's release could re-set the key): a call still
-/// waiting for its connection then gives up instead of sending.
+/// How many commands a node connection's queue (redis-rs' channel to its driver task) holds.
+/// Far above any backlog the node timeout allows, so a call never waits for room: a call handed
+/// to its connection is always already queued. That makes it safe to keep a call's future
+/// without polling it (the library parks the unanswered calls of finished rounds): a future
+/// waiting for room would hold that room once granted, forever if unpolled, and starve the
+/// connection (`t25_connections_stay_usable_after_heavy_concurrency`).
+const QUEUE: usize = 1 << 16;
+
+/// A round's gate: which of its calls have been handed to their connection, and whether the
+/// round is *closed*. A round is closed at its verdict when its unanswered calls must not be
+/// sent late (sent after a later extension or the release, an acquire or an extension could
+/// leave the key with the wrong expiry, or re-set it): a call still waiting for its connection
+/// then gives up instead of sending.
 ///
-/// (A call handed to its connection is only *probably* sent if its future is dropped: redis-rs
-/// skips a queued command whose caller went away before its driver task wrote it. A call
-/// still waiting for its connection is certainly not sent if dropped.)
-#[derive(Debug, Clone, Default)]
-pub(crate) struct RoundGate(Arc<AtomicBool>);
+/// A call handed to its connection is queued there (see [`QUEUE`]) and runs before any call
+/// queued after it; dropped before redis-rs writes it, it may be skipped, but a kept future,
+/// even unpolled, keeps it. A call still waiting for its connection is sent only if polled.
+#[derive(Debug, Clone)]
+pub(crate) struct RoundGate(Arc<GateState>);
+
+#[derive(Debug)]
+struct GateState {
+    closed: AtomicBool,
+    handed: Box<[AtomicBool]>,
+}
 
 impl RoundGate {
-    /// Closes the round: calls still waiting for a connection will not be sent.
-    pub(crate) fn close(&self) {
-        self.0.store(true, Ordering::Release);
+    pub(crate) fn new(n: usize) -> Self {
+        RoundGate(Arc::new(GateState {
+            closed: AtomicBool::new(false),
+            handed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        }))
     }
 
-    fn is_open(&self) -> bool {
-        !self.0.load(Ordering::Acquire)
+    /// Closes the round: calls still waiting for a connection will not be sent.
+    pub(crate) fn close(&self) {
+        self.0.closed.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.0.closed.load(Ordering::Acquire)
+    }
+
+    /// Whether call `i` has been handed to its connection.
+    pub(crate) fn handed(&self, i: usize) -> bool {
+        self.0
+            .handed
+            .get(i)
+            .is_some_and(|h| h.load(Ordering::Acquire))
+    }
+
+    /// Lets call `i` through (marking it handed), unless the round is closed. Checked right
+    /// before the send, in the same poll.
+    fn pass(&self, i: usize) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        if let Some(h) = self.0.handed.get(i) {
+            h.store(true, Ordering::Release);
+        }
+        true
     }
 }
 
@@ -330,7 +373,7 @@ impl Node {
         call: Arc<ScriptCall>,
         hold_out: HoldOut,
         op: &'static str,
-        gate: Option<RoundGate>,
+        gate: Option<(RoundGate, usize)>,
     ) -> Result<Value, NodeError> {
         #[cfg(feature = "metrics")]
         let start = Instant::now();
@@ -380,7 +423,7 @@ impl Node {
         self: &Arc<Self>,
         call: &ScriptCall,
         hold_out: HoldOut,
-        gate: Option<RoundGate>,
+        gate: Option<(RoundGate, usize)>,
     ) -> Result<Option<Value>, NodeError> {
         let (mut conn, generation) = self.connection().await?;
         // Checked after connecting: a (re)connect is what reads the node's run id and uptime.
@@ -391,7 +434,9 @@ impl Node {
         }
         // The first poll of the send below hands the command to the connection's queue. Its
         // driver writes it to the socket later, and skips it if this future is gone by then.
-        if gate.as_ref().is_some_and(|gate| !gate.is_open()) {
+        if let Some((gate, i)) = &gate
+            && !gate.pass(*i)
+        {
             return Ok(None);
         }
         // A server error comes back as a value; `extract_error` turns it into an error.
@@ -483,7 +528,8 @@ impl Node {
     async fn connect(&self) -> Result<MultiplexedConnection, NodeError> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(None);
+            .set_response_timeout(None)
+            .set_pipeline_buffer_size(QUEUE);
         let mut conn = self
             .client
             .get_multiplexed_async_connection_with_config(&config)

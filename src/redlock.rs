@@ -1,8 +1,9 @@
 //! The lock client: fans each operation out to every node at once and decides as soon as the
 //! outcome is certain.
 
+use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -59,7 +60,15 @@ pub(crate) struct Inner {
     /// Background releases, the unanswered part of releases and extensions, and repairs, so
     /// `flush` can wait for them.
     pub(crate) tasks: TaskTracker,
+    /// Finished rounds' unanswered calls, kept (unpolled) until their deadline so that the
+    /// queued commands are written: much cheaper than a task per round (see `Redlock::settle`).
+    parked: Mutex<VecDeque<Tail>>,
 }
+
+/// How many finished rounds may be parked at once; beyond, a round's calls get a task of their
+/// own. Bounds what parked calls hold (a few KB each) under high throughput or long node
+/// timeouts.
+const MAX_PARKED: usize = 4096;
 
 /// What one node says about a key, from [`Redlock::status`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,29 +183,42 @@ struct Round {
 
 /// The calls of a round still unanswered when its verdict was taken.
 ///
-/// What becomes of them depends on the operation (see `docs/design.md`, "Late answers"). They
-/// are either dropped or driven by a task, never kept unpolled: a call waiting for room in its
-/// connection's queue holds that room once granted, and an unpolled one would hold it forever,
-/// starving the connection.
+/// They are parked or driven until the round's deadline so that their queued commands reach
+/// the nodes (see `Redlock::settle` and `docs/design.md`, "Late answers").
 struct Tail {
     calls: FuturesUnordered<NodeFuture>,
+    answered: Vec<bool>,
     gate: RoundGate,
     deadline: Instant,
 }
 
+impl std::fmt::Debug for Tail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tail")
+            .field("unanswered", &self.calls.len())
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}
+
 impl Tail {
-    /// Drives the unanswered calls to their answer, bounded by the round's deadline, handing
-    /// each answer to `on_answer`.
-    async fn drive<F, Fut>(self, mut on_answer: F)
-    where
-        F: FnMut(usize, Result<Value, NodeError>) -> Fut,
-        Fut: Future<Output = ()>,
-    {
+    /// Whether keeping the calls without polling them is enough: every unanswered call is
+    /// queued on its connection (a kept future keeps it from being skipped), or the round is
+    /// closed (the others must not be sent).
+    fn can_park(&self) -> bool {
+        self.gate.is_closed()
+            || self
+                .answered
+                .iter()
+                .enumerate()
+                .all(|(i, &answered)| answered || self.gate.handed(i))
+    }
+
+    /// Drives the unanswered calls to their answer, bounded by the round's deadline.
+    async fn drive(self) {
         let mut calls = self.calls;
         let _ = tokio::time::timeout_at(self.deadline, async {
-            while let Some((i, reply)) = calls.next().await {
-                on_answer(i, reply).await;
-            }
+            while calls.next().await.is_some() {}
         })
         .await;
     }
@@ -224,6 +246,7 @@ impl Redlock {
                 cfg,
                 max_ttl,
                 tasks: TaskTracker::new(),
+                parked: Mutex::new(VecDeque::new()),
             }),
         }
     }
@@ -256,62 +279,42 @@ impl Redlock {
     ///
     /// Cancel-safe: it only waits; the background work goes on.
     pub async fn flush(&self) {
+        let parked: Vec<Tail> = lock(&self.inner.parked).drain(..).collect();
         let tasks = &self.inner.tasks;
         tasks.close();
-        tasks.wait().await;
+        futures::join!(
+            futures::future::join_all(parked.into_iter().map(Tail::drive)),
+            tasks.wait()
+        );
         tasks.reopen();
     }
 
-    /// Makes sure a release round's unanswered calls reach their nodes: a dropped call may be
-    /// skipped by its connection, so they are driven to their answer by a task (bounded by the
-    /// round's deadline).
-    fn finish_release(&self, tail: Tail) {
-        if !tail.calls.is_empty() {
-            self.inner
-                .tasks
-                .spawn(tail.drive(|_, _| std::future::ready(())));
+    /// Makes sure a finished round's unanswered calls reach their nodes: a dropped call may be
+    /// skipped by its connection. `close` (acquire and extend): calls still waiting for their
+    /// connection give up instead of being sent late, where they could land after a later
+    /// extension or the release. The rest are queued on their connections, in order before
+    /// anything sent later; keeping their futures until the round's deadline is enough for
+    /// redis-rs to write them, so they are parked (no task, no timer). A release's calls still
+    /// waiting for a connection, or a full parking queue, get a task that drives them.
+    fn settle(&self, tail: Tail, close: bool) {
+        if close {
+            tail.gate.close();
         }
-    }
-
-    /// After a won acquisition or an extension, lets the unanswered calls already handed to
-    /// their connection reach their nodes (so the lock stands on every node that answers in
-    /// time, with its current expiry); calls still waiting for a connection give up instead of
-    /// being sent late. A late yes that arrives once the lock is released (the release overtook
-    /// it, which only a full connection queue allows) is undone on that node: the release flag
-    /// is set before any release is sent.
-    fn finish_held(&self, tail: Tail, state: &Arc<LockState>) {
-        tail.gate.close();
         if tail.calls.is_empty() {
             return;
         }
-        let client = self.clone();
-        let state = Arc::clone(state);
-        self.inner.tasks.spawn(async move {
-            tail.drive(|i, reply| {
-                let late_yes = matches!(reply.and_then(int_reply), Ok(v) if v > 0);
-                let (client, state) = (&client, &state);
-                async move {
-                    if late_yes && state.is_released() {
-                        client.release_on(i, state).await;
-                    }
-                }
-            })
-            .await;
-        });
-    }
-
-    /// Releases a lock's value on one node (a late acquisition or extension after the release).
-    async fn release_on(&self, i: usize, state: &LockState) {
-        let token = state.token().get().to_string();
-        let call = scripts::RELEASE.call(
-            &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
-            &[state.value().as_bytes(), token.as_bytes()],
-        );
-        let deadline = Instant::now() + self.inner.cfg.node_timeout;
-        let node = Arc::clone(&self.inner.nodes[i]);
-        let _ = node
-            .run(Arc::new(call), deadline, HoldOut::Ignore, "release")
-            .await;
+        if tail.can_park() {
+            let mut parked = lock(&self.inner.parked);
+            let now = Instant::now();
+            while parked.front().is_some_and(|t| t.deadline <= now) {
+                parked.pop_front();
+            }
+            if parked.len() < MAX_PARKED {
+                parked.push_back(tail);
+                return;
+            }
+        }
+        self.inner.tasks.spawn(tail.drive());
     }
 
     /// One attempt round, no retries: the lock, or why not at once.
@@ -407,7 +410,7 @@ impl Redlock {
                         ttl,
                         start + validity,
                     ));
-                    self.finish_held(tail, &state);
+                    self.settle(tail, true);
                     return Ok(Lock::new(self.clone(), state));
                 }
                 Err(e) => e,
@@ -643,7 +646,7 @@ impl Redlock {
     ) -> Round {
         let n = self.inner.nodes.len();
         let start = Instant::now();
-        let gate = RoundGate::default();
+        let gate = RoundGate::new(n);
         let mut rest: FuturesUnordered<NodeFuture> = self
             .inner
             .nodes
@@ -651,7 +654,7 @@ impl Redlock {
             .enumerate()
             .map(|(i, node)| {
                 let fut =
-                    Arc::clone(node).call(Arc::clone(&call), hold_out, op, Some(gate.clone()));
+                    Arc::clone(node).call(Arc::clone(&call), hold_out, op, Some((gate.clone(), i)));
                 Box::pin(async move { (i, fut.await) }) as NodeFuture
             })
             .collect();
@@ -725,6 +728,7 @@ impl Redlock {
             failures,
             rest: Tail {
                 calls: rest,
+                answered,
                 gate,
                 deadline,
             },
@@ -782,7 +786,7 @@ impl Redlock {
         // skipped, and a node would keep its old expiry (a later one, for a shorter ttl). Calls
         // still waiting for a connection are not sent at all: sent late, after the release,
         // one could re-set the key.
-        self.finish_held(round.rest, state);
+        self.settle(round.rest, true);
         let key = state.key();
         match round.verdict {
             Verdict::Quorum => {
@@ -837,7 +841,7 @@ impl Redlock {
             .await;
         // The unanswered releases must reach their nodes: dropped, a queued command may be
         // skipped by its connection, and the key would outlive the release by up to a ttl.
-        self.finish_release(round.rest);
+        self.settle(round.rest, false);
         let key = state.key();
         match round.verdict {
             // Released where it was still ours, but the holder outlived its validity: the work
@@ -1070,4 +1074,9 @@ fn outcome_label(e: &Error) -> &'static str {
         Error::ValidityExpired { .. } => "expired",
         _ => "error",
     }
+}
+
+/// Locks a mutex, recovering from poisoning (the data are plain values, always consistent).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

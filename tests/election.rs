@@ -171,7 +171,15 @@ async fn t10_campaign_leads_and_leader_is_read_from_a_quorum() {
 #[tokio::test]
 async fn t11_bounded_campaign_gives_up_with_held() {
     let mut cluster = cluster(5);
-    let a = election(&cluster, "e11", "a", Duration::from_secs(5));
+    // A is connected to every node before it campaigns, so its lock stands on all five (a call
+    // still connecting when the round wins is given up): the live nodes below refuse at once.
+    let a_locks = client(&cluster);
+    warm(&a_locks).await;
+    let a = Election::builder(a_locks, "e11")
+        .ttl(Duration::from_secs(5))
+        .candidate("a")
+        .build()
+        .unwrap();
     let b = election(&cluster, "e11", "b", Duration::from_secs(5));
     let leadership = a.campaign().await.unwrap();
     let wait = Duration::from_millis(700);
@@ -185,17 +193,16 @@ async fn t11_bounded_campaign_gives_up_with_held() {
         start.elapsed()
     );
 
-    let slow = Election::builder(
-        builder(&cluster)
-            .node_timeout(Duration::from_secs(1))
-            .build()
-            .unwrap(),
-        "e11",
-    )
-    .candidate("slow")
-    .ttl(Duration::from_secs(5))
-    .build()
-    .unwrap();
+    let slow_locks = builder(&cluster)
+        .node_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    warm(&slow_locks).await;
+    let slow = Election::builder(slow_locks, "e11")
+        .candidate("slow")
+        .ttl(Duration::from_secs(5))
+        .build()
+        .unwrap();
     cluster.pause(3).unwrap();
     cluster.pause(4).unwrap();
     let wait = Duration::from_millis(200);
