@@ -573,12 +573,12 @@ impl Node {
             .as_ref()
             .is_some_and(|previous| *previous != run_id);
         let max_ttl = self.max_ttl.get();
-        let young = uptime < max_ttl;
+        let hold_out = hold_out_for(uptime, max_ttl);
+        let young = hold_out.is_some();
         let suspect =
             restarted || (health.run_id.is_none() && self.guard == RestartGuard::Strict && young);
         if self.guard != RestartGuard::Off && suspect && !durable {
-            if young {
-                let remaining = max_ttl - uptime;
+            if let Some(remaining) = hold_out {
                 let now = Instant::now();
                 // Bounded by MAX_TTL (config) and the ttl check, so this cannot overflow; a
                 // saturated deadline would only hold the node out longer.
@@ -624,6 +624,19 @@ async fn fsync_always(conn: &mut MultiplexedConnection) -> bool {
         .query_async(conn)
         .await;
     matches!(reply.as_deref(), Ok([_, policy]) if policy == "always")
+}
+
+/// How much longer a node that reports `uptime` must be held out so that `max_ttl` has passed
+/// since its start, or `None` if it already has.
+///
+/// `uptime_in_seconds` is the difference of two whole-second wall-clock readings (now and the
+/// start), so it can read 1 when the node started a few milliseconds ago (started at x.99 s,
+/// asked at (x+1).01 s). The node's age is only known to be above `uptime - 1 s`: that is what
+/// the hold-out counts from. (Taking `uptime` at face value let a restarted node count up to a
+/// second early: with a 1 s ttl, at once, and the chaos suite saw the overlap.)
+fn hold_out_for(uptime: Duration, max_ttl: Duration) -> Option<Duration> {
+    let age = uptime.saturating_sub(Duration::from_secs(1));
+    max_ttl.checked_sub(age).filter(|d| !d.is_zero())
 }
 
 fn parse_info(info: &str) -> Option<(String, Duration)> {
@@ -740,6 +753,18 @@ mod tests {
             let client = redis::Client::open(url).unwrap();
             assert_eq!(node_name(client.get_connection_info()), name, "{url}");
         }
+    }
+
+    #[test]
+    fn hold_out_counts_from_the_youngest_age_the_uptime_allows() {
+        let s = Duration::from_secs;
+        // Uptime 1 may mean a few ms old: held out for the whole max ttl.
+        assert_eq!(hold_out_for(s(0), s(1)), Some(s(1)));
+        assert_eq!(hold_out_for(s(1), s(1)), Some(s(1)));
+        assert_eq!(hold_out_for(s(2), s(1)), None);
+        assert_eq!(hold_out_for(s(10), s(30)), Some(s(21)));
+        assert_eq!(hold_out_for(s(31), s(30)), None);
+        assert_eq!(hold_out_for(s(40), s(30)), None);
     }
 
     #[test]

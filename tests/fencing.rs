@@ -317,6 +317,70 @@ async fn t30_a_node_seen_restarting_is_held_out() {
     assert!(err.to_string().contains("held out"), "{err}");
 }
 
+/// Regression: `uptime_in_seconds` is the difference of two whole-second clock readings, so a
+/// node restarted just before a second boundary reads 1 a few ms later. Taken at face value,
+/// the hold-out ended up to a second early (at once with a 1 s max ttl: the chaos suite saw the
+/// overlap). The hold-out must end no earlier than the max ttl after the restart began.
+#[tokio::test]
+async fn t34_a_restart_straddling_a_second_boundary_is_held_out_for_the_whole_max_ttl() {
+    let mut cluster = cluster(3);
+    let urls = cluster.urls();
+    let max_ttl = Duration::from_secs(3);
+    let locks = builder(&cluster).max_ttl(max_ttl).build().unwrap();
+    warm(&locks).await;
+    let mut straddled = false;
+    for attempt in 0..4 {
+        // No event marks a wall-clock second boundary: sleep to just before the next one.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let to_boundary = Duration::from_nanos(1_000_000_000 - u64::from(now.subsec_nanos()));
+        tokio::time::sleep(to_boundary.saturating_sub(Duration::from_millis(10))).await;
+        let restarting = std::time::Instant::now();
+        cluster.restart_empty(0).unwrap();
+        let uptime: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut conn(&urls[0]))
+            .unwrap();
+        let reads_one = uptime.contains("uptime_in_seconds:1\r\n");
+        straddled |= reads_one && restarting.elapsed() < Duration::from_millis(500);
+        wait_until(WAIT, "node 0 reconnected", || async {
+            locks.status("k").await.unwrap().nodes[0].state.is_ok()
+        })
+        .await;
+        // With the other two hung, the round fails and lists node 0 with its hold-out.
+        cluster.pause(1).unwrap();
+        cluster.pause(2).unwrap();
+        let err = locks.try_acquire("k", TTL).await;
+        let since_restart = restarting.elapsed();
+        cluster.resume(1).unwrap();
+        cluster.resume(2).unwrap();
+        let err = err.expect_err("only node 0 is live, and it is held out");
+        let Error::NoQuorum { failures, .. } = &err else {
+            panic!("{err}")
+        };
+        let remaining = failures
+            .iter()
+            .find_map(|f| match f.cause {
+                NodeError::HeldOut { remaining } if f.node == urls[0] => Some(remaining),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("node 0 held out: {err}"));
+        assert!(
+            remaining + since_restart >= max_ttl - Duration::from_millis(100),
+            "attempt {attempt}: held out {remaining:?} more, {since_restart:?} after the restart \
+             began (uptime read 1: {reads_one})"
+        );
+        if straddled {
+            break;
+        }
+    }
+    assert!(
+        straddled,
+        "no restart straddled a second boundary: nothing was tested"
+    );
+}
+
 /// The strict guard, for short-lived processes: nodes started less than the max ttl ago are
 /// held out on first contact, and the error names each with how long.
 #[tokio::test]

@@ -380,6 +380,59 @@ impl Outcome {
         );
     }
 
+    /// Every fault, section and operation that touches `from..to`, in ms from `from`: what
+    /// led to a violation.
+    fn timeline(&self, s: &mut String, from: Mono, to: Mono) {
+        let at = |m: Mono| (i128::from(m.0) - i128::from(from.0)) / 1_000_000;
+        let _ = writeln!(s, "      timeline (ms):");
+        for f in self
+            .history
+            .faults
+            .iter()
+            .filter(|f| f.start <= to && f.healed >= from)
+        {
+            let _ = writeln!(
+                s,
+                "        {}..{} fault: {}",
+                at(f.start),
+                at(f.healed),
+                f.what
+            );
+        }
+        for x in self
+            .history
+            .sections
+            .iter()
+            .filter(|x| x.acquired <= to && x.end() >= from)
+        {
+            let _ = writeln!(
+                s,
+                "        {}..{} section {} client {} token {}",
+                at(x.acquired),
+                at(x.end()),
+                x.session,
+                x.client,
+                x.token
+            );
+        }
+        for op in self
+            .history
+            .ops
+            .iter()
+            .filter(|op| op.start <= to && op.end >= from)
+        {
+            let _ = writeln!(
+                s,
+                "        {}..{} client {} {:?}: {}",
+                at(op.start),
+                at(op.end),
+                op.client,
+                op.kind,
+                op.outcome
+            );
+        }
+    }
+
     /// The seed, the schedule and the report, for a failure message.
     pub fn explain(&self) -> String {
         let r = &self.report;
@@ -398,6 +451,13 @@ impl Outcome {
         let sec = |id| self.history.sections.iter().find(|x| x.session == id);
         for &(a, b) in &r.overlaps {
             let _ = writeln!(s, "  OVERLAP {:?}\n      and {:?}", sec(a), sec(b));
+            if let (Some(first), Some(second)) = (sec(a), sec(b)) {
+                self.timeline(
+                    &mut s,
+                    first.acquired.minus(Duration::from_secs(2)),
+                    second.end(),
+                );
+            }
         }
         for &(a, b) in &r.token_regressions {
             let _ = writeln!(

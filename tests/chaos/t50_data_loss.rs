@@ -107,6 +107,10 @@ async fn majority_wiped_without_restart_guard_breaks_exclusion_and_fencing_catch
     b_spec.guard = RestartGuard::Off;
     warm_up(&a_spec, &rec, &resource).await;
     let (a_locks, b_locks) = (a_spec.locks(), b_spec.locks());
+    // A is connected to every node before it acquires: a call still connecting when the round
+    // reaches its quorum is given up, and A's lock could then miss node 2 (B would then find
+    // node 2's counter where A left it and draw A's token again, not a lower one).
+    a_locks.status(KEY).await.unwrap();
 
     tracing::info!("--- A acquires and writes");
     let a = Held::acquire(&a_locks, 0, ttl, WAIT, &rec).await.unwrap();

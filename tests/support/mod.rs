@@ -89,7 +89,7 @@ pub fn fence_key(key: &str) -> String {
 
 /// A direct connection to one node, bounded both ways: a paused node fails the test instead of
 /// hanging it.
-fn conn(url: &str) -> redis::Connection {
+pub fn conn(url: &str) -> redis::Connection {
     let client = redis::Client::open(url).expect("url");
     let conn = client
         .get_connection_with_timeout(Duration::from_secs(2))
