@@ -493,40 +493,8 @@ impl Outcome {
                 f.what,
                 f.healed.since(f.start)
             );
-            // What the clients did meanwhile (times from the fault's start, in ms).
-            let at = |m: Mono| (i128::from(m.0) - i128::from(f.start.0)) / 1_000_000;
-            for sec in self
-                .history
-                .sections
-                .iter()
-                .filter(|x| x.acquired <= f.healed && x.end() >= f.start)
-            {
-                let _ = writeln!(
-                    s,
-                    "      section {} client {} token {}: {}..{} ms",
-                    sec.session,
-                    sec.client,
-                    sec.token,
-                    at(sec.acquired),
-                    at(sec.end())
-                );
-            }
-            for op in self
-                .history
-                .ops
-                .iter()
-                .filter(|op| op.start <= f.healed && op.end >= f.start)
-            {
-                let _ = writeln!(
-                    s,
-                    "      client {} {:?} {}..{} ms: {}",
-                    op.client,
-                    op.kind,
-                    at(op.start),
-                    at(op.end),
-                    op.outcome
-                );
-            }
+            // What the clients did meanwhile (times from the fault's start).
+            self.timeline(&mut s, f.start, f.healed);
         }
         for line in &self.history.malformed {
             let _ = writeln!(s, "  MALFORMED CHILD LINE {line:?}");
