@@ -47,6 +47,7 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::error::{ConfigError, Error, LostReason, NodeError, NodeFailure};
 use crate::fencing::FencingToken;
 use crate::guard::Lock;
+use crate::lock;
 use crate::node::{node_name, redact};
 use crate::quorum;
 use crate::redlock::{LockStatus, Redlock};
@@ -382,11 +383,6 @@ async fn connect(
             NodeError::from_redis(e)
         }
     })
-}
-
-/// Locks a mutex, recovering from poisoning (the data are plain values, always consistent).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The pause between attempts that compete for a free lock: the lock client's retry delay plus

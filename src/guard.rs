@@ -13,6 +13,7 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::error::{Error, LostReason};
 use crate::fencing::FencingToken;
 use crate::lease;
+use crate::lock;
 use crate::metrics;
 use crate::redlock::Redlock;
 
@@ -378,9 +379,4 @@ impl Drop for Lock {
             self.stop_task();
         }
     }
-}
-
-/// Locks a mutex, recovering from poisoning (the data are plain values, always consistent).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

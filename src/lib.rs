@@ -28,3 +28,9 @@ pub use guard::Lock;
 pub use lease::LockContext;
 pub use redlock::{KeyState, LockStatus, NodeStatus, Redlock};
 pub use schedule::{Outcome, RunOnce, RunOnceBuilder, SkipReason, TickContext, tick_of};
+
+/// Locks a mutex, recovering from poisoning: the library's mutexes guard plain values that are
+/// consistent after every statement, so a panic elsewhere never makes them unusable.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

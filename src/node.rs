@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use crate::config::{RedlockBuilder, RestartGuard};
 use crate::error::NodeError;
+use crate::lock;
 use crate::metrics;
 use crate::scripts::{self, ScriptCall};
 
@@ -650,11 +651,6 @@ fn parse_info(info: &str) -> Option<(String, Duration)> {
         }
     }
     Some((run_id?, uptime?))
-}
-
-/// Locks a mutex, recovering from poisoning (the data are plain values, always consistent).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A node's display name from its parsed address: scheme, user, host and port (or socket path)

@@ -17,6 +17,7 @@ use crate::config::RedlockBuilder;
 use crate::error::{ArgumentError, Error, LostReason, NodeError, NodeFailure};
 use crate::fencing::FencingToken;
 use crate::guard::{Lock, LockState};
+use crate::lock;
 use crate::metrics;
 use crate::node::{HoldOut, MaxTtl, Node, RoundGate};
 use crate::quorum::{self, Answer, Tally, Verdict};
@@ -866,35 +867,36 @@ impl Redlock {
     }
 
     /// Releases a held lock in the background (a dropped guard), after any extension round in
-    /// flight. Needs a running tokio runtime; without one, the ttl cleans up.
+    /// flight.
     pub(crate) fn spawn_release_held(&self, state: Arc<LockState>) {
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            tracing::debug!(
-                key = state.key(),
-                "no runtime to release in; the ttl will expire the key"
-            );
-            return;
-        };
         let client = self.clone();
-        self.inner.tasks.spawn_on(
-            async move {
-                let _serial = state.serial().await;
-                client
-                    .release_everywhere(
-                        state.lock_key(),
-                        state.fence_key(),
-                        state.value(),
-                        state.token().get(),
-                    )
-                    .await;
-            },
-            &handle,
-        );
+        let key = state.lock_key().to_owned();
+        self.spawn_release_task(&key, async move {
+            let _serial = state.serial().await;
+            client
+                .release_everywhere(
+                    state.lock_key(),
+                    state.fence_key(),
+                    state.value(),
+                    state.token().get(),
+                )
+                .await;
+        });
     }
 
     /// Sends a release of `value` to every node in the background (failed rounds, cancelled
-    /// acquisitions). Needs a running tokio runtime; without one, the ttl cleans up.
+    /// acquisitions).
     pub(crate) fn spawn_release(&self, lock_key: &str, fence_key: &str, value: &str, token: u64) {
+        let release = self.release_everywhere(lock_key, fence_key, value, token);
+        self.spawn_release_task(lock_key, release);
+    }
+
+    /// Runs a background release on the current tokio runtime; without one, the ttl cleans up.
+    fn spawn_release_task(
+        &self,
+        lock_key: &str,
+        release: impl Future<Output = ()> + Send + 'static,
+    ) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             tracing::debug!(
                 lock_key,
@@ -902,7 +904,6 @@ impl Redlock {
             );
             return;
         };
-        let release = self.release_everywhere(lock_key, fence_key, value, token);
         self.inner.tasks.spawn_on(release, &handle);
     }
 
@@ -1074,9 +1075,4 @@ fn outcome_label(e: &Error) -> &'static str {
         Error::ValidityExpired { .. } => "expired",
         _ => "error",
     }
-}
-
-/// Locks a mutex, recovering from poisoning (the data are plain values, always consistent).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
