@@ -1,0 +1,20 @@
+//! Regression tests for the safety review (issue 12): one module per finding, each named so
+//! `docs/safety.md` can point to it. Every test here failed on the code before its fix.
+
+#[path = "../support/mod.rs"]
+mod support;
+#[path = "../support/proxy.rs"]
+mod proxy;
+
+mod s01_late_extension;
+mod s02_durable_but_empty;
+mod s03_one_server_two_votes;
+mod s04_eviction;
+mod s05_partial_view;
+mod s06_refusals_and_failures;
+mod s07_simultaneous_contenders;
+mod s08_logs;
+mod s09_side_connections;
+mod s10_repair_large_keyspace;
+mod s11_suspend;
+mod s12_small;

@@ -1,0 +1,1 @@
+//! Issue 12: see tests/safety/main.rs.
