@@ -44,12 +44,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::error::{ConfigError, Error, LostReason, NodeError, NodeFailure};
+use crate::error::{ConfigError, Error, FailureList, LostReason, NodeError, NodeFailure};
 use crate::fencing::FencingToken;
 use crate::guard::Lock;
 use crate::lock;
 use crate::node::{node_name, redact};
-use crate::quorum;
+use crate::quorum::{self, HolderView};
 use crate::redlock::{LockStatus, Redlock};
 use crate::scripts;
 
@@ -1153,7 +1153,7 @@ impl Election {
                     .await;
                 let written = replies.iter().filter(|r| matches!(r, Ok(1))).count();
                 if written == 0 {
-                    tracing::warn!(election = %inner.name, %token, failures = ?inner.sidecar.failures(&replies), "could not write the leader record on any node; readers will not know this leader's id");
+                    tracing::warn!(election = %inner.name, %token, failures = %FailureList(&inner.sidecar.failures(&replies)), "could not write the leader record on any node; readers will not know this leader's id");
                 } else {
                     tracing::debug!(election = %inner.name, %token, written, "leader record written");
                 }
@@ -1235,12 +1235,15 @@ impl Election {
     /// Who leads now, and since which token, read from every node (a quorum must answer).
     ///
     /// The leader is the lock value held by a quorum; its id comes from the leader record bound
-    /// to that value. `Ok(None)` means nobody leads.
+    /// to that value. `Ok(None)` means nobody leads: no value stands on a quorum, and the nodes
+    /// that did not answer could not complete one either.
     ///
     /// # Errors
     ///
-    /// [`Error::NoQuorum`] when fewer than a quorum of nodes answered (each failure named);
-    /// [`Error::InvalidArgument`] for an invalid election name.
+    /// [`Error::NoQuorum`] when fewer than a quorum of nodes answered, or when the nodes that did
+    /// not answer could still complete a quorum for some value (the leader's key on nodes
+    /// {0,1,2}, a read that reached {1,2,3,4}: it may lead, or not); each unanswered node is
+    /// named. [`Error::InvalidArgument`] for an invalid election name.
     ///
     /// # Cancellation safety
     ///
@@ -1260,6 +1263,9 @@ impl Election {
         let status = status?;
         // Named after the election (the status' key is the election's name too).
         status.require_quorum()?;
+        if status.holder_view() == HolderView::Unknown {
+            return Err(status.unanswered());
+        }
         let records: Vec<String> = records
             .into_iter()
             .filter_map(|r| r.ok().flatten())

@@ -40,8 +40,9 @@ pub enum Error {
         needed: usize,
     },
     /// Too few nodes could be reached to form a quorum. `failures` names each node that failed and
-    /// why.
-    #[error("too few nodes reachable for a quorum on {key:?}: {} of {nodes} nodes failed, {needed} needed; {}", .failures.len(), FailureList(.failures))]
+    /// why, and each node that refused ([`NodeError::HeldByAnother`]) when refusals were part of
+    /// the reason: a round is [`Error::Held`] only when the refusals alone rule out a quorum.
+    #[error("too few nodes reachable for a quorum on {key:?}: {}, {needed} needed; {}", Counts(.failures, *.nodes), FailureList(.failures))]
     NoQuorum {
         /// The user key.
         key: String,
@@ -52,7 +53,8 @@ pub enum Error {
         nodes: usize,
         /// The quorum.
         needed: usize,
-        /// Each node that did not answer, and why.
+        /// Each node that did not answer, and why; and each node that refused, as
+        /// [`NodeError::HeldByAnother`].
         failures: Vec<NodeFailure>,
     },
     /// A quorum agreed, but it took so long that no validity was left (elapsed + drift >= ttl).
@@ -195,6 +197,11 @@ pub enum NodeError {
     /// The node answered with an error, or a reply the scripts never produce.
     #[error("redis error: {0}")]
     Redis(#[source] redis::RedisError),
+    /// The node answered, and refused: another owner's value holds the key there. Not a fault;
+    /// listed in [`Error::NoQuorum`] so that a round that failed both for refusals and for
+    /// failures names every node that counted against the quorum.
+    #[error("refused: another owner's value holds the key there")]
+    HeldByAnother,
     /// The node's reply had an unexpected shape.
     #[error("unexpected reply: {0}")]
     BadReply(String),
@@ -223,6 +230,7 @@ impl NodeError {
             NodeError::HeldOut { .. } => "held_out",
             NodeError::Repairing => "repairing",
             NodeError::Redis(_) => "redis",
+            NodeError::HeldByAnother => "held",
             NodeError::BadReply(_) => "bad_reply",
         }
     }
@@ -318,8 +326,27 @@ fn humanize(d: Duration) -> String {
     }
 }
 
-/// Formats a list of node failures as `a: cause; b: cause`.
-struct FailureList<'a>(&'a [NodeFailure]);
+/// `3 of 5 nodes failed`, or `2 of 5 nodes failed and 1 refused` when refusals are listed.
+struct Counts<'a>(&'a [NodeFailure], usize);
+
+impl fmt::Display for Counts<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let refused = self
+            .0
+            .iter()
+            .filter(|n| matches!(n.cause, NodeError::HeldByAnother))
+            .count();
+        let failed = self.0.len() - refused;
+        write!(f, "{failed} of {} nodes failed", self.1)?;
+        if refused > 0 {
+            write!(f, " and {refused} refused (another owner's value)")?;
+        }
+        Ok(())
+    }
+}
+
+/// Formats a list of node failures as `a: cause; b: cause` (for errors and log fields).
+pub(crate) struct FailureList<'a>(pub(crate) &'a [NodeFailure]);
 
 impl fmt::Display for FailureList<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::error::{Error, LostReason};
+use crate::error::{Error, FailureList, LostReason};
 use crate::fencing::FencingToken;
 use crate::guard::LockState;
 use crate::quorum;
@@ -40,12 +40,14 @@ pub(crate) fn spawn(
 
 async fn keep_alive(client: Redlock, state: &Arc<LockState>, every: Duration) {
     let mut next = Instant::now() + every;
+    // Whether extensions are failing for lack of a quorum: warned once per outage.
+    let mut outage = false;
     loop {
         tokio::select! {
             _ = state.wait_lost() => return,
             _ = tokio::time::sleep_until(next) => {}
         }
-        if !extend_once(&client, state).await {
+        if !extend_once(&client, state, &mut outage).await {
             return;
         }
         next = Instant::now() + every;
@@ -54,8 +56,10 @@ async fn keep_alive(client: Redlock, state: &Arc<LockState>, every: Duration) {
 
 /// One extension, retried after the configured random pause for as long as validity remains.
 /// Only two things end it early: a quorum saying the value is no longer ours, and the deadline.
-/// Returns false when the lock is lost (the signal has fired) or was released.
-async fn extend_once(client: &Redlock, state: &Arc<LockState>) -> bool {
+/// Returns false when the lock is lost (the signal has fired) or was released. `outage` says
+/// whether the lock's extensions are failing for lack of a quorum: the first failed round of an
+/// outage warns, the others are logged at debug level, and the first success after it at info.
+async fn extend_once(client: &Redlock, state: &Arc<LockState>, outage: &mut bool) -> bool {
     let cfg = &client.inner.cfg;
     let mut round = 0u32;
     // The failures of the last round that could not reach a quorum: if the deadline then cuts a
@@ -69,7 +73,7 @@ async fn extend_once(client: &Redlock, state: &Arc<LockState>) -> bool {
             tokio::time::timeout_at(deadline, client.extend_state(state, state.ttl())).await;
         let failures = match result {
             Ok(Ok(_)) => {
-                if round > 1 {
+                if std::mem::take(outage) {
                     tracing::info!(key = state.key(), round, "extension reached a quorum again");
                 }
                 return true;
@@ -94,16 +98,17 @@ async fn extend_once(client: &Redlock, state: &Arc<LockState>) -> bool {
             return false;
         }
         last_failures = Some(failures.clone());
-        // Warn once per failed extension, then quietly until it succeeds or the lock is lost.
-        if round == 1 {
+        // Warn once per outage, then quietly until it succeeds or the lock is lost.
+        if !std::mem::replace(outage, true) {
             tracing::warn!(
                 key = state.key(),
                 validity = ?state.deadline().saturating_duration_since(Instant::now()),
-                failures = ?failures,
-                "extension did not reach a quorum; retrying while validity remains"
+                failures = %FailureList(&failures),
+                "extension did not reach a quorum; retrying while validity remains (further \
+                 failed rounds of this outage are logged at debug level)"
             );
         } else {
-            tracing::debug!(key = state.key(), round, ?pause, "retrying extension");
+            tracing::debug!(key = state.key(), round, ?pause, failures = %FailureList(&failures), "retrying extension");
         }
         tokio::select! {
             _ = state.wait_lost() => return false,

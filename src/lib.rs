@@ -26,6 +26,7 @@ pub use error::{ArgumentError, ConfigError, Error, LostReason, NodeError, NodeFa
 pub use fencing::{FenceGate, FencedWrite, FencingToken, StaleToken, fenced_set};
 pub use guard::Lock;
 pub use lease::LockContext;
+pub use quorum::HolderView;
 pub use redlock::{KeyState, LockStatus, NodeStatus, Redlock};
 pub use schedule::{Outcome, RunOnce, RunOnceBuilder, SkipReason, TickContext, tick_of};
 

@@ -44,14 +44,16 @@ pub(crate) enum Answer {
     Failed,
 }
 
-/// The decision of a round, taken as soon as it is certain.
+/// The decision of a round, taken as soon as it is certain (its kind included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
     /// A quorum said yes.
     Quorum,
-    /// A quorum can no longer say yes, and refusals were needed to rule it out: contention.
+    /// The refusals alone rule out a quorum (`no > n - quorum`): the key is held elsewhere
+    /// (`Held`, `Lost(NotOwner)`), whatever the other nodes said or would say.
     Refused,
-    /// A quorum can no longer say yes because too many nodes failed, whatever the others said.
+    /// A quorum can no longer say yes, and the refusals alone would not have ruled it out:
+    /// nodes failed (`NoQuorum`). A few refusals among failures are an outage, not a holder.
     Unreachable,
 }
 
@@ -82,6 +84,11 @@ impl Tally {
         }
     }
 
+    /// The configured number of nodes.
+    pub(crate) fn n(&self) -> usize {
+        self.n
+    }
+
     pub(crate) fn yes(&self) -> usize {
         self.yes
     }
@@ -103,21 +110,27 @@ impl Tally {
         self.n.saturating_sub(self.yes + self.no + self.failed)
     }
 
-    /// The verdict, or `None` while the pending nodes could still change it.
+    /// The verdict, or `None` while the pending nodes could still change it, or change its
+    /// kind.
     ///
-    /// Success is declared the moment `yes` reaches the quorum; failure the moment
-    /// `yes + pending` falls below it. A failure is [`Verdict::Unreachable`] when the failed nodes
-    /// alone rule out a quorum (`failed > n - quorum`), [`Verdict::Refused`] otherwise.
+    /// - [`Verdict::Quorum`] the moment `yes` reaches the quorum (a hung node never delays a
+    ///   success);
+    /// - [`Verdict::Refused`] the moment the refusals alone exceed `n - quorum`;
+    /// - [`Verdict::Unreachable`] once `yes + pending` is below the quorum *and* the refusals
+    ///   could not exceed `n - quorum` even if every pending node refused. While they still
+    ///   could, the round waits for the pending answers (bounded by its deadline, after which
+    ///   they count as failed): the failure is certain, but whether it is an outage or a holder
+    ///   is not, and answering `Held` to an outage (or `NoQuorum` to a holder) is what item 6
+    ///   of issue 12 was about.
     pub(crate) fn verdict(&self) -> Option<Verdict> {
         let q = quorum(self.n);
+        let spare = self.n - q;
         if self.yes >= q {
             Some(Verdict::Quorum)
-        } else if self.yes + self.pending() < q {
-            if self.failed > self.n - q {
-                Some(Verdict::Unreachable)
-            } else {
-                Some(Verdict::Refused)
-            }
+        } else if self.no > spare {
+            Some(Verdict::Refused)
+        } else if self.yes + self.pending() < q && self.no + self.pending() <= spare {
+            Some(Verdict::Unreachable)
         } else {
             None
         }
@@ -129,6 +142,79 @@ impl Tally {
         let mut t = *self;
         t.failed += t.pending();
         t.verdict().unwrap_or(Verdict::Unreachable)
+    }
+}
+
+/// What a [`Verdict::Refused`] acquisition round means, from the values that refused it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Some other value holds, or may hold, a quorum: the lock is held.
+    Held,
+    /// No value can stand on a quorum, even counting every node whose value is unknown for it:
+    /// contenders that started together split the nodes. Undo and re-try.
+    Contended,
+    /// Not yet known: the pending nodes' answers could still make it [`Refusal::Contended`].
+    Undecided,
+}
+
+/// Classifies a refused acquisition round over `n` nodes. `counts` holds, for each distinct
+/// foreign value seen, how many nodes refused with it; `unknown` counts refusals whose value is
+/// unknown (plain `SET NX` with fencing off), `failed` and `pending` the nodes without an answer.
+///
+/// Contention is declared only when it is certain: the largest group plus every node whose
+/// value is unknown stays below the quorum. The pending nodes are worth waiting for only when
+/// their answers could still make it certain.
+pub(crate) fn refusal(
+    n: usize,
+    counts: &[usize],
+    unknown: usize,
+    failed: usize,
+    pending: usize,
+) -> Refusal {
+    let q = quorum(n);
+    let top = counts.iter().copied().max().unwrap_or(0);
+    if top + unknown + failed + pending < q {
+        Refusal::Contended
+    } else if pending > 0 && top + unknown + failed < q {
+        Refusal::Undecided
+    } else {
+        Refusal::Held
+    }
+}
+
+/// What a read of every node says about who holds a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HolderView<T> {
+    /// This value stands on a quorum of the nodes that answered: the current holder.
+    Held(T),
+    /// Nobody holds the key: no value stands on a quorum, and the nodes that did not answer
+    /// could not complete one for any value.
+    Vacant,
+    /// Cannot tell: no value stands on a quorum of the nodes that answered, but the nodes that
+    /// did not answer could complete one (for a value seen, or one not seen at all).
+    Unknown,
+}
+
+/// The holder a partial read shows: `values` has one entry per node that answered (its value,
+/// if any), `unanswered` counts the nodes that did not, `q` is the quorum.
+pub(crate) fn holder_view<'a>(
+    values: &[Option<&'a str>],
+    unanswered: usize,
+    q: usize,
+) -> HolderView<&'a str> {
+    let count = |v: &str| values.iter().filter(|w| **w == Some(v)).count();
+    let mut top = 0;
+    for v in values.iter().flatten() {
+        let c = count(v);
+        if c >= q {
+            return HolderView::Held(v);
+        }
+        top = top.max(c);
+    }
+    if top + unanswered >= q {
+        HolderView::Unknown
+    } else {
+        HolderView::Vacant
     }
 }
 
@@ -182,27 +268,86 @@ mod tests {
     }
 
     #[test]
-    fn two_refusals_and_one_failure_of_five_is_contention() {
+    fn three_refusals_of_five_are_held_whatever_else_happens() {
         let mut t = Tally::new(5);
         t.record(Answer::No);
         t.record(Answer::No);
         assert_eq!(t.verdict(), None);
-        t.record(Answer::Failed);
+        t.record(Answer::No);
         assert_eq!(t.verdict(), Some(Verdict::Refused));
     }
 
+    /// Issue 12 item 6: nodes 3 and 4 down, a stale foreign key on node 2.
     #[test]
-    fn three_failures_of_five_is_unreachable_even_with_a_refusal() {
+    fn one_refusal_and_two_failures_of_five_is_unreachable_not_refused() {
         let mut t = Tally::new(5);
+        t.record(Answer::Yes);
+        t.record(Answer::Yes);
         t.record(Answer::No);
         t.record(Answer::Failed);
+        assert_eq!(t.verdict(), None);
         t.record(Answer::Failed);
-        assert_eq!(t.verdict(), Some(Verdict::Refused));
+        assert_eq!(t.verdict(), Some(Verdict::Unreachable));
+        // Two refusals and one failure: still an outage, not a holder.
+        let mut t = Tally::new(5);
+        t.record(Answer::No);
+        t.record(Answer::No);
+        t.record(Answer::Failed);
+        assert_eq!(
+            t.verdict(),
+            None,
+            "the pending two could still make it held"
+        );
+        t.record(Answer::Yes);
+        assert_eq!(t.verdict(), None, "the last one could still refuse");
+        assert_eq!(t.final_verdict(), Verdict::Unreachable);
+        t.record(Answer::Failed);
+        assert_eq!(t.verdict(), Some(Verdict::Unreachable));
+    }
+
+    #[test]
+    fn three_failures_of_five_is_unreachable() {
         let mut t = Tally::new(5);
         for _ in 0..3 {
             t.record(Answer::Failed);
         }
         assert_eq!(t.verdict(), Some(Verdict::Unreachable));
+    }
+
+    #[test]
+    fn a_two_two_one_split_is_contention_and_a_quorum_elsewhere_is_held() {
+        assert_eq!(refusal(5, &[2, 1], 0, 0, 0), Refusal::Contended);
+        assert_eq!(refusal(5, &[1, 1, 1], 0, 0, 0), Refusal::Contended);
+        assert_eq!(refusal(5, &[3], 0, 0, 0), Refusal::Held);
+        // Two seen, one pending: it could be the third.
+        assert_eq!(refusal(5, &[2, 1], 0, 0, 1), Refusal::Undecided);
+        assert_eq!(refusal(5, &[2, 1], 0, 1, 0), Refusal::Held);
+        // Values unknown (fencing off): never contention.
+        assert_eq!(refusal(5, &[], 3, 0, 0), Refusal::Held);
+    }
+
+    /// Issue 12 item 5: the leader's key on {0,1,2}, an observer reaching {1,2,3,4}.
+    #[test]
+    fn a_partial_view_that_misses_a_holder_is_unknown() {
+        let v = Some("leader");
+        assert_eq!(holder_view(&[v, v, None, None], 1, 3), HolderView::Unknown);
+        assert_eq!(
+            holder_view(&[v, v, v, None], 1, 3),
+            HolderView::Held("leader")
+        );
+        assert_eq!(
+            holder_view(&[None, None, None, None], 1, 3),
+            HolderView::Vacant
+        );
+        assert_eq!(
+            holder_view(&[v, Some("b"), None, None], 1, 3),
+            HolderView::Vacant
+        );
+        assert_eq!(holder_view(&[None, None], 3, 3), HolderView::Unknown);
+        assert_eq!(
+            holder_view(&[v, v, None, None, None], 0, 3),
+            HolderView::Vacant
+        );
     }
 
     #[test]
@@ -235,11 +380,19 @@ mod tests {
                     Some(Verdict::Quorum) => prop_assert!(2 * t.yes() > n),
                     Some(Verdict::Refused) => {
                         prop_assert!(t.yes() + t.pending() < quorum(n));
-                        prop_assert!(t.no() > 0);
-                        prop_assert!(t.failed() <= n - quorum(n));
+                        // The refusals alone rule a quorum out.
+                        prop_assert!(t.no() > n - quorum(n));
                     }
-                    Some(Verdict::Unreachable) => prop_assert!(t.failed() > n - quorum(n)),
-                    None => prop_assert!(t.yes() < quorum(n) && t.yes() + t.pending() >= quorum(n)),
+                    Some(Verdict::Unreachable) => {
+                        prop_assert!(t.yes() + t.pending() < quorum(n));
+                        // Even if every pending node refused, the refusals alone would not.
+                        prop_assert!(t.no() + t.pending() <= n - quorum(n));
+                    }
+                    None => prop_assert!(
+                        t.yes() < quorum(n)
+                            && (t.yes() + t.pending() >= quorum(n)
+                                || t.no() + t.pending() > n - quorum(n))
+                    ),
                 }
             }
         }
@@ -251,15 +404,51 @@ mod tests {
             for a in seq {
                 t.record(a);
                 if let Some(v) = t.verdict() {
+                    // Kind included: the first decision is the one we act on.
                     let f = *first.get_or_insert(v);
-                    // Success can't turn to failure or back; the kind of failure may only be
-                    // read from the first decision, which is the one we act on.
-                    prop_assert_eq!(f == Verdict::Quorum, v == Verdict::Quorum);
+                    prop_assert_eq!(f, v);
                 }
             }
             let fv = t.final_verdict();
             if let Some(f) = first {
-                prop_assert_eq!(f == Verdict::Quorum, fv == Verdict::Quorum);
+                prop_assert_eq!(f, fv);
+            }
+        }
+
+        #[test]
+        fn contention_is_declared_only_when_no_value_can_hold_a_quorum(
+            n in 1usize..=9,
+            counts in proptest::collection::vec(1usize..5, 0..5),
+            unknown in 0usize..3, failed in 0usize..3, pending in 0usize..3,
+        ) {
+            let q = quorum(n);
+            let top = counts.iter().copied().max().unwrap_or(0);
+            match refusal(n, &counts, unknown, failed, pending) {
+                // Wherever the unknown nodes' values go, no value reaches the quorum.
+                Refusal::Contended => prop_assert!(top + unknown + failed + pending < q),
+                Refusal::Undecided => prop_assert!(pending > 0),
+                Refusal::Held => prop_assert!(top + unknown + failed >= q || (pending == 0 && top + unknown + failed + pending >= q)),
+            }
+        }
+
+        #[test]
+        fn vacant_only_when_no_value_could_stand_on_a_quorum(
+            values in proptest::collection::vec(proptest::option::of(0u8..3), 0..9),
+            unanswered in 0usize..9,
+        ) {
+            let n = values.len() + unanswered;
+            prop_assume!(n > 0);
+            let q = quorum(n);
+            let names: Vec<String> = values.iter().map(|v| v.map(|x| x.to_string()).unwrap_or_default()).collect();
+            let vals: Vec<Option<&str>> = values.iter().zip(&names).map(|(v, s)| v.map(|_| s.as_str())).collect();
+            let count = |x: &str| vals.iter().filter(|w| **w == Some(x)).count();
+            let top = vals.iter().flatten().map(|x| count(x)).max().unwrap_or(0);
+            match holder_view(&vals, unanswered, q) {
+                HolderView::Held(v) => prop_assert!(count(v) >= q),
+                // Every value, and a value not seen, stays below the quorum with all the
+                // unanswered nodes on its side.
+                HolderView::Vacant => prop_assert!(top + unanswered < q),
+                HolderView::Unknown => prop_assert!(top < q && top + unanswered >= q),
             }
         }
 

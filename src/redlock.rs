@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,13 +15,13 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::config::RedlockBuilder;
-use crate::error::{ArgumentError, Error, LostReason, NodeError, NodeFailure};
+use crate::error::{ArgumentError, Error, FailureList, LostReason, NodeError, NodeFailure};
 use crate::fencing::FencingToken;
 use crate::guard::{Lock, LockState};
 use crate::lock;
 use crate::metrics;
 use crate::node::{HoldOut, MaxTtl, Node, RoundGate};
-use crate::quorum::{self, Answer, Tally, Verdict};
+use crate::quorum::{self, Answer, HolderView, Refusal, Tally, Verdict};
 use crate::scripts::{self, ScriptCall};
 
 /// A Redlock client over N independent Redis masters. Cheap to clone (one `Arc`); clones share
@@ -64,12 +65,20 @@ pub(crate) struct Inner {
     /// Finished rounds' unanswered calls, kept (unpolled) until their deadline so that the
     /// queued commands are written: much cheaper than a task per round (see `Redlock::settle`).
     parked: Mutex<VecDeque<Tail>>,
+    /// Set by an acquisition round that could not reach a quorum for lack of answers, cleared
+    /// by one that reached it: the client warns once per outage, not once per round.
+    outage: AtomicBool,
 }
 
 /// How many finished rounds may be parked at once; beyond, a round's calls get a task of their
 /// own. Bounds what parked calls hold (a few KB each) under high throughput or long node
 /// timeouts.
 const MAX_PARKED: usize = 4096;
+
+/// How many extra rounds an acquisition makes, beyond its retries, to resolve contention:
+/// rounds refused although no value stood on a quorum (contenders that started together split
+/// the nodes). Each undoes its partial acquisition first, then pauses at random.
+const CONTENTION_ROUNDS: u32 = 6;
 
 /// What one node says about a key, from [`Redlock::status`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,16 +121,29 @@ impl LockStatus {
     }
 
     /// The value held by at least a quorum of nodes: the current owner, if any.
+    ///
+    /// `None` does not mean nobody holds the key when some nodes did not answer: see
+    /// [`holder_view`](Self::holder_view), which tells vacant from unknown.
     pub fn holder(&self) -> Option<&str> {
-        let values: Vec<&str> = self
+        match self.holder_view() {
+            HolderView::Held(v) => Some(v),
+            HolderView::Vacant | HolderView::Unknown => None,
+        }
+    }
+
+    /// Who holds the key, as far as this read can tell: [`HolderView::Held`] with the value a
+    /// quorum of nodes holds; [`HolderView::Vacant`] when nobody does; [`HolderView::Unknown`]
+    /// when no value stands on a quorum of the nodes that answered but the nodes that did not
+    /// answer could complete one (the holder's key on nodes {0,1,2}, a read that reached
+    /// {1,2,3,4}).
+    pub fn holder_view(&self) -> HolderView<&str> {
+        let values: Vec<Option<&str>> = self
             .nodes
             .iter()
-            .filter_map(|n| n.state.as_ref().ok()?.value.as_deref())
+            .filter_map(|n| Some(n.state.as_ref().ok()?.value.as_deref()))
             .collect();
-        values
-            .iter()
-            .find(|v| values.iter().filter(|w| w == v).count() >= self.quorum)
-            .copied()
+        let unanswered = self.nodes.len() - values.len();
+        quorum::holder_view(&values, unanswered, self.quorum)
     }
 
     /// `Ok` when a quorum of nodes answered; otherwise [`Error::NoQuorum`] naming each node that
@@ -134,6 +156,11 @@ impl LockStatus {
         if self.answered() >= self.quorum {
             return Ok(());
         }
+        Err(self.unanswered())
+    }
+
+    /// [`Error::NoQuorum`] naming each node that did not answer, and why.
+    pub(crate) fn unanswered(&self) -> Error {
         let failures = self
             .nodes
             .iter()
@@ -144,13 +171,13 @@ impl LockStatus {
                 })
             })
             .collect();
-        Err(Error::NoQuorum {
+        Error::NoQuorum {
             key: self.key.clone(),
             reached: self.answered(),
             nodes: self.nodes.len(),
             needed: self.quorum,
             failures,
-        })
+        }
     }
 
     /// The highest fencing counter any node reports.
@@ -173,13 +200,53 @@ struct Patience {
 
 type NodeFuture = BoxFuture<'static, (usize, Result<Value, NodeError>)>;
 
-/// A round's outcome: the verdict, the yes-answers (node index, integer reply) and failures.
+/// A round's outcome: the verdict, the yes-answers (node index, integer reply), the values
+/// that refused (`None`: a refusal that does not say which value holds the key) and failures
+/// (refusals included, as [`NodeError::HeldByAnother`], so a failed round names them all).
 struct Round {
     verdict: Verdict,
     tally: Tally,
     yes: Vec<(usize, i64)>,
+    refusals: Vec<Option<Vec<u8>>>,
     failures: Vec<NodeFailure>,
     rest: Tail,
+}
+
+impl Round {
+    /// How a refused acquisition reads (see [`quorum::refusal`]).
+    fn refusal(&self) -> Refusal {
+        let (counts, unknown) = refusal_groups(&self.refusals);
+        quorum::refusal(
+            self.tally.n(),
+            &counts,
+            unknown,
+            self.tally.failed(),
+            self.tally.pending(),
+        )
+    }
+
+    /// Nodes holding the most common foreign value seen, or every refusal when values are
+    /// unknown: what `Held` reports.
+    fn held_by_other(&self) -> usize {
+        let (counts, unknown) = refusal_groups(&self.refusals);
+        counts.into_iter().max().unwrap_or(0).max(unknown)
+    }
+}
+
+/// The refusals grouped by value: each distinct value's count, and how many carried none.
+fn refusal_groups(refusals: &[Option<Vec<u8>>]) -> (Vec<usize>, usize) {
+    let mut groups: Vec<(&[u8], usize)> = Vec::new();
+    let mut unknown = 0;
+    for r in refusals {
+        match r {
+            Some(v) => match groups.iter_mut().find(|(w, _)| *w == v.as_slice()) {
+                Some((_, c)) => *c += 1,
+                None => groups.push((v, 1)),
+            },
+            None => unknown += 1,
+        }
+    }
+    (groups.into_iter().map(|(_, c)| c).collect(), unknown)
 }
 
 /// The calls of a round still unanswered when its verdict was taken.
@@ -248,6 +315,7 @@ impl Redlock {
                 max_ttl,
                 tasks: TaskTracker::new(),
                 parked: Mutex::new(VecDeque::new()),
+                outage: AtomicBool::new(false),
             }),
         }
     }
@@ -390,13 +458,24 @@ impl Redlock {
         let lock_key = scripts::lock_key(key);
         let fence_key = scripts::fence_key(key);
         let mut round_no = 0u32;
+        let mut contention_rounds = 0u32;
         loop {
             round_no += 1;
             let value = new_value();
             // Armed before the first await: a cancelled or failed round is released everywhere.
             let undo = UndoRelease::arm(self, &lock_key, &fence_key, &value);
+            let mut contended = false;
+            let round_start = Instant::now();
             let result = self
-                .attempt(key, &lock_key, &fence_key, &value, ttl, drift)
+                .attempt(
+                    key,
+                    &lock_key,
+                    &fence_key,
+                    &value,
+                    ttl,
+                    drift,
+                    &mut contended,
+                )
                 .await;
             let err = match result {
                 Ok((token, start, validity, tail)) => {
@@ -416,6 +495,27 @@ impl Redlock {
                 }
                 Err(e) => e,
             };
+            if contended && contention_rounds < CONTENTION_ROUNDS {
+                contention_rounds += 1;
+                round_no -= 1;
+                // Nobody won: undo our part before anyone re-tries (awaited, so it has landed
+                // by the time our own pause starts), then pause at random for several round
+                // trips, so that one contender re-tries alone and finds the nodes free.
+                let round_trip = round_start.elapsed();
+                self.release_everywhere(&lock_key, &fence_key, &value, 0)
+                    .await;
+                undo.disarm();
+                let spread = self.inner.cfg.retry_jitter.max(round_trip * 4);
+                let delay = quorum::retry_delay(round_trip, spread, rand::random::<f64>());
+                tracing::debug!(
+                    key,
+                    round = contention_rounds,
+                    ?delay,
+                    "contenders split the nodes; undone, re-trying"
+                );
+                tokio::time::sleep(delay).await;
+                continue;
+            }
             drop(undo);
             let delay = quorum::retry_delay(
                 self.inner.cfg.retry_delay,
@@ -460,7 +560,9 @@ impl Redlock {
     }
 
     /// One attempt round: the acquire script on every node, then (rarely) a raise of the fencing
-    /// counters. Returns the token, the round's start and the validity.
+    /// counters. Returns the token, the round's start and the validity. `contended` is set when
+    /// the round was refused but no value can stand on a quorum (contenders split the nodes).
+    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
         key: &str,
@@ -469,6 +571,7 @@ impl Redlock {
         value: &str,
         ttl: Duration,
         drift: Duration,
+        contended: &mut bool,
     ) -> Result<(FencingToken, Instant, Duration, Tail), Error> {
         metrics::attempt();
         let start = Instant::now();
@@ -503,18 +606,30 @@ impl Redlock {
         match round.verdict {
             Verdict::Quorum => {}
             Verdict::Refused => {
+                *contended = round.refusal() == Refusal::Contended;
                 tracing::debug!(
                     key,
-                    held = round.tally.no(),
+                    yes = round.tally.yes(),
+                    refused = round.tally.no(),
+                    held = round.held_by_other(),
                     failed = round.tally.failed(),
+                    contended = *contended,
                     "lock held by another owner"
                 );
-                return Err(self.held(key, &round.tally));
+                return Err(self.held(key, round.held_by_other()));
             }
             Verdict::Unreachable => {
-                tracing::warn!(key, yes = round.tally.yes(), no = round.tally.no(), failed = round.tally.failed(), failures = ?round.failures, "too few nodes reachable to acquire");
+                let failures = FailureList(&round.failures);
+                if self.inner.outage.swap(true, Ordering::Relaxed) {
+                    tracing::debug!(key, yes = round.tally.yes(), no = round.tally.no(), failed = round.tally.failed(), %failures, "too few nodes reachable to acquire");
+                } else {
+                    tracing::warn!(key, yes = round.tally.yes(), no = round.tally.no(), failed = round.tally.failed(), %failures, "too few nodes reachable to acquire; further failed rounds are logged at debug level until a quorum answers again");
+                }
                 return Err(self.no_quorum(key, &round.tally, round.failures));
             }
+        }
+        if self.inner.outage.swap(false, Ordering::Relaxed) {
+            tracing::info!(key, "a quorum of nodes answers again");
         }
         let counters: Vec<u64> = if fencing {
             round.yes.iter().map(|&(_, c)| c.max(0) as u64).collect()
@@ -661,17 +776,38 @@ impl Redlock {
             .collect();
         let mut tally = Tally::new(n);
         let mut yeses = Vec::with_capacity(n);
+        let mut refusals = Vec::new();
         let mut failures = Vec::new();
         let mut answered = vec![false; n];
+        // An acquisition refused by a quorum also waits until it is known whether that was
+        // contention (see `quorum::refusal`); nothing else does.
+        let classify = op == "acquire";
         let decided = tokio::time::timeout_at(deadline, async {
             while let Some((i, reply)) = rest.next().await {
                 answered[i] = true;
-                match reply.and_then(int_reply) {
-                    Ok(v) if yes(v) => {
+                // The acquire script refuses with the value that holds the key.
+                let reply = match reply {
+                    Ok(Value::BulkString(holder)) => {
+                        refusals.push(Some(holder));
+                        Ok(None)
+                    }
+                    other => other.and_then(int_reply).map(Some),
+                };
+                match reply {
+                    Ok(Some(v)) if yes(v) => {
                         tally.record(Answer::Yes);
                         yeses.push((i, v));
                     }
-                    Ok(_) => tally.record(Answer::No),
+                    Ok(refused) => {
+                        if refused.is_some() {
+                            refusals.push(None);
+                        }
+                        tally.record(Answer::No);
+                        failures.push(NodeFailure {
+                            node: self.inner.nodes[i].name().to_owned(),
+                            cause: NodeError::HeldByAnother,
+                        });
+                    }
                     Err(cause) => {
                         tally.record(Answer::Failed);
                         failures.push(NodeFailure {
@@ -681,7 +817,14 @@ impl Redlock {
                     }
                 }
                 if let Some(verdict) = tally.verdict() {
-                    return verdict;
+                    let undecided = classify && verdict == Verdict::Refused && {
+                        let (counts, unknown) = refusal_groups(&refusals);
+                        quorum::refusal(n, &counts, unknown, tally.failed(), tally.pending())
+                            == Refusal::Undecided
+                    };
+                    if !undecided {
+                        return verdict;
+                    }
                 }
             }
             tally.final_verdict()
@@ -726,6 +869,7 @@ impl Redlock {
             verdict,
             tally,
             yes: yeses,
+            refusals,
             failures,
             rest: Tail {
                 calls: rest,
@@ -806,16 +950,18 @@ impl Redlock {
                     }),
                 }
             }
+            // Only when the refusals alone rule out a quorum: refusals mixed with failures leave
+            // a valid lock held (the caller, or keep-alive, tries again while validity remains).
             Verdict::Refused => {
                 let reason = LostReason::NotOwner {
                     owned: round.tally.yes(),
                     needed: self.quorum(),
                 };
-                tracing::warn!(key, %reason, "lock lost: a quorum no longer holds our value");
                 Err(state.lose(reason))
             }
             Verdict::Unreachable => {
-                tracing::warn!(key, failures = ?round.failures, "extension could not reach a quorum");
+                // The keep-alive task warns once per outage (lease.rs).
+                tracing::debug!(key, failures = %FailureList(&round.failures), "extension could not reach a quorum");
                 Err(self.no_quorum(key, &round.tally, round.failures))
             }
         }
@@ -827,6 +973,8 @@ impl Redlock {
     pub(crate) async fn release_state(&self, state: &LockState) -> Result<(), Error> {
         let _serial = state.serial().await;
         let expired = state.deadline() <= Instant::now();
+        // Lost before the release (its signal fired): that is what the release reports.
+        let lost = state.reason();
         let token = state.token().get().to_string();
         let call = scripts::RELEASE.call(
             &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
@@ -844,6 +992,13 @@ impl Redlock {
         // skipped by its connection, and the key would outlive the release by up to a ttl.
         self.settle(round.rest, false);
         let key = state.key();
+        if let Some(reason) = lost {
+            tracing::debug!(key, %reason, released = round.tally.yes(), "released a lock already lost");
+            return Err(Error::Lost {
+                key: key.to_owned(),
+                reason,
+            });
+        }
         match round.verdict {
             // Released where it was still ours, but the holder outlived its validity: the work
             // done under it may have overlapped with another holder's.
@@ -859,7 +1014,7 @@ impl Redlock {
                     owned: round.yes.iter().filter(|&&(_, v)| v == 1).count(),
                     needed: self.quorum(),
                 };
-                tracing::warn!(key, %reason, "released a lock that was already lost");
+                tracing::debug!(key, %reason, "released a lock that was already lost");
                 Err(state.lose(reason))
             }
             Verdict::Unreachable => Err(self.no_quorum(key, &round.tally, round.failures)),
@@ -970,10 +1125,10 @@ impl Redlock {
         })
     }
 
-    fn held(&self, key: &str, tally: &Tally) -> Error {
+    fn held(&self, key: &str, held: usize) -> Error {
         Error::Held {
             key: key.to_owned(),
-            held: tally.no(),
+            held,
             nodes: self.node_count(),
             needed: self.quorum(),
         }

@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use crate::election::{Sidecar, contention_pause};
-use crate::error::{ConfigError, Error, LostReason};
+use crate::error::{ConfigError, Error, FailureList, LostReason};
 use crate::fencing::FencingToken;
 use crate::guard::Lock;
 use crate::redlock::Redlock;
@@ -539,7 +539,7 @@ impl RunOnce {
         let marked = replies.iter().filter(|r| r.is_ok()).count();
         let quorum = self.locks.quorum();
         if marked < quorum {
-            tracing::warn!(job = %self.job, tick, marked, needed = quorum, failures = ?self.sidecar.failures(&replies), "tick marker did not reach a quorum; a late instance may run this tick again");
+            tracing::warn!(job = %self.job, tick, marked, needed = quorum, failures = %FailureList(&self.sidecar.failures(&replies)), "tick marker did not reach a quorum; a late instance may run this tick again");
         }
         marked >= quorum
     }

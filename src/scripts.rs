@@ -113,14 +113,22 @@ pub(crate) fn fence_key(key: &str) -> String {
 ///
 /// - KEYS[1]: lock key, KEYS[2]: fencing counter (never expires)
 /// - ARGV[1]: our unique value, ARGV[2]: ttl in milliseconds
-/// - Reply: the counter after `INCR` (>= 1) when the key was set, `0` when another value holds it.
+/// - Reply: the counter after `INCR` (>= 1) when the key was set; the value that holds the key
+///   (a bulk string) when another value holds it, so that a refused round can tell a holder on
+///   a quorum from contenders that split the nodes. The success path is unchanged; a refusal
+///   costs one `GET` inside the script. (`0` if the key vanished in between, which a script's
+///   frozen clock rules out; it counts as a refusal whose value is unknown.)
+///
+/// With fencing off, the plain `SET NX PX` answers nil on refusal, without the value (`SET ...
+/// NX GET` needs Redis 7): such refusals count as unknown values, and contention is then never
+/// declared (the round reads as `Held`).
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return redis.call('INCR', KEYS[2])
 end
-return 0
+return redis.call('GET', KEYS[1]) or 0
 "#,
     )
 });
