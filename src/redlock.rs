@@ -992,14 +992,25 @@ impl Redlock {
         // skipped by its connection, and the key would outlive the release by up to a ttl.
         self.settle(round.rest, false);
         let key = state.key();
-        if let Some(reason) = lost {
-            tracing::debug!(key, %reason, released = round.tally.yes(), "released a lock already lost");
-            return Err(Error::Lost {
-                key: key.to_owned(),
-                reason,
-            });
-        }
         match round.verdict {
+            Verdict::Refused => {
+                let reason = LostReason::NotOwner {
+                    owned: round.yes.iter().filter(|&&(_, v)| v == 1).count(),
+                    needed: self.quorum(),
+                };
+                tracing::debug!(key, %reason, "released a lock that was already lost");
+                Err(state.lose(reason))
+            }
+            // The lost signal had fired: that is what the release reports, whether or not a
+            // quorum answered it (the docs promise `Lost` after `lost()`, not `NoQuorum`).
+            _ if lost.is_some() => {
+                let reason = lost.unwrap_or(LostReason::Expired);
+                tracing::debug!(key, %reason, released = round.tally.yes(), "released a lock already lost");
+                Err(Error::Lost {
+                    key: key.to_owned(),
+                    reason,
+                })
+            }
             // Released where it was still ours, but the holder outlived its validity: the work
             // done under it may have overlapped with another holder's.
             Verdict::Quorum | Verdict::Unreachable if expired => {
@@ -1008,14 +1019,6 @@ impl Redlock {
             Verdict::Quorum => {
                 tracing::debug!(key, released = round.tally.yes(), "lock released");
                 Ok(())
-            }
-            Verdict::Refused => {
-                let reason = LostReason::NotOwner {
-                    owned: round.yes.iter().filter(|&&(_, v)| v == 1).count(),
-                    needed: self.quorum(),
-                };
-                tracing::debug!(key, %reason, "released a lock that was already lost");
-                Err(state.lose(reason))
             }
             Verdict::Unreachable => Err(self.no_quorum(key, &round.tally, round.failures)),
         }
