@@ -1039,7 +1039,7 @@ impl Election {
         let status = inner.locks.status(&inner.name).await;
         let now = Instant::now();
         if let Ok(s) = &status
-            && s.holder().is_none()
+            && s.holder_view() == HolderView::Vacant
             && s.answered() >= s.quorum
             && state.split_rounds < SPLIT_ROUNDS
         {

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use quorumlock::{LockStatus, Redlock};
+use quorumlock::{HolderView, LockStatus, Redlock};
 
 use crate::fail;
 
@@ -31,8 +31,8 @@ pub(crate) fn render(status: &LockStatus) -> String {
     let mut out = String::new();
     let nodes = status.nodes.len();
     let _ = write!(out, "key {:?}: ", status.key);
-    match status.holder() {
-        Some(holder) => {
+    match status.holder_view() {
+        HolderView::Held(holder) => {
             let on = status
                 .nodes
                 .iter()
@@ -44,10 +44,11 @@ pub(crate) fn render(status: &LockStatus) -> String {
                 .count();
             let _ = write!(out, "held by {holder} on {on} of {nodes} nodes");
         }
-        None if status.answered() >= status.quorum => {
-            out.push_str("free (no owner holds it on a quorum)");
-        }
-        None => out.push_str("unknown (too few nodes answered)"),
+        HolderView::Vacant => out.push_str("free (no owner holds it on a quorum)"),
+        HolderView::Unknown if status.answered() >= status.quorum => out.push_str(
+            "unknown (no owner on a quorum of the nodes that answered; those that did not could complete one)",
+        ),
+        HolderView::Unknown => out.push_str("unknown (too few nodes answered)"),
     }
     let _ = writeln!(
         out,
