@@ -388,11 +388,18 @@ impl Redlock {
 
     /// One attempt round, no retries: the lock, or why not at once.
     ///
+    /// One exception: a round refused although no value can stand on a quorum (contenders that
+    /// started at the same moment split the nodes between them, 2/2/1 of 5) is undone and
+    /// re-tried after a short random pause, at most 6 times, so that one of them wins. Every
+    /// acquisition does this, on top of its configured retries.
+    ///
     /// # Errors
     ///
-    /// [`Error::Held`] (another owner), [`Error::NoQuorum`] (too few nodes reachable, each
-    /// failure named), [`Error::ValidityExpired`] (the round took too long), or
-    /// [`Error::InvalidArgument`] (empty key, ttl not above the drift allowance).
+    /// [`Error::Held`] (another owner: the refusals alone rule out a quorum),
+    /// [`Error::NoQuorum`] (too few nodes reachable, each failure named, and each refusal when
+    /// refusals and failures together ruled out a quorum), [`Error::ValidityExpired`] (the round
+    /// took too long), or [`Error::InvalidArgument`] (empty key, ttl not above the drift
+    /// allowance).
     ///
     /// # Cancellation safety
     ///
@@ -424,7 +431,8 @@ impl Redlock {
     /// As [`acquire`](Self::acquire), and keeps trying (rounds separated by the configured random
     /// pause) until `wait` has passed since the call, then gives up with the last round's error.
     /// It always makes at least the rounds [`acquire`](Self::acquire) makes, so `wait = 0` is
-    /// `acquire`. No round starts after `wait`; the last one may end up to one node timeout later.
+    /// `acquire`. No round starts after `wait` (rounds resolving contention excepted, see
+    /// [`try_acquire`](Self::try_acquire)); the last one may end up to one node timeout later.
     ///
     /// # Errors
     ///

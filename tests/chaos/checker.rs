@@ -26,6 +26,9 @@
 //!   partial keys for the node timeout) can keep one another out for a while, which Redlock
 //!   does not promise to avoid; a window with neither shows the fault took more than it should
 //!   have, or the clients stopped trying;
+//! - **misreported held**: an acquisition that ended as `held` inside a window where the refusals
+//!   alone could not rule out a quorum (a foreign key on a minority, other nodes failed): an
+//!   outage reported as a holder, which callers skip quietly (issue 12 item 6);
 //! - **harness trouble**: child lines that did not parse, writes whose outcome is unknown, and
 //!   incidents (a client that did not stop, a child that had to be killed). Each fails a run.
 
@@ -89,6 +92,10 @@ pub struct Report {
     /// Clock jumps made, and how many of them expired a bare-majority holder's key.
     pub clock_jumps: usize,
     pub jumps_fired: usize,
+    /// Acquisitions (indices into `History::ops`) that ended inside a `held_impossible` window.
+    pub held_judged: Vec<usize>,
+    /// Those of them that ended as `held`.
+    pub misreported_held: Vec<usize>,
     pub malformed: usize,
     pub unfinished_writes: usize,
     pub incidents: usize,
@@ -104,6 +111,7 @@ impl Report {
             + self.uncaught.len()
             + self.slow_recoveries.len()
             + self.starved.len()
+            + self.misreported_held.len()
             + self.harness_trouble()
     }
 
@@ -254,6 +262,26 @@ pub fn check(h: &History, reacquire_bound: Duration) -> Report {
         .filter(|&i| during[i] == 0)
         .partition(|&i| refused_during(&h.faults[i]));
 
+    // Acquisitions that ended inside a window where `held` is impossible (their last round, the
+    // one they report, was made during the fault).
+    let held_judged: Vec<usize> = h
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(_, op)| {
+            op.kind == OpKind::Acquire
+                && h.held_impossible
+                    .iter()
+                    .any(|&(s, e)| op.end >= s && op.end <= e)
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let misreported_held = held_judged
+        .iter()
+        .copied()
+        .filter(|&i| h.ops[i].outcome == "held")
+        .collect();
+
     // Unavailability: gaps between sections, from the start, and after the last one to the end
     // (a lock that never came back is unavailable until the run stopped).
     let mut worst_gap = Duration::ZERO;
@@ -284,6 +312,8 @@ pub fn check(h: &History, reacquire_bound: Duration) -> Report {
         starved,
         clock_jumps: h.clock_jumps.len(),
         jumps_fired: h.clock_jumps.iter().filter(|j| j.fired()).count(),
+        held_judged,
+        misreported_held,
         malformed: h.malformed.len(),
         unfinished_writes: h.unfinished_writes.len(),
         incidents: h.incidents.len(),

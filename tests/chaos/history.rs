@@ -172,6 +172,11 @@ pub struct History {
     pub pauses: Vec<Pause>,
     pub lost: Vec<LostSignal>,
     pub clock_jumps: Vec<ClockJump>,
+    /// Windows in which no acquisition may end as `held` (it reports its last round, made in
+    /// the fault: the window starts a call bound after the fault is in place): a foreign key on a minority of nodes
+    /// and failed nodes, the refusals alone too few to rule out a quorum (see
+    /// `nemesis::Fault::StaleKeys`). `held` then misreports an outage (issue 12 item 6).
+    pub held_impossible: Vec<(Mono, Mono)>,
     /// Writes whose outcome is unknown (see [`PendingWrite`]).
     pub unfinished_writes: Vec<PendingWrite>,
     /// Lines of a child client that looked like records but could not be parsed.
@@ -363,6 +368,11 @@ impl Recorder {
 
     pub fn clock_jump(&self, j: ClockJump) {
         self.with(|st| st.history.clock_jumps.push(j));
+    }
+
+    /// A window in which no acquisition may end as `held` (see [`History::held_impossible`]).
+    pub fn held_impossible(&self, start: Mono, end: Mono) {
+        self.with(|st| st.history.held_impossible.push((start, end)));
     }
 
     /// A child's line that looked like a record and could not be parsed.

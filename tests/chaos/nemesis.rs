@@ -43,6 +43,11 @@ pub enum FaultKind {
     ClockJump,
     /// SIGSTOP the child client for 0.3..2.5 ttl.
     PauseClient,
+    /// A foreign owner's key (a crashed holder's) on 1..=minority nodes and just enough other
+    /// nodes SIGSTOPped that no quorum is possible, for 2.5..4 ttl: refusals mixed with
+    /// failures, neither alone enough to rule a quorum out. Every acquisition during it must fail
+    /// as `NoQuorum`, never `Held` (issue 12 item 6).
+    StaleKeys,
 }
 
 /// One fault, drawn.
@@ -82,6 +87,11 @@ pub enum Fault {
         hold: Duration,
     },
     PauseClient {
+        hold: Duration,
+    },
+    StaleKeys {
+        stale: Vec<usize>,
+        paused: Vec<usize>,
         hold: Duration,
     },
 }
@@ -124,6 +134,14 @@ impl fmt::Display for Fault {
                 "client {client} cut from {cut:?}; node {node} clock +{jump:?} midway; {hold:?}"
             ),
             Fault::PauseClient { hold } => write!(f, "SIGSTOP the child client for {hold:?}"),
+            Fault::StaleKeys {
+                stale,
+                paused,
+                hold,
+            } => write!(
+                f,
+                "foreign key on nodes {stale:?}, SIGSTOP nodes {paused:?}, for {hold:?}"
+            ),
         }
     }
 }
@@ -168,7 +186,10 @@ impl Fault {
                     }
                 })
                 .collect(),
-            Fault::Kill { .. } | Fault::Reset { .. } | Fault::PauseClient { .. } => return None,
+            Fault::Kill { .. }
+            | Fault::Reset { .. }
+            | Fault::PauseClient { .. }
+            | Fault::StaleKeys { .. } => return None,
         };
         let mut union: Vec<usize> = cut.iter().flatten().copied().collect();
         union.sort_unstable();
@@ -192,7 +213,8 @@ impl Fault {
             | Fault::Blackhole { hold, .. }
             | Fault::Partition { hold, .. }
             | Fault::ClockJump { hold, .. }
-            | Fault::PauseClient { hold } => *hold,
+            | Fault::PauseClient { hold }
+            | Fault::StaleKeys { hold, .. } => *hold,
         }
     }
 }
@@ -311,6 +333,25 @@ pub fn draw(
         FaultKind::PauseClient => Fault::PauseClient {
             hold: ttls(rng, ttl, 0.3, 2.5),
         },
+        FaultKind::StaleKeys => {
+            // s stale nodes (refusals alone never rule a quorum out), and just enough paused
+            // ones among the others that a quorum is out of reach: s + p = minority + 1. The
+            // failures alone do not rule it out either (p <= minority): only the two together
+            // do, the case that read as `Held`.
+            let mut order: Vec<usize> = (0..nodes).collect();
+            order.shuffle(rng);
+            let s = rng.random_range(1..=minority.max(1));
+            let p = minority + 1 - s;
+            let mut stale = order[..s].to_vec();
+            let mut paused = order[s..s + p].to_vec();
+            stale.sort_unstable();
+            paused.sort_unstable();
+            Fault::StaleKeys {
+                stale,
+                paused,
+                hold: ttls(rng, ttl, 2.5, 4.0),
+            }
+        }
     }
 }
 
@@ -358,6 +399,8 @@ pub struct Env {
 const HOLD_OUT_MARGIN: Duration = Duration::from_secs(1);
 /// How long the nemesis may take to reach a node directly (clock jumps).
 const DIRECT_CONNECT: Duration = Duration::from_secs(2);
+/// The foreign owner's value `StaleKeys` writes.
+const STALE_VALUE: &str = "nemesis-stale-holder";
 /// How often the targeted clock jump looks for a bare-majority holder.
 const HOLDER_POLL: Duration = Duration::from_millis(15);
 
@@ -489,6 +532,51 @@ pub async fn inject(env: &mut Env, fault: &Fault, rec: &Recorder) -> Mono {
             child.pause();
             tokio::time::sleep(*hold).await;
             child.resume();
+        }
+        Fault::StaleKeys {
+            stale,
+            paused,
+            hold,
+        } => {
+            let key = crate::support::lock_key(crate::workload::KEY);
+            // Overwrites whatever is there: a holder's key on those nodes is lost, as after a
+            // crash and a foreign write; the clients must cope either way.
+            let mut set = redis::cmd("SET");
+            set.arg(&key)
+                .arg(STALE_VALUE)
+                .arg("PX")
+                .arg(hold.as_millis() as u64 + 1);
+            for &n in stale {
+                let mut conn = connect(&env.urls[n]).await;
+                let _: () = tokio::time::timeout(DIRECT_CONNECT, set.query_async(&mut conn))
+                    .await
+                    .expect("nemesis: SET within the bound")
+                    .expect("nemesis: SET");
+            }
+            let ns = paused.clone();
+            env.nodes(move |c| ns.iter().for_each(|&n| c.pause(n).unwrap()))
+                .await;
+            // An acquisition reports its last round, which takes at most a call bound: one
+            // that ends a call bound after both are in place, and before the heal, made its
+            // last round in the fault.
+            let judged_from = Mono::now() + crate::workload::call_bound();
+            tokio::time::sleep(*hold).await;
+            rec.held_impossible(judged_from, Mono::now());
+            let ns = paused.clone();
+            env.nodes(move |c| ns.iter().for_each(|&n| c.resume(n).unwrap()))
+                .await;
+            let script = redis::Script::new(
+                "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end",
+            );
+            let mut del = script.key(&key);
+            del.arg(STALE_VALUE);
+            for &n in stale {
+                let mut conn = connect(&env.urls[n]).await;
+                let _: () = tokio::time::timeout(DIRECT_CONNECT, del.invoke_async(&mut conn))
+                    .await
+                    .expect("nemesis: DEL within the bound")
+                    .expect("nemesis: DEL");
+            }
         }
     }
     let healed = Mono::now();

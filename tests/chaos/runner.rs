@@ -335,6 +335,7 @@ impl Outcome {
                 && r.hung.is_empty()
                 && r.slow_recoveries.is_empty()
                 && r.starved.is_empty()
+                && r.misreported_held.is_empty()
                 && r.harness_trouble() == 0,
             "expected every violation to be caught by fencing\n{}",
             self.explain()
@@ -495,6 +496,16 @@ impl Outcome {
             );
             // What the clients did meanwhile (times from the fault's start).
             self.timeline(&mut s, f.start, f.healed);
+        }
+        for &i in &r.misreported_held {
+            let op = &self.history.ops[i];
+            let _ = writeln!(
+                s,
+                "  MISREPORTED HELD: client {} was told `held` by an acquisition of {:?} while \
+                 the refusals alone could not rule out a quorum (an outage)",
+                op.client,
+                op.end.since(op.start)
+            );
         }
         for line in &self.history.malformed {
             let _ = writeln!(s, "  MALFORMED CHILD LINE {line:?}");

@@ -563,3 +563,29 @@ fn the_nemesis_knows_when_the_lock_must_stay_available() {
     assert_eq!(after(jump), Some(Duration::ZERO));
     assert_eq!(after(F::PauseClient { hold: s }), None);
 }
+
+/// Issue 12 item 6: inside a window where the refusals alone cannot rule out a quorum (a foreign
+/// key on a minority, other nodes failed), an acquisition that ends as `held` misreports an
+/// outage; one that ends as `no_quorum` is right, and one outside the window is not judged.
+#[test]
+fn held_inside_a_window_where_refusals_cannot_rule_out_a_quorum_is_a_violation() {
+    let acquire = |start, end, outcome| Op {
+        client: 0,
+        kind: OpKind::Acquire,
+        start: ms(start),
+        end: ms(end),
+        bound: Duration::from_secs(5),
+        outcome,
+    };
+    let mut h = clean();
+    h.held_impossible = vec![(ms(500), ms(900))];
+    h.ops = vec![
+        acquire(450, 600, "no_quorum"),
+        acquire(600, 800, "held"),
+        acquire(850, 1000, "held"),
+    ];
+    let r = check(&h, Duration::from_secs(1));
+    assert_eq!(r.held_judged, vec![0, 1]);
+    assert_eq!(r.misreported_held, vec![1]);
+    assert_eq!(r.violations(), 1);
+}

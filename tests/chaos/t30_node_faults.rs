@@ -7,7 +7,7 @@
 use quorumlock::RestartGuard;
 
 use crate::nemesis::FaultKind;
-use crate::runner::{SHORT, Scenario, expect_safe};
+use crate::runner::{SHORT, Scenario, expect_safe, run, seed};
 
 /// Up to a minority (2 of 5) killed and kept down longer than the ttl, then restarted empty;
 /// the client's restart guard is off, so the delay alone must keep the lock safe.
@@ -51,4 +51,31 @@ async fn kill_majority_with_aof_always_keeps_exclusion() {
 async fn paused_nodes_cost_availability_only() {
     let scn = Scenario::new("pause-nodes", &[FaultKind::PauseNodes]);
     expect_safe(scn, 33, SHORT).await;
+}
+
+/// Refusals mixed with failures (issue 12 item 6): a foreign owner's key on a minority of nodes
+/// and enough other nodes SIGSTOPped that no quorum is possible, the refusals alone too few to
+/// rule one out. One client, so that no other contender's keys can add refusals.
+///
+/// Expected: every acquisition made during the fault fails as `NoQuorum`, never `Held` (an
+/// outage that callers would skip quietly); no violation. Red before the fix: the rounds were
+/// `Held` once `failed <= N - quorum`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_keys_among_failed_nodes_read_as_no_quorum_not_held() {
+    let mut scn = Scenario::new("stale-keys+paused-nodes", &[FaultKind::StaleKeys]);
+    scn.clients = 1;
+    let out = run(&scn, seed(34), SHORT * 2).await;
+    assert!(
+        !out.report.held_judged.is_empty(),
+        "no acquisition was made during a fault: the schedule tested nothing\n{}",
+        out.explain()
+    );
+    println!(
+        "[chaos {}] {} acquisitions judged during stale-key faults, {} misreported as held",
+        scn.name,
+        out.report.held_judged.len(),
+        out.report.misreported_held.len()
+    );
+    out.assert_safe();
+    out.assert_recovered();
 }

@@ -131,6 +131,14 @@ fn rows() -> Vec<(Scenario, Expect, &'static str)> {
             "late writes past validity, rejected",
         ),
         (
+            Scenario {
+                clients: 1,
+                ..Scenario::new("stale keys among paused nodes (one client)", &[StaleKeys])
+            },
+            Expect::Safe,
+            "no violation; never told `held` (refusals alone cannot rule out a quorum)",
+        ),
+        (
             Scenario::new("all survivable, mixed", SURVIVABLE),
             Expect::Safe,
             "no violation",
