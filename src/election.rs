@@ -793,9 +793,10 @@ pub struct Leader {
 pub enum Observation {
     /// This candidate leads (a new term, or the same term whose leader published its id).
     Leader(Leader),
-    /// Nobody leads.
+    /// Nobody leads (and the nodes that did not answer could not change that).
     Vacant,
-    /// Too few nodes answered to tell.
+    /// Too few nodes answered to tell, or the nodes that did not answer could complete a
+    /// leader's quorum.
     Unknown(Error),
 }
 
@@ -814,7 +815,8 @@ pub enum Health {
         /// Who leads instead, if anyone.
         leader: Option<Leader>,
     },
-    /// This candidate does not lead, and too few nodes answered to know who does.
+    /// This candidate does not lead, and too few nodes answered to know who does (or the nodes
+    /// that did not answer could complete a leader's quorum).
     Unknown {
         /// Why.
         error: Error,
