@@ -24,15 +24,18 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The lock is held by another owner: enough nodes answered, but too many of them already
-    /// held the key for us to reach a quorum.
+    /// The lock is held by another owner: more than `nodes - needed` nodes refused (another
+    /// value holds the key there), so the refusals alone rule out a quorum. Refusals mixed with
+    /// failures are [`Error::NoQuorum`]; contenders that split the nodes between them are
+    /// resolved inside the acquisition (see [`Redlock::try_acquire`](crate::Redlock::try_acquire)).
     #[error(
         "lock {key:?} is held by another owner ({held} of {nodes} nodes hold it, {needed} needed to acquire)"
     )]
     Held {
         /// The user key.
         key: String,
-        /// How many nodes answered that another owner holds the key.
+        /// How many nodes hold the other owner's value: the largest group of nodes that refused
+        /// with one value (with fencing off, refusals carry no value and every one counts).
         held: usize,
         /// The configured number of nodes.
         nodes: usize,
