@@ -318,10 +318,13 @@ impl Lock {
     /// deadline becomes the one this round earned, earlier than before if `ttl` is shorter than
     /// what was left, and `ttl` becomes the lease length [`keep_alive`](Self::keep_alive) uses.
     ///
+    /// The round waits no longer than the lock's current deadline, and sends nothing after it:
+    /// `Ok` means a quorum extended the lock before it expired, so it was held without a gap.
+    ///
     /// # Errors
     ///
-    /// [`Error::Lost`] when the deadline already passed or a quorum no longer holds our value
-    /// (the lost signal fires); [`Error::NoQuorum`] when too few nodes answered (the lock stays
+    /// [`Error::Lost`] when the deadline already passed, passed before a quorum answered
+    /// ([`LostReason::Expired`]), or a quorum no longer holds our value (the lost signal fires); [`Error::NoQuorum`] when too few nodes answered (the lock stays
     /// valid until its current deadline, or until `now + ttl - drift` if that is earlier: the
     /// nodes that did answer now expire it sooner); [`Error::ValidityExpired`] when the round was
     /// too slow.
