@@ -44,6 +44,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::clock;
+use crate::config::RedlockBuilder;
 use crate::error::{ConfigError, Error, FailureList, LostReason, NodeError, NodeFailure};
 use crate::fencing::FencingToken;
 use crate::guard::Lock;
@@ -733,16 +735,34 @@ impl ElectionBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for a zero ttl or poll interval. An invalid name or a ttl too short for
+    /// [`Error::Config`] for a zero ttl or poll interval, a ttl above
+    /// [`RedlockBuilder::MAX_TTL`] or a poll interval above [`RedlockBuilder::MAX_TIMING`]
+    /// ([`ConfigError::TooLong`]). An invalid name or a ttl too short for
     /// the drift allowance is reported by the first [`campaign`](Election::campaign) or
     /// [`leader`](Election::leader) as [`Error::InvalidArgument`].
     pub fn build(self) -> Result<Election, Error> {
         if self.ttl.is_zero() {
             return Err(ConfigError::ZeroDuration("election ttl").into());
         }
+        if self.ttl > RedlockBuilder::MAX_TTL {
+            return Err(ConfigError::TooLong {
+                name: "election ttl",
+                value: self.ttl,
+                max: RedlockBuilder::MAX_TTL,
+            }
+            .into());
+        }
         let poll = self.poll.unwrap_or(self.ttl / 4);
         if poll.is_zero() {
             return Err(ConfigError::ZeroDuration("election poll interval").into());
+        }
+        if poll > RedlockBuilder::MAX_TIMING {
+            return Err(ConfigError::TooLong {
+                name: "election poll interval",
+                value: poll,
+                max: RedlockBuilder::MAX_TIMING,
+            }
+            .into());
         }
         let sidecar = Sidecar::new(&self.locks)?;
         let candidate = self.candidate.unwrap_or_else(default_candidate);
@@ -923,7 +943,8 @@ impl Election {
     ///
     /// As [`campaign`](Self::campaign).
     pub async fn campaign_timeout(&self, wait: Duration) -> Result<Leadership, Error> {
-        self.campaign_until(Some(Instant::now() + wait)).await
+        // A wait too long for the clock (`Duration::MAX`) is no bound at all.
+        self.campaign_until(Instant::now().checked_add(wait)).await
     }
 
     async fn campaign_until(&self, give_up: Option<Instant>) -> Result<Leadership, Error> {
@@ -1054,7 +1075,9 @@ impl Election {
         let free_in = status.ok().and_then(|s| free_in(&s));
         tracing::debug!(election = %inner.name, ?free_in, "another candidate leads; standing by");
         match free_in {
-            Some(d) => (now + d + contention_pause(&inner.locks)).min(poll),
+            // `d` comes from the nodes' PTTL: a foreign key with an absurd ttl must not
+            // overflow the clock.
+            Some(d) => (clock::tokio_after(now, d) + contention_pause(&inner.locks)).min(poll),
             None => poll,
         }
     }

@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::clock::{self, Stamp};
 use crate::error::{Error, LostReason};
 use crate::fencing::FencingToken;
 use crate::lease;
@@ -27,7 +27,8 @@ pub(crate) struct LockState {
     token: FencingToken,
     /// The lease length: the ttl of the acquisition, or of the last successful extension.
     ttl: Mutex<Duration>,
-    deadline: Mutex<Instant>,
+    /// On the deadline clock (`CLOCK_BOOTTIME` where there is one: see `crate::clock`).
+    deadline: Mutex<Stamp>,
     lost: CancellationToken,
     reason: Mutex<Option<LostReason>>,
     released: AtomicBool,
@@ -44,7 +45,7 @@ impl LockState {
         value: String,
         token: FencingToken,
         ttl: Duration,
-        deadline: Instant,
+        deadline: Stamp,
     ) -> Self {
         LockState {
             key,
@@ -98,22 +99,35 @@ impl LockState {
         self.released.load(Ordering::SeqCst)
     }
 
-    pub(crate) fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Stamp {
         *lock(&self.deadline)
     }
 
-    /// Sets the deadline a successful extension round earned, unless the lock is already lost.
-    /// Rounds are serialised, so the last one to succeed is the last one applied on its quorum.
-    pub(crate) fn set_deadline(&self, deadline: Instant) {
-        if self.lost.is_cancelled() {
-            return;
+    /// True once the lock is lost or its deadline has passed.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.is_cancelled() || self.deadline() <= clock::now()
+    }
+
+    /// Sets the deadline a successful extension round earned, unless the lock is already lost
+    /// or its current deadline has passed: a lock seen lost never becomes valid again. Rounds
+    /// are serialised, so the last one to succeed is the last one applied on its quorum.
+    /// Returns whether the deadline was set; when not, the lock is marked lost.
+    #[must_use]
+    pub(crate) fn set_deadline(&self, deadline: Stamp) -> bool {
+        {
+            let mut d = lock(&self.deadline);
+            if !self.lost.is_cancelled() && clock::now() < *d {
+                *d = deadline;
+                return true;
+            }
         }
-        *lock(&self.deadline) = deadline;
+        self.lose(LostReason::Expired);
+        false
     }
 
     /// Moves the deadline back to `bound` if it is later: an extension to a shorter ttl cuts the
     /// key's time on every node that applies it, whether or not its round succeeds.
-    pub(crate) fn lower_deadline(&self, bound: Instant) {
+    pub(crate) fn lower_deadline(&self, bound: Stamp) {
         let mut d = lock(&self.deadline);
         if bound < *d {
             *d = bound;
@@ -142,17 +156,20 @@ impl LockState {
     }
 
     /// Resolves when the lock is lost: the signal fired, or the deadline passed unextended.
+    ///
+    /// Sleeps on tokio's clock, which stops during a suspend, at most `clock::SLICE` at a time,
+    /// re-reading the deadline clock on every wake: a deadline that passed while the machine
+    /// was suspended is noticed within `SLICE` of the resume.
     pub(crate) async fn wait_lost(&self) {
         loop {
-            let deadline = self.deadline();
+            if self.deadline() <= clock::now() {
+                self.lose(LostReason::Expired);
+                return;
+            }
+            let wake = self.deadline().next_wake();
             tokio::select! {
                 _ = self.lost.cancelled() => return,
-                _ = tokio::time::sleep_until(deadline) => {
-                    if self.deadline() <= Instant::now() {
-                        self.lose(LostReason::Expired);
-                        return;
-                    }
-                }
+                _ = tokio::time::sleep_until(wake) => {}
             }
         }
     }
@@ -161,7 +178,8 @@ impl LockState {
 /// A held lock.
 ///
 /// It carries the key, the [`FencingToken`] to stamp writes with, and a validity deadline read
-/// from a monotonic clock: the lock is yours only until [`deadline`](Self::deadline), unless
+/// from a clock that keeps counting while the machine is suspended (`CLOCK_BOOTTIME` on Linux
+/// and Android; the monotonic clock elsewhere): the lock is yours only until [`deadline`](Self::deadline), unless
 /// extended ([`extend`](Self::extend), or automatically with [`keep_alive`](Self::keep_alive)).
 ///
 /// # Releasing
@@ -243,21 +261,26 @@ impl Lock {
         self.state.ttl()
     }
 
-    /// When the lock stops being valid unless extended (monotonic clock).
+    /// When the lock stops being valid unless extended, as a `std::time::Instant`.
+    ///
+    /// The deadline is kept on a clock that counts time spent suspended (see the type docs);
+    /// `Instant` does not (on Linux), so the two drift apart by every suspend. The value is
+    /// converted at the call: compare it with `Instant::now()` soon after, or use
+    /// [`validity`](Self::validity) and [`is_lost`](Self::is_lost), which read the deadline
+    /// clock itself.
     pub fn deadline(&self) -> std::time::Instant {
-        self.state.deadline().into_std()
+        self.state.deadline().to_std()
     }
 
     /// Validity left now (zero once the deadline has passed).
     pub fn validity(&self) -> Duration {
-        self.state
-            .deadline()
-            .saturating_duration_since(Instant::now())
+        self.state.deadline().remaining()
     }
 
-    /// True once the lock is lost or its deadline has passed.
+    /// True once the lock is lost or its deadline has passed. Never goes from true back to
+    /// false.
     pub fn is_lost(&self) -> bool {
-        self.state.lost.is_cancelled() || self.state.deadline() <= Instant::now()
+        self.state.is_lost()
     }
 
     /// Why the lock was lost, once it was (`None` while held, and after a normal release).
@@ -295,10 +318,13 @@ impl Lock {
     /// deadline becomes the one this round earned, earlier than before if `ttl` is shorter than
     /// what was left, and `ttl` becomes the lease length [`keep_alive`](Self::keep_alive) uses.
     ///
+    /// The round waits no longer than the lock's current deadline, and sends nothing after it:
+    /// `Ok` means a quorum extended the lock before it expired, so it was held without a gap.
+    ///
     /// # Errors
     ///
-    /// [`Error::Lost`] when the deadline already passed or a quorum no longer holds our value
-    /// (the lost signal fires); [`Error::NoQuorum`] when too few nodes answered (the lock stays
+    /// [`Error::Lost`] when the deadline already passed, passed before a quorum answered
+    /// ([`LostReason::Expired`]), or a quorum no longer holds our value (the lost signal fires); [`Error::NoQuorum`] when too few nodes answered (the lock stays
     /// valid until its current deadline, or until `now + ttl - drift` if that is earlier: the
     /// nodes that did answer now expire it sooner); [`Error::ValidityExpired`] when the round was
     /// too slow.

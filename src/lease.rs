@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::clock;
 use crate::error::{Error, FailureList, LostReason};
 use crate::fencing::FencingToken;
 use crate::guard::LockState;
@@ -67,8 +68,9 @@ async fn extend_once(client: &Redlock, state: &Arc<LockState>, outage: &mut bool
     let mut last_failures: Option<Vec<crate::error::NodeFailure>> = None;
     loop {
         round += 1;
-        let deadline = state.deadline();
-        // The timeout makes the deadline fire even if no node ever answers.
+        // The timeout makes the deadline fire even if no node ever answers (the round itself
+        // also ends at the deadline, on the deadline clock).
+        let deadline = clock::tokio_after(Instant::now(), state.deadline().remaining());
         let result =
             tokio::time::timeout_at(deadline, client.extend_state(state, state.ttl())).await;
         let failures = match result {
@@ -93,7 +95,7 @@ async fn extend_once(client: &Redlock, state: &Arc<LockState>, outage: &mut bool
             }
         };
         let pause = quorum::retry_delay(cfg.retry_delay, cfg.retry_jitter, rand::random::<f64>());
-        if Instant::now() + pause >= state.deadline() {
+        if clock::now().saturating_add(pause) >= state.deadline() {
             state.lose(LostReason::Unreachable { failures });
             return false;
         }
@@ -102,7 +104,7 @@ async fn extend_once(client: &Redlock, state: &Arc<LockState>, outage: &mut bool
         if !std::mem::replace(outage, true) {
             tracing::warn!(
                 key = state.key(),
-                validity = ?state.deadline().saturating_duration_since(Instant::now()),
+                validity = ?state.deadline().remaining(),
                 failures = %FailureList(&failures),
                 "extension did not reach a quorum; retrying while validity remains (further \
                  failed rounds of this outage are logged at debug level)"

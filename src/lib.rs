@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), warn(clippy::print_stdout, clippy::print_stderr))]
 
+mod clock;
 mod config;
 mod election;
 mod error;

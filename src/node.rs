@@ -17,6 +17,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 use tokio::time::Instant;
 
+use crate::clock::{self, Stamp};
 use crate::config::{RedlockBuilder, RestartGuard};
 use crate::error::NodeError;
 use crate::lock;
@@ -99,19 +100,27 @@ const QUEUE: usize = 1 << 16;
 /// A call handed to its connection is queued there (see [`QUEUE`]) and runs before any call
 /// queued after it; dropped before redis-rs writes it, it may be skipped, but a kept future,
 /// even unpolled, keeps it. A call still waiting for its connection is sent only if polled.
+///
+/// A gate may also close by itself at a time on the deadline clock (an extension's gate
+/// closes at the lock's deadline: nothing of it is sent after), and a call's `EVAL` fallback
+/// after a `NOSCRIPT` reply is a new send: it passes the gate again.
 #[derive(Debug, Clone)]
 pub(crate) struct RoundGate(Arc<GateState>);
 
 #[derive(Debug)]
 struct GateState {
     closed: AtomicBool,
+    /// When the round closes by itself, on the deadline clock.
+    until: Option<Stamp>,
     handed: Box<[AtomicBool]>,
 }
 
 impl RoundGate {
-    pub(crate) fn new(n: usize) -> Self {
+    /// A gate for `n` calls; with `until`, it also closes by itself then (deadline clock).
+    pub(crate) fn new(n: usize, until: Option<Stamp>) -> Self {
         RoundGate(Arc::new(GateState {
             closed: AtomicBool::new(false),
+            until,
             handed: (0..n).map(|_| AtomicBool::new(false)).collect(),
         }))
     }
@@ -122,7 +131,7 @@ impl RoundGate {
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.0.closed.load(Ordering::Acquire)
+        self.0.closed.load(Ordering::Acquire) || self.0.until.is_some_and(|u| u <= clock::now())
     }
 
     /// Whether call `i` has been handed to its connection.
@@ -447,6 +456,14 @@ impl Node {
             .and_then(Value::extract_error)
         {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                // The fallback is a new send, possibly long after the round's verdict (a parked
+                // call is polled by `flush`): not once the round is closed, where it could land
+                // after a later extension or the release.
+                if let Some((gate, i)) = &gate
+                    && !gate.pass(*i)
+                {
+                    return Ok(None);
+                }
                 match call.eval() {
                     Some(eval) => conn
                         .send_packed_command(&eval)

@@ -33,6 +33,49 @@ pub(crate) fn budget(ttl: Duration, drift: Duration) -> Duration {
     ttl.saturating_sub(drift)
 }
 
+/// The ttl as the nodes are told it: `PX` in whole milliseconds, rounded down, and the same as
+/// a `Duration`. Validity and budgets are computed from this, never from the finer ttl asked
+/// for: a node expires the key after what it was sent.
+pub(crate) fn sent_ttl(ttl: Duration) -> (u64, Duration) {
+    let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    (ms, Duration::from_millis(ms))
+}
+
+/// How long an extension round may wait for answers: the node timeout, the budget of the new
+/// ttl, and never past the lock's current deadline (`left` from the round's start). An answer
+/// after the deadline cannot make the extension gapless, and nothing of the round is sent
+/// after it.
+pub(crate) fn extend_round(node_timeout: Duration, budget: Duration, left: Duration) -> Duration {
+    node_timeout.min(budget).min(left)
+}
+
+/// What an extension round amounts to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Extension {
+    /// A quorum extended it before the deadline: the new validity.
+    Extended(Duration),
+    /// A quorum extended it before the deadline, but the round left no validity.
+    TooSlow,
+    /// A quorum no longer holds our value.
+    NotOwner,
+    /// The deadline passed before a quorum extended it: the lock is lost.
+    Expired,
+    /// Too few nodes answered, and the lock is still valid.
+    Unreachable,
+}
+
+/// Decides an extension: `in_time` is whether the verdict was taken before the lock's deadline
+/// (as it stood before the round), `validity` the validity a quorum would give. A quorum counts
+/// only in time, so a holder told "extended" held the lock without a gap.
+pub(crate) fn extension(verdict: Verdict, in_time: bool, validity: Option<Duration>) -> Extension {
+    match verdict {
+        Verdict::Refused => Extension::NotOwner,
+        _ if !in_time => Extension::Expired,
+        Verdict::Quorum => validity.map_or(Extension::TooSlow, Extension::Extended),
+        Verdict::Unreachable => Extension::Unreachable,
+    }
+}
+
 /// One node's answer in a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Answer {
@@ -467,5 +510,56 @@ mod tests {
             let at_max = counters.iter().filter(|&&c| c == max).count();
             prop_assert_eq!(settled, at_max >= quorum(n));
         }
+    }
+}
+
+#[cfg(test)]
+mod timing_tests {
+    use super::*;
+
+    #[test]
+    fn the_sent_ttl_is_whole_milliseconds_rounded_down() {
+        assert_eq!(
+            sent_ttl(Duration::from_micros(1_000_999)),
+            (1000, Duration::from_millis(1000))
+        );
+        assert_eq!(
+            sent_ttl(Duration::from_millis(30_000)),
+            (30_000, Duration::from_millis(30_000))
+        );
+        assert_eq!(sent_ttl(Duration::from_micros(999)), (0, Duration::ZERO));
+    }
+
+    #[test]
+    fn an_extension_round_never_outlasts_the_lock() {
+        let ms = Duration::from_millis;
+        assert_eq!(extend_round(ms(300), ms(9_000), ms(5_000)), ms(300));
+        assert_eq!(extend_round(ms(8_000), ms(7_900), ms(50)), ms(50));
+        assert_eq!(extend_round(ms(300), ms(100), ms(5_000)), ms(100));
+        assert_eq!(
+            extend_round(ms(300), ms(100), Duration::ZERO),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn a_quorum_after_the_deadline_is_a_loss_not_an_extension() {
+        let v = Some(Duration::from_secs(5));
+        assert_eq!(
+            extension(Verdict::Quorum, true, v),
+            Extension::Extended(Duration::from_secs(5))
+        );
+        assert_eq!(extension(Verdict::Quorum, true, None), Extension::TooSlow);
+        assert_eq!(extension(Verdict::Quorum, false, v), Extension::Expired);
+        assert_eq!(
+            extension(Verdict::Unreachable, false, v),
+            Extension::Expired
+        );
+        assert_eq!(
+            extension(Verdict::Unreachable, true, v),
+            Extension::Unreachable
+        );
+        assert_eq!(extension(Verdict::Refused, true, v), Extension::NotOwner);
+        assert_eq!(extension(Verdict::Refused, false, v), Extension::NotOwner);
     }
 }

@@ -14,6 +14,7 @@ use redis::Value;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use crate::clock::{self, Stamp};
 use crate::config::RedlockBuilder;
 use crate::error::{ArgumentError, Error, FailureList, LostReason, NodeError, NodeFailure};
 use crate::fencing::FencingToken;
@@ -496,7 +497,7 @@ impl Redlock {
                         value,
                         token,
                         ttl,
-                        start + validity,
+                        start.saturating_add(validity),
                     ));
                     self.settle(tail, true);
                     return Ok(Lock::new(self.clone(), state));
@@ -568,8 +569,9 @@ impl Redlock {
     }
 
     /// One attempt round: the acquire script on every node, then (rarely) a raise of the fencing
-    /// counters. Returns the token, the round's start and the validity. `contended` is set when
-    /// the round was refused but no value can stand on a quorum (contenders split the nodes).
+    /// counters. Returns the token, the round's start (on the deadline clock) and the validity.
+    /// `contended` is set when the round was refused but no value can stand on a quorum
+    /// (contenders split the nodes).
     #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
@@ -580,12 +582,15 @@ impl Redlock {
         ttl: Duration,
         drift: Duration,
         contended: &mut bool,
-    ) -> Result<(FencingToken, Instant, Duration, Tail), Error> {
+    ) -> Result<(FencingToken, Stamp, Duration, Tail), Error> {
         metrics::attempt();
         let start = Instant::now();
-        let budget_end = start + quorum::budget(ttl, drift);
+        let started = clock::now();
+        // The nodes are told whole milliseconds: the validity counts only what they were told.
+        let (ttl_ms, sent) = quorum::sent_ttl(ttl);
+        let budget_end = start + quorum::budget(sent, drift);
         let deadline = (start + self.inner.cfg.node_timeout).min(budget_end);
-        let ttl_ms = ttl.as_millis().to_string();
+        let ttl_ms = ttl_ms.to_string();
         let fencing = self.inner.cfg.fencing;
         let call = if fencing {
             scripts::ACQUIRE.call(
@@ -605,6 +610,7 @@ impl Redlock {
             .round(
                 Arc::new(call),
                 deadline,
+                None,
                 HoldOut::Respect,
                 "acquire",
                 positive,
@@ -651,8 +657,8 @@ impl Redlock {
             self.raise_fence(key, lock_key, fence_key, value, max, &round.yes, budget_end)
                 .await?;
         }
-        let elapsed = start.elapsed();
-        match quorum::validity(ttl, elapsed, drift) {
+        let elapsed = clock::now().saturating_duration_since(started);
+        match quorum::validity(sent, elapsed, drift) {
             Some(validity) => {
                 tracing::debug!(
                     key,
@@ -664,7 +670,7 @@ impl Redlock {
                     ?validity,
                     "lock acquired"
                 );
-                Ok((FencingToken::new(max), start, validity, round.rest))
+                Ok((FencingToken::new(max), started, validity, round.rest))
             }
             None => {
                 tracing::warn!(key, ?elapsed, ?ttl, "quorum reached but no validity left");
@@ -743,17 +749,21 @@ impl Redlock {
     }
 
     /// Sends `call` to every node at once, each bounded by `deadline`, and returns as soon as the
-    /// verdict is certain. Unanswered calls are handed back in `rest`.
+    /// verdict is certain. Unanswered calls are handed back in `rest`. With `closes_at`, no
+    /// call of the round is sent (nor re-sent as `EVAL`) from that time on the deadline clock.
     async fn round(
         &self,
         call: Arc<ScriptCall>,
         deadline: Instant,
+        closes_at: Option<Stamp>,
         hold_out: HoldOut,
         op: &'static str,
         yes: fn(i64) -> bool,
     ) -> Round {
         self.schedule_repairs();
-        let round = self.fan_out(call, deadline, hold_out, op, yes).await;
+        let round = self
+            .fan_out(call, deadline, closes_at, hold_out, op, yes)
+            .await;
         // A connection made during the round may have revealed a restart.
         self.schedule_repairs();
         round
@@ -764,13 +774,14 @@ impl Redlock {
         &self,
         call: Arc<ScriptCall>,
         deadline: Instant,
+        closes_at: Option<Stamp>,
         hold_out: HoldOut,
         op: &'static str,
         yes: fn(i64) -> bool,
     ) -> Round {
         let n = self.inner.nodes.len();
         let start = Instant::now();
-        let gate = RoundGate::new(n);
+        let gate = RoundGate::new(n, closes_at);
         let mut rest: FuturesUnordered<NodeFuture> = self
             .inner
             .nodes
@@ -892,6 +903,12 @@ impl Redlock {
     ///
     /// Rounds of one lock are serialised with its release: no extension is sent once the
     /// release has begun, so none can re-set a key the release removed.
+    ///
+    /// The round ends at the lock's deadline at the latest, and its gate closes then: no call
+    /// is sent (or re-sent as `EVAL`) after the deadline, and a quorum that has not answered by
+    /// then makes the lock lost (`Expired`), never extended. A holder told `Ok` held the lock
+    /// without a gap. (Calls sent before the deadline may still land later; the EXTEND script
+    /// refuses to re-create a key that someone else may have held since: `scripts::EXTEND`.)
     pub(crate) async fn extend_state(
         &self,
         state: &Arc<LockState>,
@@ -905,18 +922,27 @@ impl Redlock {
                 reason: LostReason::Released,
             });
         }
-        if state.deadline() <= Instant::now() {
+        if state.deadline() <= clock::now() {
             return Err(state.lose(LostReason::Expired));
         }
         self.inner.max_ttl.observe(ttl);
         let start = Instant::now();
-        let budget_end = start + quorum::budget(ttl, drift);
+        let started = clock::now();
+        // The nodes are told whole milliseconds: the validity counts only what they were told.
+        let (ttl_ms, sent) = quorum::sent_ttl(ttl);
+        let budget = quorum::budget(sent, drift);
         // Whatever this round's outcome, a node that applies it expires the key `ttl` after
-        // receiving it, no earlier than `budget_end` on our clock: a shorter ttl than what is
+        // receiving it, no earlier than `budget` after `started`: a shorter ttl than what is
         // left moves the deadline back now, before anything is sent.
-        state.lower_deadline(budget_end);
-        let deadline = (start + self.inner.cfg.node_timeout).min(budget_end);
-        let ttl_ms = ttl.as_millis().to_string();
+        state.lower_deadline(started.saturating_add(budget));
+        let lock_deadline = state.deadline();
+        let length = quorum::extend_round(
+            self.inner.cfg.node_timeout,
+            budget,
+            lock_deadline.saturating_duration_since(started),
+        );
+        let deadline = start + length;
+        let ttl_ms = ttl_ms.to_string();
         let token = state.token().get().to_string();
         let call = scripts::EXTEND.call(
             &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
@@ -930,44 +956,58 @@ impl Redlock {
             .round(
                 Arc::new(call),
                 deadline,
+                Some(lock_deadline),
                 HoldOut::Respect,
                 "extend",
                 positive,
             )
             .await;
+        let decided = clock::now();
         // The calls already queued must reach their nodes: dropped, a queued command may be
         // skipped, and a node would keep its old expiry (a later one, for a shorter ttl). Calls
         // still waiting for a connection are not sent at all: sent late, after the release,
         // one could re-set the key.
         self.settle(round.rest, true);
         let key = state.key();
-        match round.verdict {
-            Verdict::Quorum => {
-                let elapsed = start.elapsed();
-                match quorum::validity(ttl, elapsed, drift) {
-                    Some(validity) => {
-                        state.set_deadline(start + validity);
-                        state.set_ttl(ttl);
-                        tracing::debug!(key, ?validity, yes = round.tally.yes(), "lock extended");
-                        Ok(validity)
-                    }
-                    None => Err(Error::ValidityExpired {
+        let elapsed = decided.saturating_duration_since(started);
+        let validity = quorum::validity(sent, elapsed, drift);
+        match quorum::extension(round.verdict, decided < lock_deadline, validity) {
+            quorum::Extension::Extended(validity) => {
+                if !state.set_deadline(started.saturating_add(validity)) {
+                    // Lost meanwhile (the deadline passed since the verdict, or a watcher saw
+                    // the lock lost): it stays lost.
+                    return Err(Error::Lost {
                         key: key.to_owned(),
-                        elapsed,
-                        ttl,
-                    }),
+                        reason: state.reason().unwrap_or(LostReason::Expired),
+                    });
                 }
+                state.set_ttl(ttl);
+                tracing::debug!(key, ?validity, yes = round.tally.yes(), "lock extended");
+                Ok(validity)
             }
+            quorum::Extension::TooSlow => Err(Error::ValidityExpired {
+                key: key.to_owned(),
+                elapsed,
+                ttl,
+            }),
             // Only when the refusals alone rule out a quorum: refusals mixed with failures leave
             // a valid lock held (the caller, or keep-alive, tries again while validity remains).
-            Verdict::Refused => {
+            quorum::Extension::NotOwner => {
                 let reason = LostReason::NotOwner {
                     owned: round.tally.yes(),
                     needed: self.quorum(),
                 };
                 Err(state.lose(reason))
             }
-            Verdict::Unreachable => {
+            quorum::Extension::Expired => {
+                tracing::warn!(
+                    key,
+                    yes = round.tally.yes(),
+                    "lock lost: its deadline passed before an extension reached a quorum"
+                );
+                Err(state.lose(LostReason::Expired))
+            }
+            quorum::Extension::Unreachable => {
                 // The keep-alive task warns once per outage (lease.rs).
                 tracing::debug!(key, failures = %FailureList(&round.failures), "extension could not reach a quorum");
                 Err(self.no_quorum(key, &round.tally, round.failures))
@@ -980,7 +1020,7 @@ impl Redlock {
     /// extension can follow the release on any node.
     pub(crate) async fn release_state(&self, state: &LockState) -> Result<(), Error> {
         let _serial = state.serial().await;
-        let expired = state.deadline() <= Instant::now();
+        let expired = state.deadline() <= clock::now();
         // Lost before the release (its signal fired): that is what the release reports.
         let lost = state.reason();
         let token = state.token().get().to_string();
@@ -992,9 +1032,14 @@ impl Redlock {
         // Deleted (1) or absent (0) both leave nothing of ours; only another owner's value
         // (-1) is a refusal.
         let round = self
-            .round(Arc::new(call), deadline, HoldOut::Ignore, "release", |v| {
-                v >= 0
-            })
+            .round(
+                Arc::new(call),
+                deadline,
+                None,
+                HoldOut::Ignore,
+                "release",
+                |v| v >= 0,
+            )
             .await;
         // The unanswered releases must reach their nodes: dropped, a queued command may be
         // skipped by its connection, and the key would outlive the release by up to a ttl.

@@ -171,32 +171,41 @@ return 0
 });
 
 /// Extend our lock; re-set it where it vanished (a node restarted empty, or never ran our
-/// acquire), and keep that node's fencing counter at or above our token.
+/// acquire) unless someone may have held the lock since our acquisition, and keep that node's
+/// fencing counter at or above our token.
 ///
-/// The key is re-set wherever it is absent, whatever the node's counter says: a counter above
-/// our token only proves that someone held that one node after our acquisition began (a
-/// contender's failed attempt does that), not that anyone held a quorum. While our lock is
-/// valid nobody can; the case where someone did (a node's clock jumped and expired our key
-/// early) is outside the timing model, and fencing is what catches it (`docs/safety.md`).
+/// Where our value is present it is only `PEXPIRE`d. Where the key is absent it is re-set only
+/// if the node's counter is at most our token. After any later acquisition (token `t2` above
+/// ours) a quorum of nodes has a counter of at least `t2` (the acquisition's raise guarantees
+/// it, and releases raise counters too; counters never go down), and none of those nodes can
+/// hold our value again (its holder's `SET NX` found our key gone, and this script refuses to
+/// re-set it there): so once someone else acquired after us, an extension collects fewer than
+/// a quorum of yes, however late its calls land (`docs/safety.md`, "Late extensions"). A
+/// counter above our token on a node where our key is absent may also come from a contender's
+/// failed attempt there; the node is then not re-set, and the lock stands on the nodes that
+/// hold it. A token of 0 (fencing off: no counters) never re-sets an absent key, for the same
+/// reason.
 ///
 /// - KEYS[1]: lock key, KEYS[2]: fencing counter
-/// - ARGV[1]: our value, ARGV[2]: new ttl in milliseconds, ARGV[3]: our token
-/// - Reply: `1` extended, `2` re-set on a node that had lost the key, `0` another value holds it.
+/// - ARGV[1]: our value, ARGV[2]: new ttl in milliseconds, ARGV[3]: our token (0: fencing off)
+/// - Reply: `1` extended, `2` re-set on a node that had lost the key, `0` another value holds
+///   it, or it is absent and may have been held by someone else since (not re-set).
 pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
 local v = redis.call('GET', KEYS[1])
+local t = tonumber(ARGV[3])
+local c = tonumber(redis.call('GET', KEYS[2]) or '0')
 local r = 1
 if v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-elseif v == false then
+elseif v == false and t > 0 and c <= t then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   r = 2
 else
   return 0
 end
-local c = tonumber(redis.call('GET', KEYS[2]) or '0')
-if c < tonumber(ARGV[3]) then
+if c < t then
   redis.call('SET', KEYS[2], ARGV[3])
 end
 return r

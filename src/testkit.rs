@@ -550,3 +550,10 @@ fn ping(addr: SocketAddr, password: Option<&str>) -> bool {
     let mut buf = [0u8; 7];
     stream.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
 }
+
+/// Test support (not a stable API): the current reading of the clock that lock deadlines are
+/// measured on (`CLOCK_BOOTTIME` on Linux and Android), as time since that clock's origin.
+#[doc(hidden)]
+pub fn deadline_clock_now() -> Duration {
+    crate::clock::now().since_origin()
+}

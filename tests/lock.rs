@@ -404,12 +404,12 @@ async fn t21_a_shorter_extension_moves_the_deadline_back() {
     assert!(lock.release().await.unwrap_err().is_lost());
 }
 
-/// A contender's failed attempt can take a node our acquisition missed (its counter then moves
-/// past our token) and release it again: our extension still re-sets the key there, so ordinary
-/// contention never costs a valid lock. Only another owner's value refuses it; with a quorum of
-/// those the lock is lost.
+/// Where our key is gone, an extension re-sets it only if the node's counter is not above our
+/// token (nobody can have acquired there since): a counter ahead (a contender came and went, or
+/// a later owner) is left alone, and the lock, still on a quorum, is extended all the same.
+/// Only another owner's value refuses it; with a quorum of those the lock is lost.
 #[tokio::test]
-async fn t22_extend_re_sets_where_a_contender_came_and_went_but_not_over_an_owner() {
+async fn t22_extend_re_sets_only_where_nobody_acquired_since_and_never_over_an_owner() {
     let cluster = cluster(5);
     let urls = cluster.urls();
     let locks = client(&cluster);
@@ -417,16 +417,24 @@ async fn t22_extend_re_sets_where_a_contender_came_and_went_but_not_over_an_owne
     let lock = locks.try_acquire("job", LONG).await.unwrap();
     spread(&lock, &urls).await;
     let token = lock.token().get();
-    // On nodes 0 and 1, our key is gone and a contender came and went (counter ahead).
+    // Our key is gone on nodes 0 and 1; on node 0 a contender came and went (counter ahead).
     for url in &urls[..2] {
         del_lock(url, "job");
-        set_fence(url, "job", token + 1);
     }
+    set_fence(&urls[0], "job", token + 1);
     lock.extend(LONG)
         .await
-        .expect("re-set where nobody holds it");
-    spread(&lock, &urls).await;
+        .expect("still held by a quorum: extended");
     assert!(!lock.is_lost());
+    wait_until(WAIT, "re-set on node 1 and extended on 2-4", || async {
+        holders(&urls[1..], "job") == 4
+    })
+    .await;
+    assert_eq!(
+        value_on(&urls[0], "job"),
+        None,
+        "not re-set where the counter is above our token"
+    );
 
     // On nodes 0, 1 and 2 another owner's value stands: a quorum no longer holds ours.
     for url in &urls[..3] {

@@ -35,6 +35,8 @@ const EXIT_NOT_FOUND: u8 = 127;
 const GROUP_POLL: Duration = Duration::from_millis(20);
 /// How long processes get to disappear after SIGKILL before `redlock` stops waiting for them.
 const KILL_GRACE: Duration = Duration::from_secs(1);
+/// A deadline that never comes (about 30 years), for durations beyond the clock's range.
+const FOREVER: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 /// Runs `redlock run`; returns the process exit code. Every path that holds the lock releases
 /// it (or, once lost, leaves nothing of ours behind) before returning.
@@ -119,7 +121,11 @@ pub(crate) async fn run(locks: Redlock, args: RunArgs) -> u8 {
                 adopt_orphans(target);
                 send(target, Signal::SIGTERM);
                 termination = Some(Termination::Term);
-                kill_timer.as_mut().reset(Instant::now() + args.kill_after);
+                // `--kill-after` beyond the clock's range: never.
+                let now = Instant::now();
+                kill_timer
+                    .as_mut()
+                    .reset(now.checked_add(args.kill_after).unwrap_or(now + FOREVER));
             }
             () = &mut kill_timer, if termination == Some(Termination::Term) => {
                 send(target, Signal::SIGKILL);
