@@ -1585,6 +1585,7 @@ mod tests {
                 ttl: ttl_ms.map(Duration::from_millis),
                 fence,
             }),
+            eviction: crate::EvictionRisk::None,
         }
     }
 
@@ -1592,6 +1593,7 @@ mod tests {
         NodeStatus {
             node: "n".to_owned(),
             state: Err(NodeError::Timeout(Duration::ZERO)),
+            eviction: crate::EvictionRisk::Unknown,
         }
     }
 
