@@ -88,6 +88,8 @@ pub struct ServerOptions {
     /// A memory limit in bytes (`maxmemory`) and the eviction policy applied when it is reached
     /// (`maxmemory-policy`, e.g. `volatile-lru`).
     pub maxmemory: Option<(u64, String)>,
+    /// Disable the `CONFIG` command (`rename-command CONFIG ""`), as managed services do.
+    pub config_disabled: bool,
 }
 
 /// PEM files for a server's TLS port (see [`ServerOptions::tls`]).
@@ -125,6 +127,12 @@ impl ServerOptions {
     /// With `maxmemory` (bytes) and this `maxmemory-policy`.
     pub fn maxmemory(mut self, bytes: u64, policy: &str) -> Self {
         self.maxmemory = Some((bytes, policy.to_owned()));
+        self
+    }
+
+    /// With the `CONFIG` command disabled.
+    pub fn config_disabled(mut self) -> Self {
+        self.config_disabled = true;
         self
     }
 
@@ -240,6 +248,9 @@ impl RedisServer {
                 .arg(bytes.to_string())
                 .arg("--maxmemory-policy")
                 .arg(policy);
+        }
+        if self.options.config_disabled {
+            cmd.args(["--rename-command", "CONFIG", ""]);
         }
         if self.options.aof_always {
             cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);

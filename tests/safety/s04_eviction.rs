@@ -129,3 +129,27 @@ async fn strict_mode_keeps_nodes_that_cannot_evict() {
     );
     lock.release().await.unwrap();
 }
+
+/// A node that refuses `CONFIG GET` (managed services rename it) reports its risk as unknown and
+/// still counts, in strict mode too: the check never fails a node for what it cannot read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_config_get_reports_an_unknown_risk_and_still_counts() {
+    init_tracing();
+    let cluster = LocalCluster::start_with(3, &ServerOptions::new().config_disabled())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let strict = builder(&cluster)
+        .eviction_guard(EvictionGuard::Strict)
+        .build()
+        .unwrap();
+    let lock = strict.try_acquire(KEY, TTL).await.expect("acquire");
+    let status = strict.status(KEY).await.unwrap();
+    assert_eq!(status.answered(), 3, "{status:?}");
+    assert!(
+        status
+            .nodes
+            .iter()
+            .all(|n| n.eviction == EvictionRisk::Unknown),
+        "{status:?}"
+    );
+    lock.release().await.unwrap();
+}
