@@ -153,3 +153,53 @@ async fn a_node_without_config_get_reports_an_unknown_risk_and_still_counts() {
     );
     lock.release().await.unwrap();
 }
+
+/// What a `tracing` subscriber receives, as formatted lines.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The warning names the node, the policy and what it risks, once per node: a reconnect (here
+/// after a restart) to a node with the same policy does not repeat it. A current-thread
+/// runtime, so the connect tasks log to this thread's subscriber.
+#[tokio::test]
+async fn the_eviction_warning_names_node_and_policy_once_per_node() {
+    let mut cluster = evicting_cluster(3);
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let locks = builder(&cluster).build().unwrap();
+    warm(&locks).await;
+    cluster.restart(0).unwrap();
+    warm(&locks).await;
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("may evict lock keys"))
+        .collect();
+    assert_eq!(warnings.len(), 3, "one per node: {text}");
+    for name in locks.node_names() {
+        let line = warnings
+            .iter()
+            .find(|l| l.contains(&format!("node={name} ")))
+            .unwrap_or_else(|| panic!("a warning for {name}: {text}"));
+        assert!(
+            line.contains("volatile-lru") && line.contains("lock keys can be evicted"),
+            "{line}"
+        );
+    }
+}
