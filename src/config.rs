@@ -13,7 +13,9 @@ use crate::redlock::Redlock;
 ///
 /// The Redlock safety argument needs a node that restarts without its data (no `fsync`ed AOF) to
 /// stay out of every quorum for longer than the largest ttl in use. Operators forget this, so the
-/// client enforces it from what it sees: each node's `run_id` and `uptime_in_seconds`.
+/// client enforces it from what it sees: each node's `run_id` and `uptime_in_seconds`. A node
+/// with `appendfsync always` whose data demonstrably survived (its durability marker, written on
+/// an earlier run, is still there) is trusted across restarts under every guard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum RestartGuard {
@@ -24,7 +26,9 @@ pub enum RestartGuard {
     #[default]
     Restarted,
     /// As `Restarted`, and also hold out a node whose uptime is below the maximum ttl on first
-    /// contact. For short-lived processes (a CLI) that cannot have seen the restart.
+    /// contact. For short-lived processes (a CLI) that cannot have seen the restart. The
+    /// hold-out is checked against the max ttl in use at each call, so a longer ttl used after
+    /// connecting lengthens it.
     Strict,
 }
 

@@ -273,7 +273,8 @@ impl RoundGate {
     }
 }
 
-/// Whether a call must skip a node that is held out after a restart.
+/// Whether a call must skip a node that is held out (after a restart, as a second URL of one
+/// server, for its eviction policy under the strict guard).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HoldOut {
     /// Acquire and extend: a held-out node counts as failed and is not asked.
