@@ -6,14 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::node::{MaxTtl, Node, node_name, redact};
+use crate::node::{MaxTtl, Node, Peers, node_name, redact};
 use crate::redlock::Redlock;
 
 /// How the client treats a node that may have lost its lock keys in a restart.
 ///
 /// The Redlock safety argument needs a node that restarts without its data (no `fsync`ed AOF) to
 /// stay out of every quorum for longer than the largest ttl in use. Operators forget this, so the
-/// client enforces it from what it sees: each node's `run_id` and `uptime_in_seconds`.
+/// client enforces it from what it sees: each node's `run_id` and `uptime_in_seconds`. A node
+/// with `appendfsync always` whose data demonstrably survived (its durability marker, written on
+/// an earlier run, is still there) is trusted across restarts under every guard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum RestartGuard {
@@ -24,8 +26,105 @@ pub enum RestartGuard {
     #[default]
     Restarted,
     /// As `Restarted`, and also hold out a node whose uptime is below the maximum ttl on first
-    /// contact. For short-lived processes (a CLI) that cannot have seen the restart.
+    /// contact. For short-lived processes (a CLI) that cannot have seen the restart. The
+    /// hold-out is checked against the max ttl in use at each call, so a longer ttl used after
+    /// connecting lengthens it.
     Strict,
+}
+
+/// How the client treats a node whose memory policy can evict lock keys (see [`EvictionRisk`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum EvictionGuard {
+    /// (Default) Warn once per node (node, policy, what it risks) and report the risk in
+    /// [`Redlock::status`]; the node still counts toward quorums.
+    #[default]
+    Warn,
+    /// As `Warn`, and hold such a node out of every quorum ([`NodeError::Evicting`](crate::NodeError::Evicting)).
+    /// A node whose policy cannot be read (`CONFIG` disabled, as on some managed services)
+    /// still counts: its risk is reported as [`EvictionRisk::Unknown`].
+    Strict,
+}
+
+/// What a node's memory policy (`maxmemory`, `maxmemory-policy`, read with `CONFIG GET` on
+/// every connect) can do to the keys this library keeps there.
+///
+/// Redis evicts keys when `maxmemory` is reached: under a `volatile-*` policy any key with a
+/// ttl, lock keys included, before they expire (a lock then stands on fewer nodes than its
+/// holder was told, without any restart); under `allkeys-*` any key, the fencing counters too
+/// (tokens can repeat). `noeviction` (writes fail instead: acquisitions fail, safely) and
+/// `maxmemory 0` (no limit) are safe.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum EvictionRisk {
+    /// No eviction: `maxmemory` is 0 or the policy is `noeviction`.
+    None,
+    /// A `volatile-*` policy with `maxmemory` set: lock keys can be evicted before they expire.
+    LockKeys {
+        /// The `maxmemory-policy`.
+        policy: String,
+    },
+    /// An `allkeys-*` policy with `maxmemory` set: lock keys and fencing counters can be
+    /// evicted.
+    LockKeysAndCounters {
+        /// The `maxmemory-policy`.
+        policy: String,
+    },
+    /// Not known: the node has not been reached yet, or it refuses `CONFIG GET` (managed
+    /// services often do).
+    #[default]
+    Unknown,
+}
+
+impl EvictionRisk {
+    /// Classifies a node from its `maxmemory` and `maxmemory-policy` values (`None`: not
+    /// readable). Pure.
+    pub(crate) fn classify(maxmemory: Option<&str>, policy: Option<&str>) -> Self {
+        let (Some(maxmemory), Some(policy)) = (maxmemory, policy) else {
+            return EvictionRisk::Unknown;
+        };
+        let Ok(maxmemory) = maxmemory.trim().parse::<u64>() else {
+            return EvictionRisk::Unknown;
+        };
+        let policy = policy.trim().to_ascii_lowercase();
+        if maxmemory == 0 || policy == "noeviction" {
+            EvictionRisk::None
+        } else if policy.starts_with("volatile-") {
+            EvictionRisk::LockKeys { policy }
+        } else if policy.starts_with("allkeys-") {
+            EvictionRisk::LockKeysAndCounters { policy }
+        } else {
+            // A policy this version does not know: assume the worst it could do.
+            EvictionRisk::LockKeysAndCounters { policy }
+        }
+    }
+
+    /// True when the node can evict lock keys (or counters).
+    pub fn is_risky(&self) -> bool {
+        matches!(
+            self,
+            EvictionRisk::LockKeys { .. } | EvictionRisk::LockKeysAndCounters { .. }
+        )
+    }
+}
+
+impl std::fmt::Display for EvictionRisk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EvictionRisk::None => f.write_str("no eviction"),
+            EvictionRisk::LockKeys { policy } => write!(
+                f,
+                "maxmemory-policy {policy} with maxmemory set: lock keys can be evicted before they expire"
+            ),
+            EvictionRisk::LockKeysAndCounters { policy } => write!(
+                f,
+                "maxmemory-policy {policy} with maxmemory set: lock keys and fencing counters can be evicted"
+            ),
+            EvictionRisk::Unknown => {
+                f.write_str("eviction policy unknown (CONFIG GET unavailable)")
+            }
+        }
+    }
 }
 
 /// Builds a [`Redlock`]. Obtained from [`Redlock::builder`].
@@ -40,6 +139,7 @@ pub enum RestartGuard {
 /// | retries of `acquire` | [`DEFAULT_RETRY_COUNT`](Self::DEFAULT_RETRY_COUNT) (3) |
 /// | retry delay | [`DEFAULT_RETRY_DELAY`](Self::DEFAULT_RETRY_DELAY) (50 ms) + up to [`DEFAULT_RETRY_JITTER`](Self::DEFAULT_RETRY_JITTER) (100 ms) |
 /// | restart guard | [`RestartGuard::Restarted`] |
+/// | eviction guard | [`EvictionGuard::Warn`] |
 /// | max ttl | the largest ttl this client has used |
 /// | fencing tokens | on |
 ///
@@ -64,6 +164,7 @@ pub struct RedlockBuilder {
     pub(crate) retry_delay: Duration,
     pub(crate) retry_jitter: Duration,
     pub(crate) restart_guard: RestartGuard,
+    pub(crate) eviction_guard: EvictionGuard,
     pub(crate) max_ttl: Option<Duration>,
     pub(crate) fencing: bool,
     #[cfg(feature = "tls")]
@@ -106,6 +207,7 @@ impl RedlockBuilder {
             retry_delay: Self::DEFAULT_RETRY_DELAY,
             retry_jitter: Self::DEFAULT_RETRY_JITTER,
             restart_guard: RestartGuard::default(),
+            eviction_guard: EvictionGuard::default(),
             max_ttl: None,
             fencing: true,
             #[cfg(feature = "tls")]
@@ -148,6 +250,13 @@ impl RedlockBuilder {
     /// How nodes that may have restarted without their data are kept out of quorums.
     pub fn restart_guard(mut self, guard: RestartGuard) -> Self {
         self.restart_guard = guard;
+        self
+    }
+
+    /// How nodes whose memory policy can evict lock keys are treated: warned about (the
+    /// default) or held out of quorums ([`EvictionGuard::Strict`]).
+    pub fn eviction_guard(mut self, guard: EvictionGuard) -> Self {
+        self.eviction_guard = guard;
         self
     }
 
@@ -242,7 +351,7 @@ impl RedlockBuilder {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let max_ttl = Arc::new(MaxTtl::new(self.max_ttl));
         let mut seen = HashSet::new();
-        let mut nodes = Vec::with_capacity(self.urls.len());
+        let mut clients = Vec::with_capacity(self.urls.len());
         for url in &self.urls {
             let client = self.open_client(url)?;
             let info = client.get_connection_info();
@@ -251,14 +360,24 @@ impl RedlockBuilder {
             if !seen.insert(identity) {
                 return Err(ConfigError::DuplicateNode(name));
             }
-            nodes.push(Arc::new(Node::new(
-                name,
-                client,
-                &self,
-                Arc::clone(&max_ttl),
-            )));
+            clients.push((name, client));
         }
-        if nodes.len() % 2 == 0 {
+        // URLs that differ can still reach one server: the nodes compare run ids on connect.
+        let peers = Arc::new(Peers::new(clients.iter().map(|(name, _)| name.clone())));
+        let nodes: Vec<Arc<Node>> = clients
+            .into_iter()
+            .enumerate()
+            .map(|(index, (name, client))| {
+                Arc::new(Node::new(
+                    name,
+                    client,
+                    &self,
+                    Arc::clone(&max_ttl),
+                    (index, Arc::clone(&peers)),
+                ))
+            })
+            .collect();
+        if nodes.len().is_multiple_of(2) {
             tracing::warn!(
                 nodes = nodes.len(),
                 "an even number of nodes tolerates no more failures than {}; prefer an odd count",

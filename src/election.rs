@@ -1616,6 +1616,7 @@ mod tests {
                 ttl: ttl_ms.map(Duration::from_millis),
                 fence,
             }),
+            eviction: crate::EvictionRisk::None,
         }
     }
 
@@ -1623,6 +1624,7 @@ mod tests {
         NodeStatus {
             node: "n".to_owned(),
             state: Err(NodeError::Timeout(Duration::ZERO)),
+            eviction: crate::EvictionRisk::Unknown,
         }
     }
 

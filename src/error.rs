@@ -197,6 +197,23 @@ pub enum NodeError {
         "held out of quorums until its fencing counters are restored from the other nodes after a restart"
     )]
     Repairing,
+    /// This URL reaches the same Redis server (same run id) as another configured node: two
+    /// databases of one server, a hostname and its address, a Unix socket and TCP. One server
+    /// is one vote at most, so neither counts toward a quorum while both reach it.
+    #[error(
+        "same Redis server as {other} (run id {run_id}): one server is not two independent masters, neither counts toward a quorum"
+    )]
+    SameServer {
+        /// The other node's address, password redacted.
+        other: String,
+        /// The server's run id.
+        run_id: String,
+    },
+    /// The node's memory policy can evict lock keys (`maxmemory` with a `volatile-*` or
+    /// `allkeys-*` policy) and the client was built with
+    /// [`EvictionGuard::Strict`](crate::EvictionGuard::Strict): it counts toward no quorum.
+    #[error("held out of quorums by the strict eviction guard: {0}")]
+    Evicting(crate::EvictionRisk),
     /// The node answered with an error, or a reply the scripts never produce.
     #[error("redis error: {0}")]
     Redis(#[source] redis::RedisError),
@@ -232,6 +249,8 @@ impl NodeError {
             NodeError::Dropped(_) => "dropped",
             NodeError::HeldOut { .. } => "held_out",
             NodeError::Repairing => "repairing",
+            NodeError::SameServer { .. } => "same_server",
+            NodeError::Evicting(_) => "evicting",
             NodeError::Redis(_) => "redis",
             NodeError::HeldByAnother => "held",
             NodeError::BadReply(_) => "bad_reply",

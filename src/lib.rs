@@ -21,7 +21,7 @@ mod scripts;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use config::{RedlockBuilder, RestartGuard};
+pub use config::{EvictionGuard, EvictionRisk, RedlockBuilder, RestartGuard};
 pub use election::{Election, ElectionBuilder, Health, Leader, Leadership, Observation};
 pub use error::{ArgumentError, ConfigError, Error, LostReason, NodeError, NodeFailure, Result};
 pub use fencing::{FenceGate, FencedWrite, FencingToken, StaleToken, fenced_set};

@@ -7,7 +7,7 @@
 //! to a node travels in order on it, so a release always reaches the node after the acquire it
 //! undoes.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use redis::{AsyncConnectionConfig, Value};
 use tokio::time::Instant;
 
 use crate::clock::{self, Stamp};
-use crate::config::{RedlockBuilder, RestartGuard};
+use crate::config::{EvictionGuard, EvictionRisk, RedlockBuilder, RestartGuard};
 use crate::error::NodeError;
 use crate::lock;
 use crate::metrics;
@@ -41,8 +41,130 @@ enum Slot {
 #[derive(Default)]
 struct Health {
     run_id: Option<String>,
-    held_out_until: Option<Instant>,
+    /// Whether the last connect found the node durable: `appendfsync always`, with its
+    /// durability marker in place.
+    durable: bool,
     repair: Repair,
+    /// The node's memory policy as last read (warned about when it changes to a risky one).
+    eviction: EvictionRisk,
+}
+
+/// The key of a node's durability marker: written once (`SET NX`) on a node that runs with
+/// `appendfsync always`, holding the run id of the server it was written to. Found after a
+/// restart holding an earlier run id, it shows the keyspace survived the restart.
+pub(crate) const MARKER_KEY: &str = "quorumlock:durability-marker";
+
+/// `Node::started` when no restart hold-out applies.
+const NOT_STARTED: i64 = i64::MIN;
+
+/// A duration in nanoseconds, saturating.
+fn nanos(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// How a connect met the node, for the restart guard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Meeting {
+    /// This client never connected to it before.
+    First,
+    /// The same run id as last time: no restart.
+    Same,
+    /// A new run id: the node restarted since this client last saw it.
+    Restarted,
+}
+
+/// Whether the node's keyspace demonstrably survived its start: it runs with `appendfsync
+/// always` (`fsync_always`), its durability marker holds a run id other than the current one
+/// (written before this run started, and still there), and, for a client that saw the run
+/// before, that one was durable too (`durable_before`). A marker holding the current run id was
+/// written after the start (perhaps by another client that met the node first): it proves
+/// nothing. Pure.
+pub(crate) fn data_survived(
+    fsync_always: bool,
+    marker: Option<&str>,
+    run_id: &str,
+    durable_before: Option<bool>,
+) -> bool {
+    fsync_always && durable_before != Some(false) && marker.is_some_and(|m| m != run_id)
+}
+
+/// The restart guard's verdict on a connect: `(hold out, repair)`. A held-out node counts
+/// toward no quorum until the max ttl in use has passed since its start (checked on every
+/// call); a node to repair has its fencing counters restored from the others first. A node
+/// whose data survived is neither. Pure.
+pub(crate) fn restart_verdict(
+    guard: RestartGuard,
+    meeting: Meeting,
+    survived: bool,
+) -> (bool, bool) {
+    if guard == RestartGuard::Off || survived {
+        return (false, false);
+    }
+    match meeting {
+        Meeting::Restarted => (true, true),
+        // Young on first contact may mean restarted without its data: time only, since
+        // nothing says its counters fell behind.
+        Meeting::First if guard == RestartGuard::Strict => (true, false),
+        Meeting::First | Meeting::Same => (false, false),
+    }
+}
+
+/// The run ids a client's nodes last connected to, shared by its nodes: URLs that differ can
+/// reach one server (two databases of it, a hostname and its address, a Unix socket and TCP),
+/// and one server must not count as two votes.
+///
+/// Each node records the run id of every connect; a node counts toward no quorum while another
+/// node's latest run id is the same. A restart changes the run id: both nodes record the new
+/// one as they reconnect (each on its next call), so the duplication stands across restarts;
+/// it ends only when one of the URLs reaches another server.
+#[derive(Debug)]
+pub(crate) struct Peers {
+    names: Vec<String>,
+    run_ids: Mutex<Vec<Option<String>>>,
+    /// Whether two nodes share a run id now: lets every call skip the mutex otherwise.
+    shared: AtomicBool,
+}
+
+impl Peers {
+    pub(crate) fn new(names: impl IntoIterator<Item = String>) -> Self {
+        let names: Vec<String> = names.into_iter().collect();
+        Peers {
+            run_ids: Mutex::new(vec![None; names.len()]),
+            names,
+            shared: AtomicBool::new(false),
+        }
+    }
+
+    /// Records node `i`'s run id; returns the other node sharing it, if any.
+    fn record(&self, i: usize, run_id: &str) -> Option<usize> {
+        let mut run_ids = lock(&self.run_ids);
+        if let Some(slot) = run_ids.get_mut(i) {
+            *slot = Some(run_id.to_owned());
+        }
+        let shared = (0..run_ids.len()).any(|j| twin(&run_ids, j).is_some());
+        self.shared.store(shared, Ordering::Release);
+        twin(&run_ids, i)
+    }
+
+    /// Another node whose latest run id is node `i`'s: its name and the run id.
+    fn twin_of(&self, i: usize) -> Option<(&str, String)> {
+        if !self.shared.load(Ordering::Acquire) {
+            return None;
+        }
+        let run_ids = lock(&self.run_ids);
+        let j = twin(&run_ids, i)?;
+        Some((self.names.get(j)?.as_str(), run_ids.get(i)?.clone()?))
+    }
+}
+
+/// The first node other than `i` whose run id is `i`'s. Pure.
+pub(crate) fn twin(run_ids: &[Option<String>], i: usize) -> Option<usize> {
+    let mine = run_ids.get(i)?.as_deref()?;
+    run_ids
+        .iter()
+        .enumerate()
+        .find(|&(j, r)| j != i && r.as_deref() == Some(mine))
+        .map(|(j, _)| j)
 }
 
 /// Whether a restarted node's fencing counters still have to be restored from the others.
@@ -80,6 +202,11 @@ impl MaxTtl {
         self.fixed.unwrap_or_else(|| {
             Duration::from_millis(self.seen_ms.load(Ordering::Relaxed)).max(Self::FLOOR)
         })
+    }
+
+    /// Whether the max ttl is configured (it never grows).
+    fn is_fixed(&self) -> bool {
+        self.fixed.is_some()
     }
 }
 
@@ -155,7 +282,8 @@ impl RoundGate {
     }
 }
 
-/// Whether a call must skip a node that is held out after a restart.
+/// Whether a call must skip a node that is held out (after a restart, as a second URL of one
+/// server, for its eviction policy under the strict guard).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HoldOut {
     /// Acquire and extend: a held-out node counts as failed and is not asked.
@@ -170,13 +298,29 @@ pub(crate) struct Node {
     client: redis::Client,
     connect_timeout: Duration,
     guard: RestartGuard,
+    eviction_guard: EvictionGuard,
     max_ttl: Arc<MaxTtl>,
+    /// This node's place among the client's nodes, and their shared run ids.
+    index: usize,
+    peers: Arc<Peers>,
     generation: AtomicU64,
     slot: Mutex<Slot>,
     health: Mutex<Health>,
-    /// True while `health` holds a hold-out or a repair: lets every call skip the mutex in the
-    /// common case. Set (under the mutex) before the connect that found a restart completes.
+    /// The reference instant of `started`.
+    epoch: Instant,
+    /// When the node started (nanoseconds after `epoch`, negative before it) if the restart
+    /// guard holds it out until the max ttl has passed since then; [`NOT_STARTED`] otherwise.
+    /// The hold-out is computed on every check against the max ttl in use *then*, so a max
+    /// ttl that grows after the connect lengthens it.
+    started: AtomicI64,
+    /// Whether the last check found the node within its restart hold-out (for the log line
+    /// when it ends).
+    holding: AtomicBool,
+    /// True while `health` holds a repair: lets every call skip the mutex in the common case.
+    /// Set (under the mutex) before the connect that found a restart completes.
     suspect: AtomicBool,
+    /// True while the strict eviction guard holds the node out.
+    evicting: AtomicBool,
     /// Whether the last call (or connect) failed: failures are logged at warn on the way down
     /// and at info on the way back, not on every call.
     down: AtomicBool,
@@ -194,17 +338,25 @@ impl Node {
         client: redis::Client,
         cfg: &RedlockBuilder,
         max_ttl: Arc<MaxTtl>,
+        (index, peers): (usize, Arc<Peers>),
     ) -> Self {
         Node {
             name,
             client,
             connect_timeout: cfg.connect_timeout,
             guard: cfg.restart_guard,
+            eviction_guard: cfg.eviction_guard,
             max_ttl,
+            index,
+            peers,
             generation: AtomicU64::new(0),
             slot: Mutex::new(Slot::Empty),
             health: Mutex::new(Health::default()),
+            epoch: Instant::now(),
+            started: AtomicI64::new(NOT_STARTED),
+            holding: AtomicBool::new(false),
             suspect: AtomicBool::new(false),
+            evicting: AtomicBool::new(false),
             down: AtomicBool::new(false),
         }
     }
@@ -214,34 +366,88 @@ impl Node {
         &self.name
     }
 
-    /// Why this node counts toward no quorum now, if it does not: within the delayed-restart
-    /// window, or while its fencing counters are being restored after a restart.
+    /// Why this node counts toward no quorum now, if it does not: it reaches the same server
+    /// as another node, its memory policy can evict lock keys (strict eviction guard), it is
+    /// within the delayed-restart window, or its fencing counters are being restored after a
+    /// restart.
     pub(crate) fn held_out(&self) -> Option<NodeError> {
+        if let Some((other, run_id)) = self.peers.twin_of(self.index) {
+            return Some(NodeError::SameServer {
+                other: other.to_owned(),
+                run_id,
+            });
+        }
+        if self.evicting.load(Ordering::Acquire) {
+            return Some(NodeError::Evicting(lock(&self.health).eviction.clone()));
+        }
+        if let Some(remaining) = self.restart_hold_out() {
+            return Some(NodeError::HeldOut { remaining });
+        }
         if !self.suspect.load(Ordering::Acquire) {
             return None;
         }
-        let mut health = lock(&self.health);
-        if let Some(until) = health.held_out_until {
-            let now = Instant::now();
-            if now < until {
-                return Some(NodeError::HeldOut {
-                    remaining: until - now,
-                });
-            }
-            health.held_out_until = None;
-            if health.repair == Repair::Clean {
-                tracing::info!(node = %self.name, "restarted node counts toward quorums again");
-            }
-        }
+        let health = lock(&self.health);
         self.settle(&health);
         (health.repair != Repair::Clean).then_some(NodeError::Repairing)
     }
 
-    /// Clears the `suspect` hint once nothing holds the node out (called under the mutex).
+    /// How much longer the restart guard holds the node out: until the max ttl in use now has
+    /// passed since the node's start.
+    fn restart_hold_out(&self) -> Option<Duration> {
+        let start = self.started.load(Ordering::Acquire);
+        if start == NOT_STARTED {
+            return None;
+        }
+        let now = nanos(self.epoch.elapsed());
+        let until = start.saturating_add(nanos(self.max_ttl.get()));
+        if now < until {
+            if !self.holding.swap(true, Ordering::Relaxed) {
+                tracing::info!(
+                    node = %self.name,
+                    max_ttl = ?self.max_ttl.get(),
+                    "node started less than the max ttl now in use ago; it counts toward no quorum until that has passed"
+                );
+            }
+            return Some(Duration::from_nanos(
+                u64::try_from(until - now).unwrap_or(0),
+            ));
+        }
+        if self.holding.swap(false, Ordering::Relaxed) {
+            tracing::info!(node = %self.name, "restarted node's hold-out is over");
+        }
+        // A max ttl that can still grow (the largest this client used) could make the node
+        // young again: keep its start until a configured max ttl says it never will.
+        if self.max_ttl.is_fixed() {
+            let _ = self.started.compare_exchange(
+                start,
+                NOT_STARTED,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+        None
+    }
+
+    /// Clears the `suspect` hint once no repair holds the node out (called under the mutex).
     fn settle(&self, health: &Health) {
-        if health.held_out_until.is_none() && health.repair == Repair::Clean {
+        if health.repair == Repair::Clean {
             self.suspect.store(false, Ordering::Release);
         }
+    }
+
+    /// The node's memory policy risk as last read on connect.
+    pub(crate) fn eviction(&self) -> EvictionRisk {
+        lock(&self.health).eviction.clone()
+    }
+
+    /// Another node reaching the same server, by name, if any.
+    pub(crate) fn same_server(&self) -> Option<NodeError> {
+        self.peers
+            .twin_of(self.index)
+            .map(|(other, run_id)| NodeError::SameServer {
+                other: other.to_owned(),
+                run_id,
+            })
     }
 
     /// True while the node's fencing counters may be behind after a restart: it is then no
@@ -410,11 +616,18 @@ impl Node {
     }
 
     /// Records a failed call: metrics, a debug event, and a warning when the node goes down.
-    /// A node held out after a restart is not down: its own warning says why and until when.
+    /// A node held out (after a restart, as a second URL of one server, for its eviction
+    /// policy) is not down: its own warning says why.
     fn failed(&self, op: &'static str, e: &NodeError) {
         metrics::node_error(&self.name, op, e.label());
         tracing::debug!(node = %self.name, op, error = %e, "node call failed");
-        if matches!(e, NodeError::HeldOut { .. } | NodeError::Repairing) {
+        if matches!(
+            e,
+            NodeError::HeldOut { .. }
+                | NodeError::Repairing
+                | NodeError::SameServer { .. }
+                | NodeError::Evicting(_)
+        ) {
             return;
         }
         if !self.down.swap(true, Ordering::Relaxed) {
@@ -566,8 +779,26 @@ impl Node {
         let (run_id, uptime) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
         let aof = persistence.lines().any(|l| l.trim() == "aof_enabled:1");
-        let durable = aof && fsync_always(&mut conn).await;
-        self.observe_start(run_id, uptime, durable);
+        let config = read_config(&mut conn).await;
+        let fsync_always = aof && config.appendfsync.as_deref() == Some("always");
+        let marker = if fsync_always {
+            durability_marker(&mut conn, &run_id).await
+        } else {
+            None
+        };
+        if let Some(other) = self.peers.record(self.index, &run_id) {
+            tracing::warn!(
+                node = %self.name,
+                other = %self.peers.names.get(other).map_or("?", String::as_str),
+                run_id = %run_id,
+                "two node URLs reach the same Redis server; neither counts toward a quorum while they do"
+            );
+        }
+        self.observe_eviction(EvictionRisk::classify(
+            config.maxmemory.as_deref(),
+            config.policy.as_deref(),
+        ));
+        self.observe_start(run_id, uptime, fsync_always, marker);
         tracing::debug!(node = %self.name, "connected");
         Ok(conn)
     }
@@ -581,28 +812,55 @@ impl Node {
         }
     }
 
-    /// The restart guard: compares the run id with the last one seen. A `durable` node (an
-    /// append-only file with `appendfsync always`) lost nothing in a restart: it is neither held
-    /// out nor repaired.
-    fn observe_start(&self, run_id: String, uptime: Duration, durable: bool) {
+    /// Records the node's memory policy: a warning when it turns risky (once per node and
+    /// policy), and the strict eviction guard's hold-out.
+    fn observe_eviction(&self, risk: EvictionRisk) {
         let mut health = lock(&self.health);
-        let restarted = health
-            .run_id
-            .as_ref()
-            .is_some_and(|previous| *previous != run_id);
-        let max_ttl = self.max_ttl.get();
-        let hold_out = hold_out_for(uptime, max_ttl);
-        let young = hold_out.is_some();
-        let suspect =
-            restarted || (health.run_id.is_none() && self.guard == RestartGuard::Strict && young);
-        if self.guard != RestartGuard::Off && suspect && !durable {
-            if let Some(remaining) = hold_out {
-                let now = Instant::now();
-                // Bounded by MAX_TTL (config) and the ttl check, so this cannot overflow; a
-                // saturated deadline would only hold the node out longer.
-                let until = now.checked_add(remaining).unwrap_or(now + max_ttl);
-                health.held_out_until = Some(until);
-                self.suspect.store(true, Ordering::Release);
+        if risk.is_risky() && health.eviction != risk {
+            tracing::warn!(
+                node = %self.name,
+                risk = %risk,
+                guard = ?self.eviction_guard,
+                "node may evict lock keys under memory pressure, without any restart: set \
+                 maxmemory-policy noeviction (or maxmemory 0) on lock nodes"
+            );
+        } else if risk == EvictionRisk::Unknown && health.eviction != risk {
+            tracing::debug!(node = %self.name, "eviction policy unknown (CONFIG GET unavailable)");
+        }
+        self.evicting.store(
+            self.eviction_guard == EvictionGuard::Strict && risk.is_risky(),
+            Ordering::Release,
+        );
+        health.eviction = risk;
+    }
+
+    /// The restart guard: compares the run id with the last one seen. A node whose data
+    /// demonstrably survived its start ([`data_survived`]: `appendfsync always` and a durability
+    /// marker from an earlier run) is neither held out nor repaired.
+    fn observe_start(
+        &self,
+        run_id: String,
+        uptime: Duration,
+        fsync_always: bool,
+        marker: Option<String>,
+    ) {
+        let mut health = lock(&self.health);
+        let meeting = match &health.run_id {
+            None => Meeting::First,
+            Some(previous) if *previous == run_id => Meeting::Same,
+            Some(_) => Meeting::Restarted,
+        };
+        let durable_before = (meeting == Meeting::Restarted).then_some(health.durable);
+        let survived = data_survived(fsync_always, marker.as_deref(), &run_id, durable_before);
+        let (hold, repair) = restart_verdict(self.guard, meeting, survived);
+        if hold {
+            // The node is older than `uptime - 1 s` (see `hold_out_for`); counted from now, the
+            // latest it can have started.
+            let age = uptime.saturating_sub(Duration::from_secs(1));
+            let start = nanos(self.epoch.elapsed()).saturating_sub(nanos(age));
+            self.started.store(start, Ordering::Release);
+            if let Some(remaining) = hold_out_for(uptime, self.max_ttl.get()) {
+                self.holding.store(true, Ordering::Relaxed);
                 tracing::warn!(
                     node = %self.name,
                     uptime_s = uptime.as_secs(),
@@ -612,14 +870,20 @@ impl Node {
                      it counts toward no quorum until the max ttl has passed since its start"
                 );
             }
-            // Seen restarting: its fencing counters (which never expire) may be gone too;
-            // restore them from the other nodes before it counts again. (A node merely young on
-            // first contact, under the strict guard, may not have lost anything: time only.)
-            if restarted {
-                health.repair = Repair::Needed;
-                self.suspect.store(true, Ordering::Release);
-            }
         }
+        // Seen restarting without proof its data survived: its fencing counters (which never
+        // expire) may be gone too; restore them from the other nodes before it counts again.
+        if repair {
+            health.repair = Repair::Needed;
+            self.suspect.store(true, Ordering::Release);
+        }
+        if meeting == Meeting::Restarted && survived {
+            tracing::info!(
+                node = %self.name,
+                "node restarted with its data (appendfsync always, durability marker intact); it counts at once"
+            );
+        }
+        health.durable = fsync_always && marker.is_some();
         health.run_id = Some(run_id);
     }
 
@@ -632,16 +896,53 @@ impl Node {
     }
 }
 
-/// Whether the node fsyncs its append-only file on every write (`CONFIG GET appendfsync`).
-/// Any error (CONFIG renamed or forbidden, as managed services do) answers no: the node is then
-/// treated as one that may lose its last writes in a restart.
-async fn fsync_always(conn: &mut MultiplexedConnection) -> bool {
-    let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("appendfsync")
-        .query_async(conn)
-        .await;
-    matches!(reply.as_deref(), Ok([_, policy]) if policy == "always")
+/// The settings read from a node with `CONFIG GET`; `None` where unreadable.
+#[derive(Debug, Default)]
+struct NodeConfig {
+    appendfsync: Option<String>,
+    maxmemory: Option<String>,
+    policy: Option<String>,
+}
+
+/// Reads `appendfsync`, `maxmemory` and `maxmemory-policy` in one round trip. Any error
+/// (CONFIG renamed or forbidden, as managed services do) leaves them all unknown: the node is
+/// then treated as one that may lose its last writes in a restart, and its eviction risk is
+/// reported as unknown; the connect goes on.
+async fn read_config(conn: &mut MultiplexedConnection) -> NodeConfig {
+    let mut pipe = redis::pipe();
+    for name in ["appendfsync", "maxmemory", "maxmemory-policy"] {
+        pipe.cmd("CONFIG").arg("GET").arg(name);
+    }
+    let reply: redis::RedisResult<(Vec<String>, Vec<String>, Vec<String>)> =
+        pipe.query_async(conn).await;
+    let value = |pair: Vec<String>| match <[String; 2]>::try_from(pair) {
+        Ok([_, value]) => Some(value),
+        Err(_) => None,
+    };
+    match reply {
+        Ok((fsync, maxmemory, policy)) => NodeConfig {
+            appendfsync: value(fsync),
+            maxmemory: value(maxmemory),
+            policy: value(policy),
+        },
+        Err(_) => NodeConfig::default(),
+    }
+}
+
+/// Writes the node's durability marker if it has none (`SET NX`, the current run id: acknowledged
+/// only once fsynced under `appendfsync always`) and reads it back. `None` on any error (a node
+/// out of memory under `noeviction`, say): the node's data is then not trusted to survive.
+async fn durability_marker(conn: &mut MultiplexedConnection, run_id: &str) -> Option<String> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(MARKER_KEY)
+        .arg(run_id)
+        .arg("NX")
+        .ignore()
+        .cmd("GET")
+        .arg(MARKER_KEY);
+    let reply: redis::RedisResult<(Option<String>,)> = pipe.query_async(conn).await;
+    reply.ok().and_then(|(marker,)| marker)
 }
 
 /// How much longer a node that reports `uptime` must be held out so that `max_ttl` has passed
@@ -788,6 +1089,86 @@ mod tests {
             Some(("abc123".to_owned(), Duration::from_secs(42)))
         );
         assert_eq!(parse_info("garbage"), None);
+    }
+
+    #[test]
+    fn data_survives_only_with_fsync_always_and_a_marker_from_an_earlier_run() {
+        // The marker was written by an earlier run and is still there.
+        assert!(data_survived(true, Some("r1"), "r2", None));
+        assert!(data_survived(true, Some("r1"), "r2", Some(true)));
+        // Written by this run (perhaps by another client after an empty restart): no proof.
+        assert!(!data_survived(true, Some("r2"), "r2", None));
+        // Gone: the keyspace did not survive.
+        assert!(!data_survived(true, None, "r2", Some(true)));
+        // Not fsynced on every write now, or not durable in the run this client saw before.
+        assert!(!data_survived(false, Some("r1"), "r2", None));
+        assert!(!data_survived(true, Some("r1"), "r2", Some(false)));
+    }
+
+    #[test]
+    fn restart_verdicts() {
+        use Meeting::{First, Same};
+        use RestartGuard::{Off, Strict};
+        let seen = Meeting::Restarted;
+        let default = RestartGuard::Restarted;
+        for meeting in [First, Same, seen] {
+            assert_eq!(restart_verdict(Off, meeting, false), (false, false));
+            for guard in [default, Strict] {
+                assert_eq!(restart_verdict(guard, meeting, true), (false, false));
+            }
+        }
+        assert_eq!(restart_verdict(default, seen, false), (true, true));
+        assert_eq!(restart_verdict(Strict, seen, false), (true, true));
+        assert_eq!(restart_verdict(Strict, First, false), (true, false));
+        assert_eq!(restart_verdict(default, First, false), (false, false));
+        assert_eq!(restart_verdict(Strict, Same, false), (false, false));
+    }
+
+    #[test]
+    fn twins_share_a_run_id() {
+        let ids = |v: &[Option<&str>]| -> Vec<Option<String>> {
+            v.iter().map(|r| r.map(str::to_owned)).collect()
+        };
+        let run_ids = ids(&[Some("a"), Some("b"), Some("a"), None, None]);
+        assert_eq!(twin(&run_ids, 0), Some(2));
+        assert_eq!(twin(&run_ids, 2), Some(0));
+        assert_eq!(twin(&run_ids, 1), None);
+        assert_eq!(twin(&run_ids, 3), None, "unknown run ids are nobody's twin");
+        assert_eq!(twin(&run_ids, 9), None);
+
+        let peers = Peers::new(["x", "y", "z"].map(str::to_owned));
+        assert_eq!(peers.record(0, "r"), None);
+        assert_eq!(peers.twin_of(0), None);
+        assert_eq!(peers.record(1, "r"), Some(0));
+        assert_eq!(peers.twin_of(0), Some(("y", "r".to_owned())));
+        assert_eq!(peers.twin_of(1), Some(("x", "r".to_owned())));
+        // One of them now reaches another server: the duplication ends for both.
+        assert_eq!(peers.record(1, "s"), None);
+        assert_eq!(peers.twin_of(0), None);
+        assert_eq!(peers.twin_of(1), None);
+    }
+
+    #[test]
+    fn eviction_risk_from_the_memory_policy() {
+        let c = EvictionRisk::classify;
+        assert_eq!(c(Some("0"), Some("volatile-lru")), EvictionRisk::None);
+        assert_eq!(c(Some("4194304"), Some("noeviction")), EvictionRisk::None);
+        assert_eq!(
+            c(Some("4194304"), Some("volatile-ttl")),
+            EvictionRisk::LockKeys {
+                policy: "volatile-ttl".to_owned()
+            }
+        );
+        assert_eq!(
+            c(Some("4194304"), Some("allkeys-lru")),
+            EvictionRisk::LockKeysAndCounters {
+                policy: "allkeys-lru".to_owned()
+            }
+        );
+        assert!(c(Some("1"), Some("some-future-policy")).is_risky());
+        assert_eq!(c(None, Some("allkeys-lru")), EvictionRisk::Unknown);
+        assert_eq!(c(Some("lots"), Some("allkeys-lru")), EvictionRisk::Unknown);
+        assert_eq!(c(Some("1"), None), EvictionRisk::Unknown);
     }
 
     #[test]

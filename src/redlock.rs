@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::{self, Stamp};
-use crate::config::RedlockBuilder;
+use crate::config::{EvictionRisk, RedlockBuilder};
 use crate::error::{ArgumentError, Error, FailureList, LostReason, NodeError, NodeFailure};
 use crate::fencing::FencingToken;
 use crate::guard::{Lock, LockState};
@@ -99,8 +99,12 @@ pub struct KeyState {
 pub struct NodeStatus {
     /// The node's address, password redacted.
     pub node: String,
-    /// Its view of the key, or why it could not be read.
+    /// Its view of the key, or why it could not be read. A node that reaches the same server
+    /// as another configured node reads [`NodeError::SameServer`]: it counts toward no quorum.
     pub state: Result<KeyState, NodeError>,
+    /// What the node's memory policy can do to lock keys, as read on its last connect
+    /// ([`EvictionRisk::Unknown`] before any, or where `CONFIG GET` is unavailable).
+    pub eviction: EvictionRisk,
 }
 
 /// Every node's view of one key, from [`Redlock::status`].
@@ -1171,7 +1175,11 @@ impl Redlock {
             .zip(replies)
             .map(|(n, r)| NodeStatus {
                 node: n.name().to_owned(),
-                state: r.and_then(parse_status),
+                state: match n.same_server() {
+                    Some(twin) => Err(twin),
+                    None => r.and_then(parse_status),
+                },
+                eviction: n.eviction(),
             })
             .collect();
         Ok(LockStatus {

@@ -85,6 +85,11 @@ pub struct ServerOptions {
     pub unix_socket: bool,
     /// Also listen for TLS on a second port ([`RedisServer::tls_url`]).
     pub tls: Option<TlsFiles>,
+    /// A memory limit in bytes (`maxmemory`) and the eviction policy applied when it is reached
+    /// (`maxmemory-policy`, e.g. `volatile-lru`).
+    pub maxmemory: Option<(u64, String)>,
+    /// Disable the `CONFIG` command (`rename-command CONFIG ""`), as managed services do.
+    pub config_disabled: bool,
 }
 
 /// PEM files for a server's TLS port (see [`ServerOptions::tls`]).
@@ -116,6 +121,18 @@ impl ServerOptions {
     /// With `requirepass`.
     pub fn password(mut self, password: &str) -> Self {
         self.password = Some(password.to_owned());
+        self
+    }
+
+    /// With `maxmemory` (bytes) and this `maxmemory-policy`.
+    pub fn maxmemory(mut self, bytes: u64, policy: &str) -> Self {
+        self.maxmemory = Some((bytes, policy.to_owned()));
+        self
+    }
+
+    /// With the `CONFIG` command disabled.
+    pub fn config_disabled(mut self) -> Self {
+        self.config_disabled = true;
         self
     }
 
@@ -225,6 +242,15 @@ impl RedisServer {
                     "--tls-auth-clients",
                     if tls.require_client_cert { "yes" } else { "no" },
                 ]);
+        }
+        if let Some((bytes, policy)) = &self.options.maxmemory {
+            cmd.arg("--maxmemory")
+                .arg(bytes.to_string())
+                .arg("--maxmemory-policy")
+                .arg(policy);
+        }
+        if self.options.config_disabled {
+            cmd.args(["--rename-command", "CONFIG", ""]);
         }
         if self.options.aof_always {
             cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);

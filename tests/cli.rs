@@ -1296,6 +1296,30 @@ async fn t70_status_shows_each_node_and_exits_0_with_a_quorum() {
     }
 }
 
+/// A node whose memory policy can evict lock keys gets an `eviction:` line under its own.
+#[tokio::test]
+async fn t71_status_names_nodes_that_can_evict_lock_keys() {
+    init_tracing();
+    let cluster = LocalCluster::start_with(
+        3,
+        &quorumlock::testkit::ServerOptions::new().maxmemory(64 << 20, "allkeys-lru"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut cmd = redlock(&cluster);
+    cmd.args(["status", KEY]);
+    let out = output(cmd).await;
+    assert_eq!(out.code(), 0, "{out:?}");
+    let lines = out
+        .stdout
+        .lines()
+        .filter(|l| {
+            l.contains("eviction: maxmemory-policy allkeys-lru")
+                && l.contains("lock keys and fencing counters can be evicted")
+        })
+        .count();
+    assert_eq!(lines, 3, "{}", out.stdout);
+}
+
 // ---- t80: the restart guard -----------------------------------------------------------------
 
 #[tokio::test]

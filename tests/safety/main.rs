@@ -18,3 +18,4 @@ mod s09_side_connections;
 mod s10_repair_large_keyspace;
 mod s11_suspend;
 mod s12_small;
+mod s12d_strict_hold_out;

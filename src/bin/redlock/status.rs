@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use quorumlock::{HolderView, LockStatus, Redlock};
+use quorumlock::{EvictionRisk, HolderView, LockStatus, Redlock};
 
 use crate::fail;
 
@@ -26,6 +26,8 @@ pub(crate) async fn status(locks: Redlock, key: &str) -> u8 {
 /// key "job": held by 5d1c… on 4 of 5 nodes (quorum 3); highest fencing counter 7
 ///   redis://127.0.0.1:7001  held by 5d1c…  ttl 29.8s  fence 7
 ///   redis://127.0.0.1:7003  unreachable: connection refused
+///   redis://127.0.0.1:7004  held by 5d1c…  ttl 29.8s  fence 7
+///                             eviction: maxmemory-policy volatile-lru with maxmemory set: lock keys can be evicted before they expire
 /// ```
 pub(crate) fn render(status: &LockStatus) -> String {
     let mut out = String::new();
@@ -72,6 +74,13 @@ pub(crate) fn render(status: &LockStatus) -> String {
             Err(cause) => {
                 let _ = writeln!(out, "unreachable: {cause}");
             }
+        }
+        // What the node's memory policy risks, where it risks anything or could not be read
+        // (a node never reached reads unknown too: its line already says why).
+        if node.eviction.is_risky()
+            || (node.state.is_ok() && node.eviction == EvictionRisk::Unknown)
+        {
+            let _ = writeln!(out, "  {:width$}    eviction: {}", "", node.eviction);
         }
     }
     out
