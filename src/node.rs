@@ -525,17 +525,38 @@ impl Node {
         .shared()
     }
 
-    /// Connects, loads every script and reads `run_id` / `uptime_in_seconds` in one round trip.
-    async fn connect(&self) -> Result<MultiplexedConnection, NodeError> {
+    /// Opens a new connection to this node, bounded by the connect timeout: the one way the
+    /// crate connects to a node, for the lock's own connection and for the side connections of
+    /// elections and run-once jobs. `client` carries what the builder configured (certificates
+    /// for `rediss://`, TCP keepalive and user timeout; see `RedlockBuilder::open_client`), and
+    /// every connection gets the same [`AsyncConnectionConfig`].
+    pub(crate) async fn open_connection(&self) -> Result<MultiplexedConnection, NodeError> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(None)
             .set_pipeline_buffer_size(QUEUE);
-        let mut conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
+        tokio::time::timeout(
+            self.connect_timeout,
+            self.client
+                .get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        .map_err(|_| NodeError::Timeout(self.connect_timeout))?
+        .map_err(|e| self.connect_error(e))
+    }
+
+    /// Opens a new pub/sub connection to this node, with the same client (certificates, TCP
+    /// settings) as [`open_connection`](Self::open_connection), bounded by the connect timeout.
+    pub(crate) async fn open_pubsub(&self) -> Result<redis::aio::PubSub, NodeError> {
+        tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub())
             .await
-            .map_err(|e| self.connect_error(e))?;
+            .map_err(|_| NodeError::Timeout(self.connect_timeout))?
+            .map_err(|e| self.connect_error(e))
+    }
+
+    /// Connects, loads every script and reads `run_id` / `uptime_in_seconds` in one round trip.
+    async fn connect(&self) -> Result<MultiplexedConnection, NodeError> {
+        let mut conn = self.open_connection().await?;
         let mut pipe = redis::pipe();
         pipe.cmd("INFO").arg("server");
         pipe.cmd("INFO").arg("persistence");
