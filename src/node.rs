@@ -42,6 +42,9 @@ struct Health {
     run_id: Option<String>,
     held_out_until: Option<Instant>,
     repair: Repair,
+    /// Bumped each time a restart makes a repair needed: a repair started before the latest
+    /// restart (its raises went to the lost data) cannot finish it.
+    repair_epoch: u64,
 }
 
 /// Whether a restarted node's fencing counters still have to be restored from the others.
@@ -171,6 +174,9 @@ pub(crate) struct Node {
     /// Whether the last call (or connect) failed: failures are logged at warn on the way down
     /// and at info on the way back, not on every call.
     down: AtomicBool,
+    /// How many times this client saw the node's run id change: a `SCAN` cursor from one
+    /// incarnation means nothing to the next (see `repair.rs`).
+    incarnation: AtomicU64,
 }
 
 impl std::fmt::Debug for Node {
@@ -197,6 +203,7 @@ impl Node {
             health: Mutex::new(Health::default()),
             suspect: AtomicBool::new(false),
             down: AtomicBool::new(false),
+            incarnation: AtomicU64::new(0),
         }
     }
 
@@ -241,98 +248,134 @@ impl Node {
         lock(&self.health).repair != Repair::Clean
     }
 
-    /// Claims the restoring of this node's counters (true once per needed repair).
-    pub(crate) fn claim_repair(&self) -> bool {
+    /// Claims the restoring of this node's counters (once per needed repair): the repair's
+    /// epoch, which [`finish_repair`](Self::finish_repair) must present.
+    pub(crate) fn claim_repair(&self) -> Option<u64> {
         if !self.suspect.load(Ordering::Acquire) {
-            return false;
+            return None;
         }
         let mut health = lock(&self.health);
         if health.repair == Repair::Needed {
             health.repair = Repair::Running;
-            true
+            Some(health.repair_epoch)
         } else {
-            false
+            None
         }
     }
 
-    /// Ends a repair: clean on success, to be claimed again on failure.
-    pub(crate) fn finish_repair(&self, ok: bool) {
+    /// Whether the repair claimed with `epoch` is still the one to do (the node has not
+    /// restarted again since).
+    pub(crate) fn repair_current(&self, epoch: u64) -> bool {
+        let health = lock(&self.health);
+        health.repair == Repair::Running && health.repair_epoch == epoch
+    }
+
+    /// Ends the repair claimed with `epoch`: clean on success, to be claimed again on failure.
+    /// Ignored when the node restarted again since the claim (that restart needs a repair of
+    /// its own).
+    pub(crate) fn finish_repair(&self, epoch: u64, ok: bool) {
         let mut health = lock(&self.health);
-        if health.repair == Repair::Running {
+        if health.repair == Repair::Running && health.repair_epoch == epoch {
             health.repair = if ok { Repair::Clean } else { Repair::Needed };
         }
         self.settle(&health);
     }
 
-    /// Every fencing counter on this node: `(counter key, value)`, read with `SCAN` + `MGET`.
-    pub(crate) async fn fence_counters(
+    /// How many restarts (run id changes) of this node this client has seen.
+    pub(crate) fn incarnation(&self) -> u64 {
+        self.incarnation.load(Ordering::Acquire)
+    }
+
+    /// One page of a `SCAN` for fencing counters, from `cursor`: the next cursor (0 when the
+    /// scan is complete) and the page's counters, `(counter key, value)` (`SCAN ... COUNT
+    /// count` then one `MGET`), bounded by `timeout`.
+    pub(crate) async fn fence_counters_page(
         self: &Arc<Self>,
-        deadline: Instant,
-    ) -> Result<Vec<(Vec<u8>, u64)>, NodeError> {
+        cursor: u64,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<(u64, Vec<(Vec<u8>, u64)>), NodeError> {
         let read = async {
             let (mut conn, generation) = self.connection().await?;
-            let mut counters = Vec::new();
-            let mut cursor = 0u64;
-            loop {
-                let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(scripts::FENCE_PATTERN)
-                    .arg("COUNT")
-                    .arg(1000)
+            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(scripts::FENCE_PATTERN)
+                .arg("COUNT")
+                .arg(count)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.call_error(e, generation))?;
+            let mut counters = Vec::with_capacity(keys.len());
+            if !keys.is_empty() {
+                let values: Vec<Option<String>> = redis::cmd("MGET")
+                    .arg(&keys)
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| self.call_error(e, generation))?;
-                if !keys.is_empty() {
-                    let values: Vec<Option<String>> = redis::cmd("MGET")
-                        .arg(&keys)
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(|e| self.call_error(e, generation))?;
-                    counters.extend(
-                        keys.into_iter()
-                            .zip(values)
-                            .filter_map(|(k, v)| Some((k, v?.parse().ok()?))),
-                    );
-                }
-                if next == 0 {
-                    return Ok(counters);
-                }
-                cursor = next;
+                counters.extend(
+                    keys.into_iter()
+                        .zip(values)
+                        .filter_map(|(k, v)| Some((k, v?.parse().ok()?))),
+                );
             }
+            Ok((next, counters))
         };
-        tokio::time::timeout_at(deadline, read)
+        tokio::time::timeout(timeout, read)
             .await
-            .unwrap_or_else(|_| Err(NodeError::Timeout(self.connect_timeout)))
+            .unwrap_or(Err(NodeError::Timeout(timeout)))
     }
 
-    /// Raises this node's counters to at least the given values.
+    /// Raises this node's counters to at least the given values, in one pipeline of `EVALSHA`s
+    /// bounded by `timeout`. A `NOSCRIPT` reply (the node's script cache was flushed) loads the
+    /// script and sends the pipeline again: raising is idempotent.
     pub(crate) async fn raise_counters(
         self: &Arc<Self>,
         counters: &[(Vec<u8>, u64)],
-        deadline: Instant,
+        timeout: Duration,
     ) -> Result<(), NodeError> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for (key, value) in counters {
+            pipe.cmd("EVALSHA")
+                .arg(scripts::RAISE_COUNTER.script().get_hash())
+                .arg(1)
+                .arg(key)
+                .arg(*value);
+        }
         let write = async {
             let (mut conn, generation) = self.connection().await?;
-            for chunk in counters.chunks(1000) {
-                let mut pipe = redis::pipe();
-                for (key, value) in chunk {
-                    pipe.cmd("EVALSHA")
-                        .arg(scripts::RAISE_COUNTER.script().get_hash())
-                        .arg(1)
-                        .arg(key)
-                        .arg(*value)
-                        .ignore();
-                }
-                pipe.query_async::<()>(&mut conn)
+            let mut loaded = false;
+            loop {
+                let replies: Vec<Value> = pipe
+                    .query_async(&mut conn)
                     .await
                     .map_err(|e| self.call_error(e, generation))?;
+                let error = replies.into_iter().find_map(|v| match v {
+                    Value::ServerError(e) => Some(e),
+                    _ => None,
+                });
+                match error {
+                    None => return Ok(()),
+                    Some(e)
+                        if !loaded && e.kind() == Some(redis::ServerErrorKind::NoScript) =>
+                    {
+                        tracing::debug!(node = %self.name, "NOSCRIPT while raising counters; loading the script");
+                        redis::cmd("SCRIPT")
+                            .arg("LOAD")
+                            .arg(scripts::RAISE_COUNTER.code())
+                            .query_async::<String>(&mut conn)
+                            .await
+                            .map_err(|e| self.call_error(e, generation))?;
+                        loaded = true;
+                    }
+                    Some(e) => return Err(NodeError::from_redis(e.into())),
+                }
             }
-            Ok(())
         };
-        tokio::time::timeout_at(deadline, write)
+        tokio::time::timeout(timeout, write)
             .await
-            .unwrap_or_else(|_| Err(NodeError::Timeout(self.connect_timeout)))
+            .unwrap_or(Err(NodeError::Timeout(timeout)))
     }
 
     /// The connect timeout, which also bounds each step of a repair.
@@ -594,6 +637,9 @@ impl Node {
             .run_id
             .as_ref()
             .is_some_and(|previous| *previous != run_id);
+        if restarted {
+            self.incarnation.fetch_add(1, Ordering::AcqRel);
+        }
         let max_ttl = self.max_ttl.get();
         let hold_out = hold_out_for(uptime, max_ttl);
         let young = hold_out.is_some();
@@ -621,6 +667,7 @@ impl Node {
             // first contact, under the strict guard, may not have lost anything: time only.)
             if restarted {
                 health.repair = Repair::Needed;
+                health.repair_epoch += 1;
                 self.suspect.store(true, Ordering::Release);
             }
         }
