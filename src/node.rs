@@ -357,9 +357,7 @@ impl Node {
                 });
                 match error {
                     None => return Ok(()),
-                    Some(e)
-                        if !loaded && e.kind() == Some(redis::ServerErrorKind::NoScript) =>
-                    {
+                    Some(e) if !loaded && e.kind() == Some(redis::ServerErrorKind::NoScript) => {
                         tracing::debug!(node = %self.name, "NOSCRIPT while raising counters; loading the script");
                         redis::cmd("SCRIPT")
                             .arg("LOAD")

@@ -249,6 +249,7 @@ async fn repair(client: Weak<Inner>, nodes: Vec<Arc<Node>>, i: usize, claim: Cla
                 s.begin_pass();
             }
             let read = s.node.fence_counters_page(s.cursor, s.page, timeout).await;
+            tracing::trace!(node = %s.node.name(), cursor = s.cursor, page = s.page, ok = read.is_ok(), "repair page");
             (s, read)
         }))
         .await;
