@@ -50,6 +50,9 @@ use crate::redlock::{Inner, Redlock};
 pub(crate) const PAGE: usize = 1000;
 /// The smallest page, after timeouts halved it.
 pub(crate) const MIN_PAGE: usize = 10;
+/// Calls to one node that may time out in a row before a repair warns (a timeout is first
+/// retried with a smaller page).
+const WARN_AFTER: u32 = 5;
 /// The shortest pause between two steps of a repair.
 pub(crate) const MIN_PAUSE: Duration = Duration::from_millis(10);
 
@@ -150,6 +153,8 @@ struct Source {
     counted: bool,
     /// The last page failed: retried at `retry_at`.
     failing: bool,
+    /// Pages failed in a row.
+    failures: u32,
     retry_at: Instant,
     page: usize,
 }
@@ -164,6 +169,7 @@ impl Source {
             finished: false,
             counted: false,
             failing: false,
+            failures: 0,
             retry_at: Instant::now(),
             page: PAGE,
         };
@@ -258,6 +264,7 @@ async fn repair(client: Weak<Inner>, nodes: Vec<Arc<Node>>, i: usize, claim: Cla
                 Ok((next, counters)) => {
                     pages += 1;
                     s.failing = false;
+                    s.failures = 0;
                     s.page = next_page(s.page, false);
                     for (key, value) in counters {
                         let slot = highest.entry(key).or_default();
@@ -280,9 +287,12 @@ async fn repair(client: Weak<Inner>, nodes: Vec<Arc<Node>>, i: usize, claim: Cla
                     let timed_out = matches!(e, crate::error::NodeError::Timeout(_));
                     s.page = next_page(s.page, timed_out);
                     s.failing = true;
+                    s.failures += 1;
                     s.retry_at = Instant::now() + if timed_out { MIN_PAUSE } else { timeout };
                     tracing::debug!(node = %s.node.name(), target = %target.name(), error = %e, "reading fencing counters for a repair failed; will retry");
-                    if !warned && !timed_out {
+                    // A timeout is retried with a smaller page first; a node that keeps
+                    // failing is worth a warning (once per repair).
+                    if !warned && (!timed_out || s.failures >= WARN_AFTER) {
                         warned = true;
                         tracing::warn!(
                             node = %target.name(),
@@ -312,6 +322,7 @@ async fn repair(client: Weak<Inner>, nodes: Vec<Arc<Node>>, i: usize, claim: Cla
     let mut done = 0;
     let mut size = PAGE;
     let mut warned = false;
+    let mut failures = 0u32;
     while done < counters.len() {
         if !claim.current(&client) {
             return;
@@ -320,6 +331,7 @@ async fn repair(client: Weak<Inner>, nodes: Vec<Arc<Node>>, i: usize, claim: Cla
         let chunk = &counters[done..(done + size).min(counters.len())];
         match target.raise_counters(chunk, timeout).await {
             Ok(()) => {
+                failures = 0;
                 done += chunk.len();
                 size = next_page(size, false);
                 tokio::time::sleep(repair_pause(now.elapsed())).await;
@@ -328,7 +340,8 @@ async fn repair(client: Weak<Inner>, nodes: Vec<Arc<Node>>, i: usize, claim: Cla
                 let timed_out = matches!(e, crate::error::NodeError::Timeout(_));
                 size = next_page(size, timed_out);
                 tracing::debug!(node = %target.name(), error = %e, "raising fencing counters failed; will retry");
-                if !warned && !timed_out {
+                failures += 1;
+                if !warned && (!timed_out || failures >= WARN_AFTER) {
                     warned = true;
                     tracing::warn!(node = %target.name(), error = %e, "restoring fencing counters failed; retrying");
                 }
