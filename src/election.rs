@@ -50,7 +50,7 @@ use crate::error::{ConfigError, Error, FailureList, LostReason, NodeError, NodeF
 use crate::fencing::FencingToken;
 use crate::guard::Lock;
 use crate::lock;
-use crate::node::{node_name, redact};
+use crate::node::Node;
 use crate::quorum::{self, HolderView};
 use crate::redlock::{LockStatus, Redlock};
 use crate::scripts;
@@ -99,8 +99,9 @@ const SIDE_BACKOFF_MIN: Duration = Duration::from_millis(50);
 const SIDE_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// One plain connection per node of a [`Redlock`], for what the lock client does not do itself:
-/// the leader record, pub/sub announcements and the scheduler's tick markers. Uses the lock's
-/// node URLs and timeouts.
+/// the leader record, pub/sub announcements and the scheduler's tick markers. Connections are
+/// opened by the lock's own nodes ([`Node::open_connection`], [`Node::open_pubsub`]), so they
+/// carry the same certificates, TCP settings and timeouts as the lock's connections.
 ///
 /// Every call is bounded by the node timeout, connecting included: a connect runs in a spawned
 /// task bounded by the connect timeout, which a call waits for only until its own deadline. A
@@ -120,7 +121,7 @@ pub(crate) struct Sidecar {
 
 struct SideNode {
     name: String,
-    client: redis::Client,
+    node: Arc<Node>,
     state: Arc<Mutex<SideState>>,
 }
 
@@ -168,28 +169,21 @@ impl Sidecar {
             // Terms are told apart, ordered and bound to their record by their tokens.
             return Err(ConfigError::FencingRequired.into());
         }
-        let nodes = cfg
-            .urls
+        let nodes = locks
+            .inner
+            .nodes
             .iter()
-            .map(|url| {
-                let client = redis::Client::open(url.as_str()).map_err(|source| {
-                    ConfigError::InvalidUrl {
-                        url: redact(url),
-                        source,
-                    }
-                })?;
-                Ok(SideNode {
-                    name: node_name(client.get_connection_info()),
-                    client,
-                    state: Arc::new(Mutex::new(SideState {
-                        slot: Slot::Empty,
-                        generation: 0,
-                        suspect: None,
-                        backoff: SIDE_BACKOFF_MIN,
-                    })),
-                })
+            .map(|node| SideNode {
+                name: node.name().to_owned(),
+                node: Arc::clone(node),
+                state: Arc::new(Mutex::new(SideState {
+                    slot: Slot::Empty,
+                    generation: 0,
+                    suspect: None,
+                    backoff: SIDE_BACKOFF_MIN,
+                })),
             })
-            .collect::<Result<Vec<_>, ConfigError>>()?;
+            .collect();
         Ok(Sidecar {
             nodes,
             node_timeout: cfg.node_timeout,
@@ -234,8 +228,8 @@ impl Sidecar {
             .collect()
     }
 
-    fn clients(&self) -> impl Iterator<Item = (&str, &redis::Client)> {
-        self.nodes.iter().map(|n| (n.name.as_str(), &n.client))
+    fn nodes(&self) -> impl Iterator<Item = &Arc<Node>> {
+        self.nodes.iter().map(|n| &n.node)
     }
 }
 
@@ -261,9 +255,7 @@ impl SideNode {
                 Err(_) => return Err(timed_out()),
             },
             Found::Inline => {
-                match tokio::time::timeout_at(deadline, connect(&self.client, connect_timeout))
-                    .await
-                {
+                match tokio::time::timeout_at(deadline, self.node.open_connection()).await {
                     Ok(conn) => (conn?, 0),
                     Err(_) => return Err(timed_out()),
                 }
@@ -316,13 +308,13 @@ impl SideNode {
         };
         st.generation += 1;
         let generation = st.generation;
-        let (state, client, name) = (
+        let (state, node, name) = (
             Arc::clone(&self.state),
-            self.client.clone(),
+            Arc::clone(&self.node),
             self.name.clone(),
         );
         let task = handle.spawn(async move {
-            let result = connect(&client, connect_timeout).await;
+            let result = node.open_connection().await;
             let mut st = lock(&state);
             match &result {
                 Ok(conn) => {
@@ -362,29 +354,6 @@ impl SideNode {
             tracing::debug!(node = %self.name, error = %why, "side connection dropped; will reconnect");
         }
     }
-}
-
-/// A new side connection, bounded by the connect timeout.
-async fn connect(
-    client: &redis::Client,
-    connect_timeout: Duration,
-) -> Result<MultiplexedConnection, NodeError> {
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(connect_timeout))
-        .set_response_timeout(None);
-    tokio::time::timeout(
-        connect_timeout,
-        client.get_multiplexed_async_connection_with_config(&config),
-    )
-    .await
-    .map_err(|_| NodeError::Timeout(connect_timeout))?
-    .map_err(|e| {
-        if e.is_timeout() {
-            NodeError::Timeout(connect_timeout)
-        } else {
-            NodeError::from_redis(e)
-        }
-    })
 }
 
 /// The pause between attempts that compete for a free lock: the lock client's retry delay plus
@@ -450,11 +419,10 @@ impl Notifier {
     fn start(sidecar: &Sidecar, channel: &str, handle: &tokio::runtime::Handle) -> Self {
         let (tx, _) = broadcast::channel(64);
         let tasks = sidecar
-            .clients()
-            .map(|(name, client)| {
+            .nodes()
+            .map(|node| {
                 AbortOnDropHandle::new(handle.spawn(Self::subscribe(
-                    client.clone(),
-                    name.to_owned(),
+                    Arc::clone(node),
                     channel.to_owned(),
                     tx.clone(),
                     sidecar.connect_timeout,
@@ -471,19 +439,22 @@ impl Notifier {
     /// healthy forever: every [`KEEPALIVE_EVERY`](Self::KEEPALIVE_EVERY) a `PING` must be
     /// answered within the connect timeout, or the subscription is dropped and made again.
     async fn subscribe(
-        client: redis::Client,
-        node: String,
+        side: Arc<Node>,
         channel: String,
         tx: broadcast::Sender<Notice>,
         connect_timeout: Duration,
     ) {
+        let node = side.name();
         let mut pause = Self::MIN_PAUSE;
         let mut subscribed_before = false;
         loop {
             let pubsub = tokio::time::timeout(connect_timeout, async {
-                let mut pubsub = client.get_async_pubsub().await?;
-                pubsub.subscribe(&channel).await?;
-                Ok::<_, redis::RedisError>(pubsub)
+                let mut pubsub = side.open_pubsub().await?;
+                pubsub
+                    .subscribe(&channel)
+                    .await
+                    .map_err(NodeError::from_redis)?;
+                Ok::<_, NodeError>(pubsub)
             })
             .await;
             match pubsub {

@@ -47,6 +47,9 @@ struct Health {
     repair: Repair,
     /// The node's memory policy as last read (warned about when it changes to a risky one).
     eviction: EvictionRisk,
+    /// Bumped each time a restart makes a repair needed: a repair started before the latest
+    /// restart (its raises went to the lost data) cannot finish it.
+    repair_epoch: u64,
 }
 
 /// The key of a node's durability marker: written once (`SET NX`) on a node that runs with
@@ -324,6 +327,9 @@ pub(crate) struct Node {
     /// Whether the last call (or connect) failed: failures are logged at warn on the way down
     /// and at info on the way back, not on every call.
     down: AtomicBool,
+    /// How many times this client saw the node's run id change: a `SCAN` cursor from one
+    /// incarnation means nothing to the next (see `repair.rs`).
+    incarnation: AtomicU64,
 }
 
 impl std::fmt::Debug for Node {
@@ -358,6 +364,7 @@ impl Node {
             suspect: AtomicBool::new(false),
             evicting: AtomicBool::new(false),
             down: AtomicBool::new(false),
+            incarnation: AtomicU64::new(0),
         }
     }
 
@@ -456,98 +463,132 @@ impl Node {
         lock(&self.health).repair != Repair::Clean
     }
 
-    /// Claims the restoring of this node's counters (true once per needed repair).
-    pub(crate) fn claim_repair(&self) -> bool {
+    /// Claims the restoring of this node's counters (once per needed repair): the repair's
+    /// epoch, which [`finish_repair`](Self::finish_repair) must present.
+    pub(crate) fn claim_repair(&self) -> Option<u64> {
         if !self.suspect.load(Ordering::Acquire) {
-            return false;
+            return None;
         }
         let mut health = lock(&self.health);
         if health.repair == Repair::Needed {
             health.repair = Repair::Running;
-            true
+            Some(health.repair_epoch)
         } else {
-            false
+            None
         }
     }
 
-    /// Ends a repair: clean on success, to be claimed again on failure.
-    pub(crate) fn finish_repair(&self, ok: bool) {
+    /// Whether the repair claimed with `epoch` is still the one to do (the node has not
+    /// restarted again since).
+    pub(crate) fn repair_current(&self, epoch: u64) -> bool {
+        let health = lock(&self.health);
+        health.repair == Repair::Running && health.repair_epoch == epoch
+    }
+
+    /// Ends the repair claimed with `epoch`: clean on success, to be claimed again on failure.
+    /// Ignored when the node restarted again since the claim (that restart needs a repair of
+    /// its own).
+    pub(crate) fn finish_repair(&self, epoch: u64, ok: bool) {
         let mut health = lock(&self.health);
-        if health.repair == Repair::Running {
+        if health.repair == Repair::Running && health.repair_epoch == epoch {
             health.repair = if ok { Repair::Clean } else { Repair::Needed };
         }
         self.settle(&health);
     }
 
-    /// Every fencing counter on this node: `(counter key, value)`, read with `SCAN` + `MGET`.
-    pub(crate) async fn fence_counters(
+    /// How many restarts (run id changes) of this node this client has seen.
+    pub(crate) fn incarnation(&self) -> u64 {
+        self.incarnation.load(Ordering::Acquire)
+    }
+
+    /// One page of a `SCAN` for fencing counters, from `cursor`: the next cursor (0 when the
+    /// scan is complete) and the page's counters, `(counter key, value)` (`SCAN ... COUNT
+    /// count` then one `MGET`), bounded by `timeout`.
+    pub(crate) async fn fence_counters_page(
         self: &Arc<Self>,
-        deadline: Instant,
-    ) -> Result<Vec<(Vec<u8>, u64)>, NodeError> {
+        cursor: u64,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<(u64, Vec<(Vec<u8>, u64)>), NodeError> {
         let read = async {
             let (mut conn, generation) = self.connection().await?;
-            let mut counters = Vec::new();
-            let mut cursor = 0u64;
-            loop {
-                let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(scripts::FENCE_PATTERN)
-                    .arg("COUNT")
-                    .arg(1000)
+            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(scripts::FENCE_PATTERN)
+                .arg("COUNT")
+                .arg(count)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.call_error(e, generation))?;
+            let mut counters = Vec::with_capacity(keys.len());
+            if !keys.is_empty() {
+                let values: Vec<Option<String>> = redis::cmd("MGET")
+                    .arg(&keys)
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| self.call_error(e, generation))?;
-                if !keys.is_empty() {
-                    let values: Vec<Option<String>> = redis::cmd("MGET")
-                        .arg(&keys)
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(|e| self.call_error(e, generation))?;
-                    counters.extend(
-                        keys.into_iter()
-                            .zip(values)
-                            .filter_map(|(k, v)| Some((k, v?.parse().ok()?))),
-                    );
-                }
-                if next == 0 {
-                    return Ok(counters);
-                }
-                cursor = next;
+                counters.extend(
+                    keys.into_iter()
+                        .zip(values)
+                        .filter_map(|(k, v)| Some((k, v?.parse().ok()?))),
+                );
             }
+            Ok((next, counters))
         };
-        tokio::time::timeout_at(deadline, read)
+        tokio::time::timeout(timeout, read)
             .await
-            .unwrap_or_else(|_| Err(NodeError::Timeout(self.connect_timeout)))
+            .unwrap_or(Err(NodeError::Timeout(timeout)))
     }
 
-    /// Raises this node's counters to at least the given values.
+    /// Raises this node's counters to at least the given values, in one pipeline of `EVALSHA`s
+    /// bounded by `timeout`. A `NOSCRIPT` reply (the node's script cache was flushed) loads the
+    /// script and sends the pipeline again: raising is idempotent.
     pub(crate) async fn raise_counters(
         self: &Arc<Self>,
         counters: &[(Vec<u8>, u64)],
-        deadline: Instant,
+        timeout: Duration,
     ) -> Result<(), NodeError> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for (key, value) in counters {
+            pipe.cmd("EVALSHA")
+                .arg(scripts::RAISE_COUNTER.script().get_hash())
+                .arg(1)
+                .arg(key)
+                .arg(*value);
+        }
         let write = async {
             let (mut conn, generation) = self.connection().await?;
-            for chunk in counters.chunks(1000) {
-                let mut pipe = redis::pipe();
-                for (key, value) in chunk {
-                    pipe.cmd("EVALSHA")
-                        .arg(scripts::RAISE_COUNTER.script().get_hash())
-                        .arg(1)
-                        .arg(key)
-                        .arg(*value)
-                        .ignore();
-                }
-                pipe.query_async::<()>(&mut conn)
+            let mut loaded = false;
+            loop {
+                let replies: Vec<Value> = pipe
+                    .query_async(&mut conn)
                     .await
                     .map_err(|e| self.call_error(e, generation))?;
+                let error = replies.into_iter().find_map(|v| match v {
+                    Value::ServerError(e) => Some(e),
+                    _ => None,
+                });
+                match error {
+                    None => return Ok(()),
+                    Some(e) if !loaded && e.kind() == Some(redis::ServerErrorKind::NoScript) => {
+                        tracing::debug!(node = %self.name, "NOSCRIPT while raising counters; loading the script");
+                        redis::cmd("SCRIPT")
+                            .arg("LOAD")
+                            .arg(scripts::RAISE_COUNTER.code())
+                            .query_async::<String>(&mut conn)
+                            .await
+                            .map_err(|e| self.call_error(e, generation))?;
+                        loaded = true;
+                    }
+                    Some(e) => return Err(NodeError::from_redis(e.into())),
+                }
             }
-            Ok(())
         };
-        tokio::time::timeout_at(deadline, write)
+        tokio::time::timeout(timeout, write)
             .await
-            .unwrap_or_else(|_| Err(NodeError::Timeout(self.connect_timeout)))
+            .unwrap_or(Err(NodeError::Timeout(timeout)))
     }
 
     /// The connect timeout, which also bounds each step of a repair.
@@ -755,17 +796,38 @@ impl Node {
         .shared()
     }
 
-    /// Connects, loads every script and reads `run_id` / `uptime_in_seconds` in one round trip.
-    async fn connect(&self) -> Result<MultiplexedConnection, NodeError> {
+    /// Opens a new connection to this node, bounded by the connect timeout: the one way the
+    /// crate connects to a node, for the lock's own connection and for the side connections of
+    /// elections and run-once jobs. `client` carries what the builder configured (certificates
+    /// for `rediss://`, TCP keepalive and user timeout; see `RedlockBuilder::open_client`), and
+    /// every connection gets the same [`AsyncConnectionConfig`].
+    pub(crate) async fn open_connection(&self) -> Result<MultiplexedConnection, NodeError> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(None)
             .set_pipeline_buffer_size(QUEUE);
-        let mut conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
+        tokio::time::timeout(
+            self.connect_timeout,
+            self.client
+                .get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        .map_err(|_| NodeError::Timeout(self.connect_timeout))?
+        .map_err(|e| self.connect_error(e))
+    }
+
+    /// Opens a new pub/sub connection to this node, with the same client (certificates, TCP
+    /// settings) as [`open_connection`](Self::open_connection), bounded by the connect timeout.
+    pub(crate) async fn open_pubsub(&self) -> Result<redis::aio::PubSub, NodeError> {
+        tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub())
             .await
-            .map_err(|e| self.connect_error(e))?;
+            .map_err(|_| NodeError::Timeout(self.connect_timeout))?
+            .map_err(|e| self.connect_error(e))
+    }
+
+    /// Connects, loads every script and reads `run_id` / `uptime_in_seconds` in one round trip.
+    async fn connect(&self) -> Result<MultiplexedConnection, NodeError> {
+        let mut conn = self.open_connection().await?;
         let mut pipe = redis::pipe();
         pipe.cmd("INFO").arg("server");
         pipe.cmd("INFO").arg("persistence");
@@ -850,6 +912,9 @@ impl Node {
             Some(previous) if *previous == run_id => Meeting::Same,
             Some(_) => Meeting::Restarted,
         };
+        if meeting == Meeting::Restarted {
+            self.incarnation.fetch_add(1, Ordering::AcqRel);
+        }
         let durable_before = (meeting == Meeting::Restarted).then_some(health.durable);
         let survived = data_survived(fsync_always, marker.as_deref(), &run_id, durable_before);
         let (hold, repair) = restart_verdict(self.guard, meeting, survived);
@@ -875,6 +940,7 @@ impl Node {
         // expire) may be gone too; restore them from the other nodes before it counts again.
         if repair {
             health.repair = Repair::Needed;
+            health.repair_epoch += 1;
             self.suspect.store(true, Ordering::Release);
         }
         if meeting == Meeting::Restarted && survived {

@@ -60,8 +60,8 @@ pub(crate) struct Inner {
     pub(crate) nodes: Vec<Arc<Node>>,
     pub(crate) cfg: RedlockBuilder,
     max_ttl: Arc<MaxTtl>,
-    /// Background releases, the unanswered part of releases and extensions, and repairs, so
-    /// `flush` can wait for them.
+    /// Background releases and the unanswered part of releases and extensions, so `flush` can
+    /// wait for them. (Repairs run on their own until done: see `repair.rs`.)
     pub(crate) tasks: TaskTracker,
     /// Finished rounds' unanswered calls, kept (unpolled) until their deadline so that the
     /// queued commands are written: much cheaper than a task per round (see `Redlock::settle`).

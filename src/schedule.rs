@@ -348,6 +348,9 @@ impl RunOnce {
                 reason,
             })
         };
+        // The side connections (tick markers) connect while the lock is taken: a first connect
+        // (a TLS handshake) may take longer than the node timeout a marker read waits.
+        self.sidecar.warm_up();
         let lock = match self.take_lock().await {
             Ok(lock) => lock,
             Err(e) if e.is_held() => {

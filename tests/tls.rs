@@ -6,11 +6,15 @@ mod support;
 use std::time::Duration;
 
 use quorumlock::testkit::{RedisServer, ServerOptions};
-use quorumlock::{Error, Redlock};
+use quorumlock::{Election, Error, Outcome, Redlock, RunOnce, SkipReason};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use support::*;
 
 const TTL: Duration = Duration::from_secs(30);
+/// Room for TLS handshakes (mutual ones included) on a busy machine: a debug build's handshake
+/// can take longer than the plain tests' [`NODE_TIMEOUT`]. These tests pin certificates, not
+/// speed.
+const TLS_NODE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A private CA with a server certificate for 127.0.0.1 and a client certificate, as PEM files.
 struct Pki {
@@ -72,6 +76,18 @@ impl Pki {
     }
 }
 
+impl Pki {
+    /// A lock client for `servers` trusting the CA and presenting the client certificate.
+    fn client(&self, servers: &[RedisServer]) -> Redlock {
+        Redlock::builder(tls_urls(servers))
+            .node_timeout(TLS_NODE_TIMEOUT)
+            .tls_root_certificate(self.ca.as_bytes())
+            .tls_client_certificate(self.client_cert.as_bytes(), self.client_key.as_bytes())
+            .build()
+            .unwrap()
+    }
+}
+
 fn tls_urls(servers: &[RedisServer]) -> Vec<String> {
     servers.iter().map(|s| s.tls_url().unwrap()).collect()
 }
@@ -84,7 +100,7 @@ async fn t10_rediss_nodes_signed_by_a_private_ca() {
     let pki = Pki::new();
     let servers = pki.servers(3, false);
     let locks = Redlock::builder(tls_urls(&servers))
-        .node_timeout(NODE_TIMEOUT)
+        .node_timeout(TLS_NODE_TIMEOUT)
         .tls_root_certificate(pki.ca.as_bytes())
         .build()
         .unwrap();
@@ -103,7 +119,7 @@ async fn t10_rediss_nodes_signed_by_a_private_ca() {
     lock.release().await.expect("release over TLS");
 
     let untrusting = Redlock::builder(tls_urls(&servers))
-        .node_timeout(NODE_TIMEOUT)
+        .node_timeout(TLS_NODE_TIMEOUT)
         .build()
         .unwrap();
     let err = untrusting.try_acquire("job", TTL).await.unwrap_err();
@@ -128,7 +144,7 @@ async fn t11_mutual_tls() {
     let servers = pki.servers(3, true);
     let builder = || {
         Redlock::builder(tls_urls(&servers))
-            .node_timeout(NODE_TIMEOUT)
+            .node_timeout(TLS_NODE_TIMEOUT)
             .tls_root_certificate(pki.ca.as_bytes())
     };
     let anonymous = builder().build().unwrap();
@@ -144,4 +160,68 @@ async fn t11_mutual_tls() {
         .await
         .expect("acquire with a client certificate");
     lock.release().await.expect("release");
+}
+
+/// The election's own connections (leader record, pub/sub announcements) use the lock
+/// client's certificates: against mutual-TLS nodes signed by a private CA, a campaign leads and
+/// writes its leader record on a quorum, and the leader is read back (issue 12, item 9).
+#[tokio::test]
+async fn t12_election_writes_its_leader_record_over_mutual_tls() {
+    let pki = Pki::new();
+    let servers = pki.servers(3, true);
+    let locks = pki.client(&servers);
+    let plain: Vec<String> = servers.iter().map(RedisServer::url).collect();
+
+    let election = Election::builder(locks.clone(), "tls-e")
+        .ttl(TTL)
+        .candidate("alpha")
+        .build()
+        .unwrap();
+    let leadership = tokio::time::timeout(WAIT, election.campaign())
+        .await
+        .expect("leads within the wait")
+        .expect("campaign");
+    let record = "quorumlock:{tls-e}:leader";
+    let written = plain
+        .iter()
+        .filter(|u| {
+            redis::cmd("GET")
+                .arg(record)
+                .query::<Option<String>>(&mut conn(u))
+                .expect("GET")
+                .is_some()
+        })
+        .count();
+    assert!(written >= 2, "leader record on {written} of 3 nodes");
+    let leader = election.leader().await.expect("leader read over TLS");
+    assert_eq!(
+        leader.and_then(|l| l.candidate).as_deref(),
+        Some("alpha"),
+        "the leader read back over TLS"
+    );
+    leadership.resign().await.expect("resign over TLS");
+}
+
+/// A run-once job runs its tick over mutual TLS and marks it; the same tick is then skipped as
+/// already run (the marker read back over TLS) (issue 12, item 9).
+#[tokio::test]
+async fn t13_run_once_ticks_over_mutual_tls() {
+    let pki = Pki::new();
+    let servers = pki.servers(3, true);
+    let locks = pki.client(&servers);
+    let job = RunOnce::builder(locks, "tls-job")
+        .ttl(TTL)
+        .marker_ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let outcome = job.run(1, |ctx| async move { ctx.token() }).await.unwrap();
+    let Outcome::Ran { marked, .. } = &outcome else {
+        panic!("the tick did not run over TLS: {outcome:?}")
+    };
+    assert!(*marked, "tick marker written over TLS: {outcome:?}");
+    let again = job.run(1, |_| async { unreachable!() }).await.unwrap();
+    assert!(
+        matches!(again.skip_reason(), Some(SkipReason::AlreadyRan { .. })),
+        "{again:?}"
+    );
 }
