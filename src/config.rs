@@ -282,6 +282,7 @@ impl RedlockBuilder {
     /// (Feature `tls`.) Trusts this CA certificate (PEM) for `rediss://` nodes, in place of the
     /// system's root certificates: for Redis servers with certificates from a private CA.
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls
             .get_or_insert(redis::TlsCertificates {
@@ -295,6 +296,7 @@ impl RedlockBuilder {
     /// (Feature `tls`.) Presents this client certificate and private key (both PEM) to
     /// `rediss://` nodes that require mutual TLS (`tls-auth-clients yes`).
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_client_certificate(
         mut self,
         cert_pem: impl Into<Vec<u8>>,

@@ -1059,6 +1059,7 @@ impl Election {
     /// lock's state and computed its next attempt: a resign announced after this resolves
     /// wakes it (if its subscriptions are up).
     #[cfg(feature = "testkit")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
     #[doc(hidden)]
     pub async fn wait_standing_by(&self, n: u64) {
         let mut rx = self.inner.standbys.subscribe();
@@ -1068,6 +1069,7 @@ impl Election {
     /// How many times campaigns on this election have gone back to standing by (see
     /// [`wait_standing_by`](Self::wait_standing_by)).
     #[cfg(feature = "testkit")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
     #[doc(hidden)]
     pub fn standing_by_count(&self) -> u64 {
         *self.inner.standbys.borrow()

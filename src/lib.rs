@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::print_stdout, clippy::print_stderr))]
 
 mod clock;
@@ -19,6 +20,7 @@ mod repair;
 mod schedule;
 mod scripts;
 #[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
 
 pub use config::{EvictionGuard, EvictionRisk, RedlockBuilder, RestartGuard};
