@@ -185,7 +185,8 @@ pub enum NodeError {
     /// The node restarted (or started) less than the maximum ttl ago and may have lost lock keys;
     /// it is kept out of every quorum until `remaining` has passed.
     #[error(
-        "held out of quorums for {remaining:?} more: it (re)started less than the max ttl ago and may have lost lock keys (delayed-restart rule)"
+        "held out of quorums for {} more: it (re)started less than the max ttl ago and may have lost lock keys (delayed-restart rule)",
+        humanize(*.remaining)
     )]
     HeldOut {
         /// How long until the node counts again.

@@ -206,7 +206,12 @@ impl LockState {
 ///     _ = lock.lost() => eprintln!("lost the lock; stopping"),
 ///     _ = tokio::time::sleep(Duration::from_secs(60)) => {} // long work
 /// }
-/// lock.release().await?;
+/// match lock.release().await {
+///     // `Err(Lost)` after a loss: already handled above (or lost just after the work, which
+///     // the fencing token covers); the keys still ours are deleted anyway.
+///     Ok(()) | Err(quorumlock::Error::Lost { .. }) => {}
+///     Err(e) => eprintln!("release incomplete, the rest expires with the ttl: {e}"),
+/// }
 /// # Ok(()) }
 /// ```
 #[must_use = "dropping the lock releases it at once (in the background); call .release().await to see the result"]

@@ -43,7 +43,11 @@ use crate::scripts::{self, ScriptCall};
 ///     Ok(lock) => {
 ///         println!("token {} valid for {:?}", lock.token(), lock.validity());
 ///         // ... do the work, stamping writes with lock.token() ...
-///         lock.release().await?;
+///         if let Err(e) = lock.release().await {
+///             // `Lost`: the work outlived the validity (the fencing token guarded its writes);
+///             // `NoQuorum`: the keys the release missed expire with the ttl.
+///             tracing::warn!("{e}");
+///         }
 ///     }
 ///     Err(e) if e.is_held() => { /* another instance is doing it: skip quietly */ }
 ///     Err(e) => tracing::warn!("lock service degraded: {e}"),

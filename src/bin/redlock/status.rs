@@ -20,15 +20,22 @@ pub(crate) async fn status(locks: Redlock, key: &str) -> u8 {
     }
 }
 
-/// The status of one key as a few readable lines: a summary, then one line per node.
+/// The status of one key as a few readable lines: a summary, then one line per node, and under a
+/// node whose memory policy can evict keys (or could not be read) an `eviction:` line. As printed
+/// for a key held on 4 of 5 nodes, one node down and one with `maxmemory-policy volatile-lru`:
 ///
 /// ```text
-/// key "job": held by 5d1c… on 4 of 5 nodes (quorum 3); highest fencing counter 7
-///   redis://127.0.0.1:7001  held by 5d1c…  ttl 29.8s  fence 7
-///   redis://127.0.0.1:7003  unreachable: connection refused
-///   redis://127.0.0.1:7004  held by 5d1c…  ttl 29.8s  fence 7
+/// key "nightly": held by 53bf2490b8500e41cb3cfb366b473e3a on 4 of 5 nodes (quorum 3, 4 answered); highest fencing counter 1
+///   redis://127.0.0.1:7001  held by 53bf2490b8500e41cb3cfb366b473e3a  ttl  28.494s  fence 1
+///   redis://127.0.0.1:7002  unreachable: connection refused
+///   redis://127.0.0.1:7003  held by 53bf2490b8500e41cb3cfb366b473e3a  ttl  28.494s  fence 1
 ///                             eviction: maxmemory-policy volatile-lru with maxmemory set: lock keys can be evicted before they expire
+///   redis://127.0.0.1:7004  held by 53bf2490b8500e41cb3cfb366b473e3a  ttl  28.492s  fence 1
+///   redis://127.0.0.1:7005  held by 53bf2490b8500e41cb3cfb366b473e3a  ttl  28.495s  fence 1
 /// ```
+///
+/// A free node reads `free` padded to the same column, then `fence N`; the summary says `free
+/// (no owner holds it on a quorum)` or `unknown (...)` when no value holds a quorum.
 pub(crate) fn render(status: &LockStatus) -> String {
     let mut out = String::new();
     let nodes = status.nodes.len();
