@@ -120,13 +120,7 @@ async fn strict_mode_keeps_nodes_that_cannot_evict() {
         .unwrap();
     let lock = strict.try_acquire(KEY, TTL).await.expect("acquire");
     let status = strict.status(KEY).await.unwrap();
-    assert!(
-        status
-            .nodes
-            .iter()
-            .all(|n| n.eviction == EvictionRisk::None),
-        "{status:?}"
-    );
+    assert_every_node(&status, EvictionRisk::None);
     lock.release().await.unwrap();
 }
 
@@ -144,13 +138,7 @@ async fn a_node_without_config_get_reports_an_unknown_risk_and_still_counts() {
     let lock = strict.try_acquire(KEY, TTL).await.expect("acquire");
     let status = strict.status(KEY).await.unwrap();
     assert_eq!(status.answered(), 3, "{status:?}");
-    assert!(
-        status
-            .nodes
-            .iter()
-            .all(|n| n.eviction == EvictionRisk::Unknown),
-        "{status:?}"
-    );
+    assert_every_node(&status, EvictionRisk::Unknown);
     lock.release().await.unwrap();
 }
 
@@ -202,4 +190,12 @@ async fn the_eviction_warning_names_node_and_policy_once_per_node() {
             "{line}"
         );
     }
+}
+
+/// Every node of `status` reports `risk`.
+fn assert_every_node(status: &quorumlock::LockStatus, risk: EvictionRisk) {
+    assert!(
+        status.nodes.iter().all(|n| n.eviction == risk),
+        "every node should report {risk:?}: {status:?}"
+    );
 }

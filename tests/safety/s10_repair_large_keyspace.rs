@@ -112,13 +112,7 @@ async fn repair_completes_on_a_large_keyspace_paced_and_after_script_flush() {
         "the repair raised counters before the script flush: the NOSCRIPT path is not exercised"
     );
 
-    wait_until(REPAIR_WAIT, "node 0's counters restored", || async {
-        // Rounds go on meanwhile (the client schedules repairs around them).
-        let _ = locks.status("k0").await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        dbsize(&urls[0]) >= KEYS
-    })
-    .await;
+    wait_restored(&locks, &urls[0], KEYS).await;
     assert_eq!(
         counters_behind(&urls[0], KEYS, 1),
         0,
@@ -193,18 +187,23 @@ async fn a_peer_restarting_mid_pass_is_read_again_from_its_start() {
         pages_read < KEYS / 1000 / 2,
         "node 1 restarted after {pages_read} pages: not in the middle of its pass"
     );
-    wait_until(REPAIR_WAIT, "node 0's counters restored", || async {
-        // Rounds go on meanwhile (the client schedules repairs around them).
-        let _ = locks.status("k0").await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        dbsize(&urls[0]) >= KEYS
-    })
-    .await;
+    wait_restored(&locks, &urls[0], KEYS).await;
     assert_eq!(
         counters_behind(&urls[0], KEYS, 2),
         0,
         "every counter restored to node 1's (higher) value"
     );
+}
+
+/// Waits until node `url` holds `keys` counters again, while rounds go on (the client schedules
+/// repairs around them).
+async fn wait_restored(locks: &quorumlock::Redlock, url: &str, keys: u64) {
+    wait_until(REPAIR_WAIT, "node 0's counters restored", || async {
+        let _ = locks.status("k0").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        dbsize(url) >= keys
+    })
+    .await;
 }
 
 /// Used CPU seconds (user + sys) of one node, from `INFO cpu`.
