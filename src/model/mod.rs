@@ -259,8 +259,13 @@ pub(crate) struct Round {
 #[derive(Debug, Clone, Hash, PartialEq, Eq)]
 pub(crate) enum Phase {
     /// Not holding, not trying; may start an attempt `wait` seconds from now or later.
-    Idle { wait: u8 },
-    Acquire { val: Val, round: Round },
+    Idle {
+        wait: u8,
+    },
+    Acquire {
+        val: Val,
+        round: Round,
+    },
     /// Raising the fencing counters of the yes-nodes below `max`; `at_max` stood at it.
     Raise {
         val: Val,
@@ -271,7 +276,9 @@ pub(crate) enum Phase {
         round: Round,
     },
     Hold,
-    Extend { round: Round },
+    Extend {
+        round: Round,
+    },
 }
 
 /// A held lock (`guard.rs` `LockState`).
@@ -342,21 +349,38 @@ pub(crate) struct State {
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub(crate) enum Action {
     /// One second of real time; clients in the `stall` mask do not see it.
-    Tick { stall: u8 },
+    Tick {
+        stall: u8,
+    },
     Start(u8),
     /// Node `n` applies the oldest request from client `c`, and the client reads the reply.
-    Deliver { c: u8, n: u8 },
+    Deliver {
+        c: u8,
+        n: u8,
+    },
     /// Node `n` applies the oldest request from client `c`, then the connection breaks: the
     /// reply and the requests queued behind are lost, the call fails.
-    DeliverLoseReply { c: u8, n: u8 },
+    DeliverLoseReply {
+        c: u8,
+        n: u8,
+    },
     /// Client `c`'s round gives up on its unanswered nodes.
     Timeout(u8),
     Extend(u8),
     Release(u8),
-    Repair { c: u8, n: u8 },
-    Disconnect { c: u8, n: u8 },
+    Repair {
+        c: u8,
+        n: u8,
+    },
+    Disconnect {
+        c: u8,
+        n: u8,
+    },
     Crash(u8),
-    Restart { n: u8, empty: bool },
+    Restart {
+        n: u8,
+        empty: bool,
+    },
     JumpClock(u8),
     Evict(u8),
     /// Faults stop (liveness configurations).
@@ -525,11 +549,8 @@ impl Redlock {
     }
 
     fn retry_later(&self, s: &mut State, c: usize) {
-        let delay = quorum::retry_delay(
-            secs(self.cfg.retry_base),
-            secs(self.cfg.retry_jitter),
-            0.0,
-        );
+        let delay =
+            quorum::retry_delay(secs(self.cfg.retry_base), secs(self.cfg.retry_jitter), 0.0);
         let wait = u8::try_from(delay.as_secs()).unwrap_or(u8::MAX);
         s.clients[c].phase = Phase::Idle { wait };
     }
@@ -664,15 +685,10 @@ impl Redlock {
                 let rid = s.clients[c].rid;
                 let answers = (0..self.cfg.nodes)
                     .map(|n| match yes.iter().find(|&&(m, _)| m == n) {
-                        Some(&(_, k)) if k < max => (!self.send(
-                            s,
-                            c,
-                            n,
-                            rid,
-                            Op::RaiseFence(val, max),
-                            true,
-                        ))
-                        .then_some(Ans::Failed),
+                        Some(&(_, k)) if k < max => {
+                            (!self.send(s, c, n, rid, Op::RaiseFence(val, max), true))
+                                .then_some(Ans::Failed)
+                        }
                         // Not asked.
                         _ => Some(Ans::No(None)),
                     })
@@ -743,7 +759,12 @@ impl Redlock {
     // fix (a quorum reached after the deadline is Lost(Expired)) unless the mutant is on.
     fn extend_verdict(&self, s: &mut State, c: usize, round: &Round, t: &Tally, v: Verdict) {
         s.clients[c].phase = Phase::Hold;
-        let late = s.clients[c].lock.as_ref().expect("holding").deadline.is_zero();
+        let late = s.clients[c]
+            .lock
+            .as_ref()
+            .expect("holding")
+            .deadline
+            .is_zero();
         if late && !self.cfg.mutants.late_extension_ok {
             if v == Verdict::Refused {
                 self.check_refused(s, &round.answers, t, false);
@@ -947,6 +968,8 @@ impl Redlock {
                 {
                     out.push(Action::Timeout(c as u8));
                 }
+                // A user whose lock is lost lets it go (and tries again).
+                Phase::Hold if !self.valid(s, c) => out.push(Action::Release(c as u8)),
                 _ => {}
             }
         }
@@ -1092,12 +1115,11 @@ impl Model for Redlock {
         let quiet = self.quiet(s);
         for c in 0..cfg.clients {
             let client = &s.clients[c];
-            if let (Phase::Hold, Some(lock)) = (&client.phase, &client.lock) {
+            if let (Phase::Hold, Some(lock)) = (&client.phase, &client.lock)
+                && self.valid(s, c)
+            {
                 // Lock::extend: refused before any call once the deadline has passed.
-                if lock.extensions < cfg.extensions
-                    && !lock.lost
-                    && !lock.deadline.is_zero()
-                {
+                if lock.extensions < cfg.extensions && !lock.lost && !lock.deadline.is_zero() {
                     out.push(Action::Extend(c as u8));
                 }
                 out.push(Action::Release(c as u8));
@@ -1238,14 +1260,17 @@ impl Model for Redlock {
             Property::always("ok extension means no gap", |_, s: &State| {
                 !s.flags.ok_after_gap
             }),
-            Property::always("is_lost never returns to false", |m: &Redlock, s: &State| {
-                (0..m.cfg.clients).all(|c| {
-                    s.clients[c]
-                        .lock
-                        .as_ref()
-                        .is_none_or(|l| !l.ever_lost || !m.valid(s, c))
-                })
-            }),
+            Property::always(
+                "is_lost never returns to false",
+                |m: &Redlock, s: &State| {
+                    (0..m.cfg.clients).all(|c| {
+                        s.clients[c]
+                            .lock
+                            .as_ref()
+                            .is_none_or(|l| !l.ever_lost || !m.valid(s, c))
+                    })
+                },
+            ),
             Property::always(
                 "held only when the refusals alone forbid a quorum",
                 |_, s: &State| !s.flags.held_with_too_few_refusals,
@@ -1260,8 +1285,8 @@ impl Model for Redlock {
                         ticks <= m.cfg.live_within
                             || s.seen.held_in_quiet
                             // nobody wants the lock any more (attempt budgets spent)
-                            || s.clients.iter().all(|c| {
-                                c.attempts >= m.cfg.attempts && c.lock.is_none()
+                            || (0..m.cfg.clients).all(|c| {
+                                s.clients[c].attempts >= m.cfg.attempts && !m.valid(s, c)
                             })
                     }
                     None => true,

@@ -166,10 +166,7 @@ fn step(m: &Redlock, tm: &Times, before: &State, action: Action, after: &State) 
                 "with its data"
             }
         ),
-        Action::JumpClock(n) => format!(
-            "{t} n{n}'s clock JUMPS {}s forward",
-            m.cfg.jump
-        ),
+        Action::JumpClock(n) => format!("{t} n{n}'s clock JUMPS {}s forward", m.cfg.jump),
         Action::Evict(n) => format!("{t} n{n} EVICTS the lock key"),
         Action::Quiet => format!("{t} faults stop"),
     }
@@ -246,10 +243,8 @@ fn events(m: &Redlock, tm: &Times, before: &State, action: Action, after: &State
                 tm.clock(c)
             ));
         }
-        let failed = matches!(
-            b.phase,
-            Phase::Acquire { .. } | Phase::Raise { .. }
-        ) && matches!(a.phase, Phase::Idle { .. })
+        let failed = matches!(b.phase, Phase::Acquire { .. } | Phase::Raise { .. })
+            && matches!(a.phase, Phase::Idle { .. })
             && a.lock.is_none();
         if failed {
             ev.push(format!(
@@ -271,7 +266,9 @@ fn events(m: &Redlock, tm: &Times, before: &State, action: Action, after: &State
         ev.push("VIOLATION: Held/NotOwner while the refusals alone allow a quorum".to_owned());
     }
     if !fb.held_on_split_vote && fa.held_on_split_vote {
-        ev.push("VIOLATION: Held on a split vote (no value on a quorum, nothing failed)".to_owned());
+        ev.push(
+            "VIOLATION: Held on a split vote (no value on a quorum, nothing failed)".to_owned(),
+        );
     }
     let holders = |s: &State| (0..m.cfg.clients).filter(|&c| m.valid(s, c)).count();
     if holders(before) <= 1 && holders(after) > 1 {

@@ -1,10 +1,10 @@
 //! Regression tests for the safety review (issue 12): one module per finding, each named so
 //! `docs/safety.md` can point to it. Every test here failed on the code before its fix.
 
-#[path = "../support/mod.rs"]
-mod support;
 #[path = "../support/proxy.rs"]
 mod proxy;
+#[path = "../support/mod.rs"]
+mod support;
 
 mod s01_late_extension;
 mod s02_durable_but_empty;
