@@ -20,6 +20,7 @@ const LIVE: &str = "liveness: after faults stop some client acquires";
 const BOTH: &str = "coverage: both clients acquired";
 const CYCLE: &str = "coverage: acquire, extend, release by both";
 const REPAIRED: &str = "coverage: a restarted node repaired";
+const ONE_CYCLE: &str = "coverage: one client acquired, extended and released";
 
 /// The safety properties every correct configuration must keep.
 const SAFETY: [&str; 4] = [MUTEX, FENCE, GAP, LOST];
@@ -167,6 +168,10 @@ fn expect_counterexample(label: &str, cfg: Config, prop: &'static str) -> usize 
 fn bounded_delays_and_timeouts() {
     let r = assert_safe_to("bounded delays", Config::base(), env("DEPTH", 12).into());
     assert!(r.found.contains_key(BOTH), "never reached two acquisitions");
+    assert!(
+        r.found.contains_key(ONE_CYCLE),
+        "never reached acquire, extend, release"
+    );
 }
 
 /// A node crash, restarting empty or with its data, under the restart guard.
@@ -404,7 +409,7 @@ fn deep(label: &str, cfg: Config, depth: usize) {
     assert_safe(&r, &SAFETY);
     println!(
         "[{label}] coverage: {:?}",
-        [BOTH, CYCLE, REPAIRED]
+        [BOTH, ONE_CYCLE, CYCLE, REPAIRED]
             .iter()
             .filter(|p| r.found.contains_key(*p))
             .collect::<Vec<_>>()

@@ -1301,6 +1301,10 @@ impl Model for Redlock {
                     s.seen.granted == 0b11 && s.seen.extended == 0b11 && s.seen.released == 0b11
                 },
             ),
+            Property::sometimes(
+                "coverage: one client acquired, extended and released",
+                |_, s: &State| s.seen.granted & s.seen.extended & s.seen.released != 0,
+            ),
             Property::sometimes("coverage: a restarted node repaired", |_, s: &State| {
                 s.seen.repaired
             }),
