@@ -3,11 +3,11 @@
 //! steps, checked against the safety properties of `docs/verification.md`.
 //!
 //! It is written with stateright's plain [`Model`] trait rather than its actor framework: the
-//! model owns the whole state (nodes, clients, one FIFO request queue per connection (a reply is read when the node applies the call), the
-//! real time and each client's clock) and every step is one explicit [`Action`]. That keeps the
-//! state small (no actor timers or envelopes, no per-message ids), lets time be a step of its own
-//! (clocks that stall, keys that expire on the node's clock) and lets the trace printer name each
-//! step as the library would log it.
+//! model owns the whole state (nodes, clients, one FIFO request queue per connection, the real
+//! time and each client's clock) and every step is one explicit [`Action`]; a reply is read when
+//! the node applies the call. That keeps the state small (no actor timers or envelopes, no
+//! per-message ids), lets time be a step of its own (clocks that stall, keys that expire on the
+//! node's clock) and lets the trace printer name each step as the library would log it.
 //!
 //! **What is the library's own code.** Every decision the library takes in a pure function is
 //! called here, not copied: [`quorum::quorum`], [`quorum::drift`], [`quorum::validity`],
@@ -22,7 +22,8 @@
 //! the drift bound of the base configuration (`ttl * drift_factor` = 1.02 s), two break it.
 //!
 //! **Faults**, all optional steps that the checker interleaves everywhere: a connection breaking
-//! (its queued requests and replies are lost; the client reconnects and re-reads the run id), a
+//! (its queued requests, or the reply of the call just applied, are lost; the client reconnects
+//! and re-reads the run id), a
 //! node crashing and restarting (with its data or empty), a node's clock jumping forward, the
 //! eviction of a lock key, and a client that pauses (every client step is optional at every tick,
 //! so a client may stop anywhere for any time: between its verdict and acting on it, with calls
