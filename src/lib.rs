@@ -13,6 +13,8 @@ mod fencing_model;
 mod guard;
 mod lease;
 mod metrics;
+#[cfg(test)]
+mod model;
 mod node;
 mod quorum;
 mod redlock;

@@ -1019,7 +1019,7 @@ async fn durability_marker(conn: &mut MultiplexedConnection, run_id: &str) -> Op
 /// asked at (x+1).01 s). The node's age is only known to be above `uptime - 1 s`: that is what
 /// the hold-out counts from. (Taking `uptime` at face value let a restarted node count up to a
 /// second early: with a 1 s ttl, at once, and the chaos suite saw the overlap.)
-fn hold_out_for(uptime: Duration, max_ttl: Duration) -> Option<Duration> {
+pub(crate) fn hold_out_for(uptime: Duration, max_ttl: Duration) -> Option<Duration> {
     let age = uptime.saturating_sub(Duration::from_secs(1));
     max_ttl.checked_sub(age).filter(|d| !d.is_zero())
 }
