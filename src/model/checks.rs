@@ -215,28 +215,44 @@ fn bounded_durable_nodes_restarting_empty() {
     assert_safe_to("bounded durable", cfg, env("DEPTH", 10).into());
 }
 
-// ---- findings in today's library code (issue 12 items 6 and 7) -------------------------------
+// ---- the library's verdicts (issue 12 items 6 and 7: findings, fixed) -----------------------
 
-/// `Held` only when the refusals alone forbid a quorum. Fails on today's `Tally::verdict` (one
-/// refusal and one failure of three is `Refused`, reported as `Held`).
+/// `Held` only when the refusals alone forbid a quorum, checked against the library's
+/// `Tally::verdict`. Failed before issue 12 item 6's fix (one refusal and one failure of three
+/// was `Refused`, reported as `Held`).
 #[test]
-#[ignore = "fails until issue 12 item 6 is fixed in Tally::verdict"]
 fn held_only_when_the_refusals_alone_forbid_a_quorum() {
-    let r = run("library held", Config::base(), &[HELD]);
+    // Today's rule fails in 7 steps (`mutant_old_verdict_is_caught`): checked two steps past it.
+    let r = run_to(
+        "library held",
+        Config::base(),
+        &[HELD],
+        Some(env("DEPTH", 9).into()),
+    );
     assert_safe(&r, &[HELD]);
 }
 
-/// A split vote (no value on a quorum, nothing failed) is contention, not `Held`. Fails on
-/// today's `Tally::verdict`.
+/// A split vote (no value on a quorum, nothing failed) is contention, not `Held`, checked
+/// against the library's `quorum::refusal`. Failed before issue 12 item 7's fix.
 #[test]
-#[ignore = "fails until issue 12 item 7 is fixed (Held on a split vote)"]
 fn no_held_on_a_split_vote() {
+    split_vote_to(env("DEPTH", 11).into());
+}
+
+/// As [`no_held_on_a_split_vote`], two steps past the 11 in which the old rule failed.
+#[test]
+#[ignore = "deep profile"]
+fn deep_no_held_on_a_split_vote() {
+    split_vote_to(13);
+}
+
+fn split_vote_to(depth: usize) {
     let cfg = Config {
         disconnects: 1,
         extensions: 0,
         ..Config::base()
     };
-    let r = run("library split", cfg, &[SPLIT]);
+    let r = run_to("library split", cfg, &[SPLIT], Some(depth));
     assert_safe(&r, &[SPLIT]);
 }
 

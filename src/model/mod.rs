@@ -41,7 +41,7 @@ use std::time::Duration;
 use stateright::{Model, Property};
 
 use crate::node::hold_out_for;
-use crate::quorum::{self, Answer, Tally, Verdict};
+use crate::quorum::{self, Answer, Refusal, Tally, Verdict};
 
 /// Switches that put a bug of issue 12 back, in the model only (the library is not touched).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -447,6 +447,33 @@ impl Redlock {
         }
     }
 
+    /// How a refused acquisition round is classified: the library's [`quorum::refusal`] over
+    /// the values the refusals named, or always `Held` under the `old_verdict` mutant (today's
+    /// rule before issue 12 item 7).
+    fn refusal(&self, answers: &[Option<Ans>], t: &Tally) -> Refusal {
+        if self.cfg.mutants.old_verdict {
+            return Refusal::Held;
+        }
+        let named: Vec<Val> = answers
+            .iter()
+            .filter_map(|a| match a {
+                Some(Ans::No(Some(h))) => Some(*h),
+                _ => None,
+            })
+            .collect();
+        let unknown = answers
+            .iter()
+            .filter(|a| matches!(a, Some(Ans::No(None))))
+            .count();
+        let mut counts: Vec<usize> = Vec::new();
+        for (i, h) in named.iter().enumerate() {
+            if !named[..i].contains(h) {
+                counts.push(named.iter().filter(|g| *g == h).count());
+            }
+        }
+        quorum::refusal(self.cfg.nodes, &counts, unknown, t.failed(), t.pending())
+    }
+
     /// Records the checks of a `Held` (acquire) or `NotOwner` (extend) outcome: the refusals
     /// alone must forbid a quorum (issue 12 item 6), and a round where nothing failed must name
     /// one value on a quorum (item 7: a split vote is contention, not `Held`).
@@ -609,7 +636,12 @@ impl Redlock {
                 } else {
                     self.verdict(&t)
                 };
-                if let Some(v) = verdict {
+                // A refused round whose pending answers could still show contention waits for
+                // them (the library's attempt() does the same).
+                let undecided = verdict == Some(Verdict::Refused)
+                    && !timed_out
+                    && self.refusal(&round.answers, &t) == Refusal::Undecided;
+                if let Some(v) = verdict.filter(|_| !undecided) {
                     self.acquire_verdict(s, c, val, &round, &t, v);
                 }
             }
@@ -707,6 +739,11 @@ impl Redlock {
                     },
                 };
                 self.progress(s, c, false);
+            }
+            // Contenders split the nodes: undo and re-try (the library re-tries at once after a
+            // short pause; the model retries later, which only widens the interleavings).
+            Verdict::Refused if self.refusal(&round.answers, t) == Refusal::Contended => {
+                self.fail_attempt(s, c, val);
             }
             Verdict::Refused => {
                 // Error::Held
@@ -851,15 +888,15 @@ impl Redlock {
                 node.counter = node.counter.max(token);
                 Some((1, None))
             }
-            // EXTEND; with issue 12 item 1's fix an absent key is re-set only where the counter
-            // still equals our token (nobody acquired on this node since).
+            // EXTEND (scripts.rs), with issue 12 item 1's fix: an absent key is re-set only where
+            // the counter is at most our token (a later acquisition leaves a quorum above it).
             Op::Extend(val, token) => {
                 let r = match holder {
                     Some(v) if v == val => {
                         node.key = Some((val, ttl));
                         1
                     }
-                    None if self.cfg.mutants.extend_recreates || node.counter == token => {
+                    None if self.cfg.mutants.extend_recreates || node.counter <= token => {
                         node.key = Some((val, ttl));
                         2
                     }
