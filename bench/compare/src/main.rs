@@ -5,7 +5,7 @@
 //! markers, keeping the hand-written notes around it).
 //!
 //! ```text
-//! CARGO_TARGET_DIR=/work/target-shared cargo run --release --manifest-path bench/compare/Cargo.toml -- [--quick] [--impls 'a;b'] [--scenarios 's1;s2'] [--phases 'healthy;paused1;paused2;killed1'] [--ops N] [--fresh-keys] [--no-doc] [--out PATH]
+//! cargo run --release --manifest-path bench/compare/Cargo.toml -- [--quick] [--impls 'a;b'] [--scenarios 's1;s2'] [--phases 'healthy;paused1;paused2;killed1'] [--ops N] [--fresh-keys] [--no-doc] [--out PATH]
 //! ```
 //!
 //! Each scenario runs in five slices, the implementations taking turns within each slice, so
