@@ -495,7 +495,7 @@ impl Redlock {
                 )
                 .await;
             let err = match result {
-                Ok((token, start, validity, tail)) => {
+                Ok((token, measured, validity, tail)) => {
                     undo.disarm();
                     metrics::acquire("acquired", called.elapsed());
                     let state = Arc::new(LockState::new(
@@ -505,7 +505,7 @@ impl Redlock {
                         value,
                         token,
                         ttl,
-                        start.saturating_add(validity),
+                        measured.saturating_add(validity),
                     ));
                     self.settle(tail, true);
                     return Ok(Lock::new(self.clone(), state));
@@ -577,7 +577,8 @@ impl Redlock {
     }
 
     /// One attempt round: the acquire script on every node, then (rarely) a raise of the fencing
-    /// counters. Returns the token, the round's start (on the deadline clock) and the validity.
+    /// counters. Returns the token, the instant its validity counts from (the end of the round, on
+    /// the deadline clock) and the validity.
     /// `contended` is set when the round was refused but no value can stand on a quorum
     /// (contenders split the nodes).
     #[allow(clippy::too_many_arguments)]
@@ -665,7 +666,8 @@ impl Redlock {
             self.raise_fence(key, lock_key, fence_key, value, max, &round.yes, budget_end)
                 .await?;
         }
-        let elapsed = clock::now().saturating_duration_since(started);
+        let now = clock::now();
+        let elapsed = now.saturating_duration_since(started);
         match quorum::validity(sent, elapsed, drift) {
             Some(validity) => {
                 tracing::debug!(
@@ -678,7 +680,9 @@ impl Redlock {
                     ?validity,
                     "lock acquired"
                 );
-                Ok((FencingToken::new(max), started, validity, round.rest))
+                // Validity counts from now, the end of the round: the deadline is
+                // `start + ttl − drift` (counted from the start, elapsed would count twice).
+                Ok((FencingToken::new(max), now, validity, round.rest))
             }
             None => {
                 tracing::warn!(key, ?elapsed, ?ttl, "quorum reached but no validity left");
@@ -981,7 +985,8 @@ impl Redlock {
         let validity = quorum::validity(sent, elapsed, drift);
         match quorum::extension(round.verdict, decided < lock_deadline, validity) {
             quorum::Extension::Extended(validity) => {
-                if !state.set_deadline(started.saturating_add(validity)) {
+                // Validity counts from the verdict, the end of the round (`start + ttl − drift`).
+                if !state.set_deadline(decided.saturating_add(validity)) {
                     // Lost meanwhile (the deadline passed since the verdict, or a watcher saw
                     // the lock lost): it stays lost.
                     return Err(Error::Lost {

@@ -783,8 +783,8 @@ impl Redlock {
         client.lock = Some(LockS {
             val,
             token,
-            // start + validity, from now
-            deadline: validity.saturating_sub(elapsed),
+            // mirrors redlock.rs attempt(): validity counts from the end of the round
+            deadline: validity,
             lost: false,
             ever_lost: false,
             others_since: false,
@@ -818,7 +818,8 @@ impl Redlock {
                     let lock = s.clients[c].lock.as_mut().expect("holding");
                     // LockState::set_deadline: not once lost.
                     if !lock.lost {
-                        lock.deadline = validity.saturating_sub(elapsed);
+                        // validity counts from the verdict, the end of the round
+                        lock.deadline = validity;
                     }
                     // Ok(validity): no gap allowed.
                     if lock.ever_lost || lock.others_since {

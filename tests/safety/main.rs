@@ -19,3 +19,4 @@ mod s10_repair_large_keyspace;
 mod s11_suspend;
 mod s12_small;
 mod s12d_strict_hold_out;
+mod s13_model_findings;
