@@ -17,16 +17,7 @@ const TTL: Duration = Duration::from_secs(1);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_round_counts_its_validity_from_its_end() {
-    let c = cluster(3);
-    let mut proxies = Vec::new();
-    for url in c.urls() {
-        proxies.push(Proxy::for_url(&url).await.expect("proxy"));
-    }
-    let locks = quorumlock::Redlock::builder(proxies.iter().map(Proxy::url))
-        .node_timeout(Duration::from_secs(3))
-        .build()
-        .unwrap();
-    warm(&locks).await;
+    let (_cluster, proxies, locks) = behind_proxies().await;
     for p in &proxies {
         p.set_latency(LATENCY);
     }
@@ -65,16 +56,7 @@ async fn a_slow_round_counts_its_validity_from_its_end() {
 /// link adds 300 ms each way. Counted from the round's start its deadline was already behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_extension_counts_its_validity_from_its_end() {
-    let c = cluster(3);
-    let mut proxies = Vec::new();
-    for url in c.urls() {
-        proxies.push(Proxy::for_url(&url).await.expect("proxy"));
-    }
-    let locks = quorumlock::Redlock::builder(proxies.iter().map(Proxy::url))
-        .node_timeout(Duration::from_secs(3))
-        .build()
-        .unwrap();
-    warm(&locks).await;
+    let (_cluster, proxies, locks) = behind_proxies().await;
     let lock = locks
         .try_acquire("slow-extend", 3 * TTL)
         .await
@@ -105,4 +87,24 @@ async fn a_slow_extension_counts_its_validity_from_its_end() {
         p.set_latency(Duration::ZERO);
     }
     lock.release().await.expect("released");
+}
+
+/// Three nodes behind proxies (no latency yet) and a warmed client whose node timeout outlasts
+/// the latency the tests add.
+async fn behind_proxies() -> (
+    quorumlock::testkit::LocalCluster,
+    Vec<Proxy>,
+    quorumlock::Redlock,
+) {
+    let c = cluster(3);
+    let mut proxies = Vec::new();
+    for url in c.urls() {
+        proxies.push(Proxy::for_url(&url).await.expect("proxy"));
+    }
+    let locks = quorumlock::Redlock::builder(proxies.iter().map(Proxy::url))
+        .node_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    warm(&locks).await;
+    (c, proxies, locks)
 }
