@@ -329,21 +329,39 @@ async fn t34_a_restart_straddling_a_second_boundary_is_held_out_for_the_whole_ma
     let locks = builder(&cluster).max_ttl(max_ttl).build().unwrap();
     warm(&locks).await;
     let mut straddled = false;
-    for attempt in 0..4 {
-        // No event marks a wall-clock second boundary: sleep to just before the next one.
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap();
-        let to_boundary = Duration::from_nanos(1_000_000_000 - u64::from(now.subsec_nanos()));
-        tokio::time::sleep(to_boundary.saturating_sub(Duration::from_millis(10))).await;
+    // How long before a second boundary the restart begins: it must start the server before the
+    // boundary, so a loaded machine (a slow start) gets a longer lead on each miss.
+    let mut lead = Duration::from_millis(50);
+    for attempt in 0..8 {
+        // No event marks a wall-clock second boundary: sleep to `lead` before the next one.
+        let to_boundary = || {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            Duration::from_nanos(1_000_000_000 - u64::from(now.subsec_nanos()))
+        };
+        if to_boundary() < lead {
+            tokio::time::sleep(to_boundary()).await;
+        }
+        tokio::time::sleep(to_boundary().saturating_sub(lead)).await;
         let restarting = std::time::Instant::now();
         cluster.restart_empty(0).unwrap();
+        // Started before the boundary: read the uptime just after it (it then reads 1 while the
+        // node is well under a second old).
+        let left = to_boundary();
+        if restarting.elapsed() + left < lead + Duration::from_millis(100) {
+            tokio::time::sleep(left + Duration::from_millis(5)).await;
+        }
         let uptime: String = redis::cmd("INFO")
             .arg("server")
             .query(&mut conn(&urls[0]))
             .unwrap();
         let reads_one = uptime.contains("uptime_in_seconds:1\r\n");
-        straddled |= reads_one && restarting.elapsed() < Duration::from_millis(500);
+        let this_straddled = reads_one && restarting.elapsed() < Duration::from_millis(600);
+        straddled |= this_straddled;
+        if !this_straddled {
+            lead = (lead * 2).min(Duration::from_millis(400));
+        }
         wait_until(WAIT, "node 0 reconnected", || async {
             locks.status("k").await.unwrap().nodes[0].state.is_ok()
         })
