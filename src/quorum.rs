@@ -225,6 +225,34 @@ pub(crate) fn refusal(
     }
 }
 
+/// The refusals of a round grouped by value: each distinct value's count, and how many refusals
+/// did not say which value holds the key (`None`).
+pub(crate) fn refusal_groups<T: PartialEq>(refusals: &[Option<T>]) -> (Vec<usize>, usize) {
+    let mut groups: Vec<(&T, usize)> = Vec::new();
+    let mut unknown = 0;
+    for r in refusals {
+        match r {
+            Some(v) => match groups.iter_mut().find(|(w, _)| *w == v) {
+                Some((_, c)) => *c += 1,
+                None => groups.push((v, 1)),
+            },
+            None => unknown += 1,
+        }
+    }
+    (groups.into_iter().map(|(_, c)| c).collect(), unknown)
+}
+
+/// [`refusal`] from the refusals themselves (the values they named, `None` where unnamed).
+pub(crate) fn refusal_of<T: PartialEq>(
+    n: usize,
+    refusals: &[Option<T>],
+    failed: usize,
+    pending: usize,
+) -> Refusal {
+    let (counts, unknown) = refusal_groups(refusals);
+    refusal(n, &counts, unknown, failed, pending)
+}
+
 /// What a read of every node says about who holds a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HolderView<T> {
@@ -285,6 +313,23 @@ mod tests {
             let answer = prop_oneof![Just(Answer::Yes), Just(Answer::No), Just(Answer::Failed)];
             (Just(n), proptest::collection::vec(answer, 0..=n))
         })
+    }
+
+    #[test]
+    fn refusals_group_by_value_and_count_unnamed_apart() {
+        let refusals = [Some("a"), None, Some("b"), Some("a"), None];
+        assert_eq!(refusal_groups(&refusals), (vec![2, 1], 2));
+        assert_eq!(refusal_groups::<&str>(&[]), (vec![], 0));
+        // 2/2/1 of 5 with nothing failed or pending: contention.
+        assert_eq!(
+            refusal_of(5, &[Some("a"), Some("a"), Some("b"), Some("b")], 0, 0),
+            Refusal::Contended
+        );
+        // The same with one node pending could still be a quorum for "a": undecided.
+        assert_eq!(
+            refusal_of(5, &[Some("a"), Some("a"), Some("b")], 0, 1),
+            Refusal::Undecided
+        );
     }
 
     #[test]

@@ -224,11 +224,9 @@ struct Round {
 impl Round {
     /// How a refused acquisition reads (see [`quorum::refusal`]).
     fn refusal(&self) -> Refusal {
-        let (counts, unknown) = refusal_groups(&self.refusals);
-        quorum::refusal(
+        quorum::refusal_of(
             self.tally.n(),
-            &counts,
-            unknown,
+            &self.refusals,
             self.tally.failed(),
             self.tally.pending(),
         )
@@ -237,25 +235,9 @@ impl Round {
     /// Nodes holding the most common foreign value seen, or every refusal when values are
     /// unknown: what `Held` reports.
     fn held_by_other(&self) -> usize {
-        let (counts, unknown) = refusal_groups(&self.refusals);
+        let (counts, unknown) = quorum::refusal_groups(&self.refusals);
         counts.into_iter().max().unwrap_or(0).max(unknown)
     }
-}
-
-/// The refusals grouped by value: each distinct value's count, and how many carried none.
-fn refusal_groups(refusals: &[Option<Vec<u8>>]) -> (Vec<usize>, usize) {
-    let mut groups: Vec<(&[u8], usize)> = Vec::new();
-    let mut unknown = 0;
-    for r in refusals {
-        match r {
-            Some(v) => match groups.iter_mut().find(|(w, _)| *w == v.as_slice()) {
-                Some((_, c)) => *c += 1,
-                None => groups.push((v, 1)),
-            },
-            None => unknown += 1,
-        }
-    }
-    (groups.into_iter().map(|(_, c)| c).collect(), unknown)
 }
 
 /// The calls of a round still unanswered when its verdict was taken.
@@ -848,11 +830,10 @@ impl Redlock {
                     }
                 }
                 if let Some(verdict) = tally.verdict() {
-                    let undecided = classify && verdict == Verdict::Refused && {
-                        let (counts, unknown) = refusal_groups(&refusals);
-                        quorum::refusal(n, &counts, unknown, tally.failed(), tally.pending())
-                            == Refusal::Undecided
-                    };
+                    let undecided = classify
+                        && verdict == Verdict::Refused
+                        && quorum::refusal_of(n, &refusals, tally.failed(), tally.pending())
+                            == Refusal::Undecided;
                     if !undecided {
                         return verdict;
                     }

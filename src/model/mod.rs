@@ -454,24 +454,14 @@ impl Redlock {
         if self.cfg.mutants.old_verdict {
             return Refusal::Held;
         }
-        let named: Vec<Val> = answers
+        let refusals: Vec<Option<Val>> = answers
             .iter()
             .filter_map(|a| match a {
-                Some(Ans::No(Some(h))) => Some(*h),
+                Some(Ans::No(h)) => Some(*h),
                 _ => None,
             })
             .collect();
-        let unknown = answers
-            .iter()
-            .filter(|a| matches!(a, Some(Ans::No(None))))
-            .count();
-        let mut counts: Vec<usize> = Vec::new();
-        for (i, h) in named.iter().enumerate() {
-            if !named[..i].contains(h) {
-                counts.push(named.iter().filter(|g| *g == h).count());
-            }
-        }
-        quorum::refusal(self.cfg.nodes, &counts, unknown, t.failed(), t.pending())
+        quorum::refusal_of(self.cfg.nodes, &refusals, t.failed(), t.pending())
     }
 
     /// Records the checks of a `Held` (acquire) or `NotOwner` (extend) outcome: the refusals
