@@ -919,9 +919,9 @@ impl Node {
         let survived = data_survived(fsync_always, marker.as_deref(), &run_id, durable_before);
         let (hold, repair) = restart_verdict(self.guard, meeting, survived);
         if hold {
-            // The node is older than `uptime - 1 s` (see `hold_out_for`); counted from now, the
-            // latest it can have started.
-            let age = uptime.saturating_sub(Duration::from_secs(1));
+            // Counted from now with the youngest age the uptime allows: the latest it can have
+            // started.
+            let age = youngest_age(uptime);
             let start = nanos(self.epoch.elapsed()).saturating_sub(nanos(age));
             self.started.store(start, Ordering::Release);
             if let Some(remaining) = hold_out_for(uptime, self.max_ttl.get()) {
@@ -1011,17 +1011,23 @@ async fn durability_marker(conn: &mut MultiplexedConnection, run_id: &str) -> Op
     reply.ok().and_then(|(marker,)| marker)
 }
 
-/// How much longer a node that reports `uptime` must be held out so that `max_ttl` has passed
-/// since its start, or `None` if it already has.
+/// The youngest a node that reports `uptime` can be: `uptime − 1 s`.
 ///
 /// `uptime_in_seconds` is the difference of two whole-second wall-clock readings (now and the
 /// start), so it can read 1 when the node started a few milliseconds ago (started at x.99 s,
 /// asked at (x+1).01 s). The node's age is only known to be above `uptime - 1 s`: that is what
 /// the hold-out counts from. (Taking `uptime` at face value let a restarted node count up to a
 /// second early: with a 1 s ttl, at once, and the chaos suite saw the overlap.)
+pub(crate) fn youngest_age(uptime: Duration) -> Duration {
+    uptime.saturating_sub(Duration::from_secs(1))
+}
+
+/// How much longer a node that reports `uptime` must be held out so that `max_ttl` has passed
+/// since its start ([`youngest_age`]), or `None` if it already has.
 pub(crate) fn hold_out_for(uptime: Duration, max_ttl: Duration) -> Option<Duration> {
-    let age = uptime.saturating_sub(Duration::from_secs(1));
-    max_ttl.checked_sub(age).filter(|d| !d.is_zero())
+    max_ttl
+        .checked_sub(youngest_age(uptime))
+        .filter(|d| !d.is_zero())
 }
 
 fn parse_info(info: &str) -> Option<(String, Duration)> {
