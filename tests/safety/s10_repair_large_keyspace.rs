@@ -56,16 +56,24 @@ fn dbsize(url: &str) -> u64 {
     redis::cmd("DBSIZE").query(&mut conn(url)).expect("DBSIZE")
 }
 
-/// `cmdstat_<command>` calls on one node.
-fn calls(url: &str, command: &str) -> u64 {
+/// One field (`calls`, `usec_per_call`, ...) of `cmdstat_<command>` in a node's
+/// `INFO commandstats`; `None` before the command first ran.
+fn commandstat(url: &str, command: &str, field: &str) -> Option<String> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query(&mut conn(url))
         .expect("INFO");
-    let prefix = format!("cmdstat_{command}:calls=");
+    let prefix = format!("cmdstat_{command}:");
+    let field = format!("{field}=");
     info.lines()
         .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
+        .and_then(|rest| rest.split(',').find_map(|f| f.strip_prefix(&field)))
+        .map(str::to_owned)
+}
+
+/// `cmdstat_<command>` calls on one node.
+fn calls(url: &str, command: &str) -> u64 {
+    commandstat(url, command, "calls")
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }
@@ -275,19 +283,7 @@ fn spawn_sampler(
 
 /// `usec_per_call` of a command on one node, from `INFO commandstats`.
 fn usec_per_call(url: &str, command: &str) -> String {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut conn(url))
-        .expect("INFO");
-    let prefix = format!("cmdstat_{command}:");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| {
-            rest.split(',')
-                .find_map(|f| f.strip_prefix("usec_per_call="))
-        })
-        .unwrap_or("?")
-        .to_owned()
+    commandstat(url, command, "usec_per_call").unwrap_or_else(|| "?".to_owned())
 }
 
 fn summary(samples: &mut [Duration]) -> String {
