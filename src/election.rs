@@ -44,16 +44,17 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::clock;
-use crate::config::RedlockBuilder;
+use crate::client::Redlock;
+use crate::client::status::LockStatus;
+use crate::core::clock;
+use crate::core::keys;
+use crate::core::lock;
+use crate::core::quorum::HolderView;
+use crate::core::token::FencingToken;
 use crate::error::{ConfigError, Error, FailureList, LostReason, NodeError, NodeFailure};
-use crate::fencing::FencingToken;
-use crate::guard::Lock;
-use crate::lock;
+use crate::lock::builder::RedlockBuilder;
+use crate::lock::guard::Lock;
 use crate::node::Node;
-use crate::quorum::{self, HolderView};
-use crate::redlock::{LockStatus, Redlock};
-use crate::scripts;
 
 /// Writes the leader record on a node where this term's lock value stands.
 ///
@@ -359,8 +360,7 @@ impl SideNode {
 /// The pause between attempts that compete for a free lock: the lock client's retry delay plus
 /// its random jitter, so that competitors desynchronise.
 pub(crate) fn contention_pause(locks: &Redlock) -> Duration {
-    let cfg = &locks.inner.cfg;
-    quorum::retry_delay(cfg.retry_delay, cfg.retry_jitter, rand::random::<f64>())
+    locks.retry_pause()
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -737,7 +737,7 @@ impl ElectionBuilder {
         }
         let sidecar = Sidecar::new(&self.locks)?;
         let candidate = self.candidate.unwrap_or_else(default_candidate);
-        let lock_key = scripts::lock_key(&self.name);
+        let lock_key = keys::lock_key(&self.name);
         Ok(Election {
             inner: Arc::new(Inner {
                 record_key: format!("{lock_key}:leader"),
@@ -1138,7 +1138,7 @@ impl Election {
         let record = match Self::own_value(leadership) {
             Some(value) => {
                 let record = format!("{value} {token} {candidate}");
-                let lock_key = scripts::lock_key(&inner.name);
+                let lock_key = keys::lock_key(&inner.name);
                 let (lock_key, record_key, value, rec) =
                     (&lock_key, &inner.record_key, &value, &record);
                 let replies = inner
@@ -1579,7 +1579,7 @@ impl Drop for Leadership {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::redlock::{KeyState, NodeStatus};
+    use crate::client::status::{KeyState, NodeStatus};
 
     fn node(value: Option<&str>, ttl_ms: Option<u64>, fence: u64) -> NodeStatus {
         NodeStatus {

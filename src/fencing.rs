@@ -12,49 +12,12 @@
 //!   `UPDATE payouts SET state = $2, fence = $1 WHERE id = $3 AND fence <= $1` (use `fence < $1`
 //!   to allow one write per acquisition); zero rows updated means a newer holder wrote first.
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::aio::ConnectionLike;
 
-use crate::scripts;
-
-/// A fencing token: a number handed out with every acquisition of a key.
-///
-/// # Guarantee
-///
-/// A token is strictly greater than the token of every earlier holder of the same key, as long
-/// as no node lost its counters: the nodes persist with `appendfsync always`, or a node that
-/// restarted empty is seen restarting by the client's [`RestartGuard`](crate::RestartGuard)
-/// (on by default), which keeps it out of quorums until its counters are restored from the
-/// other nodes. With the guard off, a restart delayed past the ttl protects the lock but not the
-/// counters. The argument, and its limits, are in `docs/safety.md`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FencingToken(u64);
-
-impl FencingToken {
-    /// Wraps a raw token, e.g. one read back from storage or from `REDLOCK_TOKEN`.
-    pub const fn new(raw: u64) -> Self {
-        FencingToken(raw)
-    }
-
-    /// The raw number, to store beside the data it protects.
-    pub const fn get(self) -> u64 {
-        self.0
-    }
-}
-
-impl fmt::Display for FencingToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
-
-impl From<FencingToken> for u64 {
-    fn from(t: FencingToken) -> u64 {
-        t.0
-    }
-}
+use crate::core::token::FencingToken;
+use crate::node::scripts;
 
 /// A write refused because a newer holder has already written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -100,11 +63,11 @@ impl FenceGate {
     ///
     /// [`StaleToken`] when a higher token was admitted: the caller's lock was taken over.
     pub fn admit(&self, token: FencingToken) -> Result<(), StaleToken> {
-        let prev = self.highest.fetch_max(token.0, Ordering::AcqRel);
-        if token.0 < prev {
+        let prev = self.highest.fetch_max(token.get(), Ordering::AcqRel);
+        if token.get() < prev {
             Err(StaleToken {
                 token,
-                highest: FencingToken(prev),
+                highest: FencingToken::new(prev),
             })
         } else {
             Ok(())
@@ -113,7 +76,7 @@ impl FenceGate {
 
     /// The highest token admitted so far.
     pub fn highest(&self) -> FencingToken {
-        FencingToken(self.highest.load(Ordering::Acquire))
+        FencingToken::new(self.highest.load(Ordering::Acquire))
     }
 }
 
@@ -130,6 +93,22 @@ pub enum FencedWrite {
     },
 }
 
+impl FencedWrite {
+    /// Whether the value was written: `false` means a newer holder wrote first, and the writer
+    /// must stop acting on the lock. Lets callers branch without a wildcard arm.
+    pub fn is_written(&self) -> bool {
+        matches!(self, FencedWrite::Written)
+    }
+
+    /// The highest token the resource had seen, when the write was refused.
+    pub fn stale_by(&self) -> Option<FencingToken> {
+        match self {
+            FencedWrite::Written => None,
+            FencedWrite::Stale { highest } => Some(*highest),
+        }
+    }
+}
+
 /// Writes `value` to `data_key` on your own Redis only if `token` is at least as high as every
 /// token that wrote there before (checked and written atomically by a Lua script).
 ///
@@ -137,15 +116,17 @@ pub enum FencedWrite {
 /// `"{payout:42}"`) if the resource lives in Redis Cluster.
 ///
 /// ```no_run
-/// # async fn demo(conn: &mut redis::aio::MultiplexedConnection, lock: &quorumlock::Lock) -> redis::RedisResult<()> {
-/// use quorumlock::{fenced_set, FencedWrite};
-/// match fenced_set(conn, "payout:42:result", lock.token(), "paid").await? {
-///     FencedWrite::Written => {}
-///     FencedWrite::Stale { highest } => eprintln!("lost the lock to token {highest}; not writing"),
-///     _ => {}
+/// # async fn demo(conn: &mut quorumlock::redis::aio::MultiplexedConnection, lock: &quorumlock::Lock) -> redis::RedisResult<()> {
+/// use quorumlock::fenced_set;
+/// let write = fenced_set(conn, "payout:42:result", lock.token(), "paid").await?;
+/// if let Some(highest) = write.stale_by() {
+///     eprintln!("lost the lock to token {highest}; not writing");
 /// }
 /// # Ok(()) }
 /// ```
+///
+/// `conn` is a connection of the [`redis`](crate::redis) crate this crate re-exports (a
+/// `redis` of another major version would not implement its `ConnectionLike`).
 ///
 /// # Errors
 ///
@@ -165,7 +146,7 @@ pub async fn fenced_set<C: ConnectionLike + Send>(
         .script()
         .key(&fence_key)
         .key(data_key)
-        .arg(token.0)
+        .arg(token.get())
         .arg(value)
         .invoke_async(conn)
         .await?;
@@ -173,7 +154,7 @@ pub async fn fenced_set<C: ConnectionLike + Send>(
         FencedWrite::Written
     } else {
         FencedWrite::Stale {
-            highest: FencingToken(highest),
+            highest: FencingToken::new(highest),
         }
     })
 }
@@ -185,11 +166,11 @@ mod tests {
     #[test]
     fn gate_admits_equal_and_higher_tokens_only() {
         let gate = FenceGate::new();
-        gate.admit(FencingToken(3)).unwrap();
-        gate.admit(FencingToken(3)).unwrap();
-        gate.admit(FencingToken(5)).unwrap();
-        let err = gate.admit(FencingToken(4)).unwrap_err();
-        assert_eq!(err.highest, FencingToken(5));
-        assert_eq!(gate.highest(), FencingToken(5));
+        gate.admit(FencingToken::new(3)).unwrap();
+        gate.admit(FencingToken::new(3)).unwrap();
+        gate.admit(FencingToken::new(5)).unwrap();
+        let err = gate.admit(FencingToken::new(4)).unwrap_err();
+        assert_eq!(err.highest, FencingToken::new(5));
+        assert_eq!(gate.highest(), FencingToken::new(5));
     }
 }

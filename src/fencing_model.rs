@@ -15,7 +15,8 @@
 
 use proptest::prelude::*;
 
-use crate::quorum::{Answer, Tally, Verdict, fencing_max, quorum};
+use crate::core::quorum::{Answer, Tally, Verdict, quorum};
+use crate::core::token::fencing_max;
 
 #[derive(Debug, Clone, Default)]
 struct Node {

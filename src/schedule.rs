@@ -26,12 +26,12 @@ use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::client::Redlock;
+use crate::core::keys;
+use crate::core::token::FencingToken;
 use crate::election::{Sidecar, contention_pause};
 use crate::error::{ConfigError, Error, FailureList, LostReason};
-use crate::fencing::FencingToken;
-use crate::guard::Lock;
-use crate::redlock::Redlock;
-use crate::scripts;
+use crate::lock::guard::Lock;
 
 /// A job that runs at most once per tick across all instances.
 ///
@@ -484,7 +484,7 @@ impl RunOnce {
     }
 
     fn marker_key(&self, tick: &str) -> String {
-        format!("{}:tick:{tick}", scripts::lock_key(&self.job))
+        format!("{}:tick:{tick}", keys::lock_key(&self.job))
     }
 
     /// Reads the tick marker from every node: present anywhere means the tick ran (markers are

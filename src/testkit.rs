@@ -581,5 +581,5 @@ fn ping(addr: SocketAddr, password: Option<&str>) -> bool {
 /// measured on (`CLOCK_BOOTTIME` on Linux and Android), as time since that clock's origin.
 #[doc(hidden)]
 pub fn deadline_clock_now() -> Duration {
-    crate::clock::now().since_origin()
+    crate::core::clock::now().since_origin()
 }

@@ -40,8 +40,10 @@ use std::time::Duration;
 
 use stateright::{Model, Property};
 
-use crate::node::hold_out_for;
-use crate::quorum::{self, Answer, Refusal, Tally, Verdict};
+use crate::core::health::hold_out_for;
+use crate::core::quorum::{self, Answer, Refusal, Tally, Verdict};
+use crate::core::timing;
+use crate::core::token::fencing_max;
 
 /// Switches that put a bug of issue 12 back, in the model only (the library is not touched).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -147,7 +149,7 @@ impl Config {
     }
 
     fn drift(&self) -> Duration {
-        quorum::drift(self.ttl(), self.drift_factor)
+        timing::drift(self.ttl(), self.drift_factor)
     }
 
     fn quorum(&self) -> usize {
@@ -568,7 +570,7 @@ impl Redlock {
 
     fn retry_later(&self, s: &mut State, c: usize) {
         let delay =
-            quorum::retry_delay(secs(self.cfg.retry_base), secs(self.cfg.retry_jitter), 0.0);
+            timing::retry_delay(secs(self.cfg.retry_base), secs(self.cfg.retry_jitter), 0.0);
         let wait = u8::try_from(delay.as_secs()).unwrap_or(u8::MAX);
         s.clients[c].phase = Phase::Idle { wait };
     }
@@ -584,7 +586,7 @@ impl Redlock {
         };
         client.attempts += 1;
         let deadline =
-            secs(self.cfg.node_timeout).min(quorum::budget(self.cfg.ttl(), self.cfg.drift()));
+            secs(self.cfg.node_timeout).min(timing::budget(self.cfg.ttl(), self.cfg.drift()));
         let round = self.fan_out(s, c, Op::Acquire(val), deadline);
         s.clients[c].phase = Phase::Acquire { val, round };
         self.progress(s, c, false);
@@ -593,7 +595,7 @@ impl Redlock {
     // mirrors redlock.rs extend_state(): the checks before the round, lower_deadline, the
     // round's deadline (with the fix of issue 12 item 1, no later than the lock's deadline).
     fn extend(&self, s: &mut State, c: usize) {
-        let budget_end = quorum::budget(self.cfg.ttl(), self.cfg.drift());
+        let budget_end = timing::budget(self.cfg.ttl(), self.cfg.drift());
         let lock = s.clients[c].lock.as_mut().expect("holding");
         if lock.deadline > budget_end {
             lock.deadline = budget_end;
@@ -694,14 +696,14 @@ impl Redlock {
                     .collect();
                 let counters: Vec<u64> = yes.iter().map(|&(_, k)| u64::from(k)).collect();
                 let (max, settled) =
-                    quorum::fencing_max(&counters, self.cfg.nodes).expect("a quorum said yes");
+                    fencing_max(&counters, self.cfg.nodes).expect("a quorum said yes");
                 let max = u8::try_from(max).expect("small counters");
                 if settled {
                     self.grant(s, c, val, max, round.elapsed);
                     return;
                 }
                 let at_max = yes.iter().filter(|&&(_, k)| k == max).count() as u8;
-                let budget_end = quorum::budget(self.cfg.ttl(), self.cfg.drift())
+                let budget_end = timing::budget(self.cfg.ttl(), self.cfg.drift())
                     .saturating_sub(secs(round.elapsed));
                 let deadline = secs(self.cfg.node_timeout).min(budget_end);
                 s.clients[c].rid += 1;
@@ -753,7 +755,7 @@ impl Redlock {
     // mirrors redlock.rs attempt(): validity after the round, else ValidityExpired.
     fn grant(&self, s: &mut State, c: usize, val: Val, token: u8, since: u8) {
         let elapsed = secs(since);
-        let Some(validity) = quorum::validity(self.cfg.ttl(), elapsed, self.cfg.drift()) else {
+        let Some(validity) = timing::validity(self.cfg.ttl(), elapsed, self.cfg.drift()) else {
             self.fail_attempt(s, c, val);
             return;
         };
@@ -803,7 +805,7 @@ impl Redlock {
         match v {
             Verdict::Quorum => {
                 let elapsed = secs(round.elapsed);
-                if let Some(validity) = quorum::validity(self.cfg.ttl(), elapsed, self.cfg.drift())
+                if let Some(validity) = timing::validity(self.cfg.ttl(), elapsed, self.cfg.drift())
                 {
                     let lock = s.clients[c].lock.as_mut().expect("holding");
                     // LockState::set_deadline: not once lost.

@@ -1,79 +1,11 @@
-//! The pure core of Redlock: quorum size, clock-drift allowance, validity, folding per-node
-//! answers into a verdict, and retry delays. No I/O and no clock reads here, so every rule can
-//! be tested exhaustively (see the proptests at the bottom).
-
-use std::time::Duration;
-
-/// Drift allowance added to every ttl on top of `ttl * drift_factor`, for the timer resolution
-/// of the Redis servers (the Redlock spec's "+ 2 milliseconds").
-pub(crate) const DRIFT_FLOOR: Duration = Duration::from_millis(2);
+//! Quorums and verdicts: the majority of N, folding per-node answers into a verdict as soon as
+//! it is certain, what a refused acquisition means (held or contended), and who a partial read
+//! shows as the holder. Pure: see [`crate::core`].
 
 /// The majority of `n` configured nodes: `n / 2 + 1`. Always from the configured `n`, never from
 /// the nodes that happen to be reachable.
 pub(crate) const fn quorum(n: usize) -> usize {
     n / 2 + 1
-}
-
-/// Clock-drift allowance for a ttl: `ttl * factor + 2 ms`.
-pub(crate) fn drift(ttl: Duration, factor: f64) -> Duration {
-    ttl.mul_f64(factor.max(0.0)) + DRIFT_FLOOR
-}
-
-/// Validity left after an acquisition round: `ttl - elapsed - drift`, or `None` when that is not
-/// strictly positive (the lock must then be treated as not acquired).
-pub(crate) fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> Option<Duration> {
-    ttl.checked_sub(elapsed)?
-        .checked_sub(drift)
-        .filter(|v| !v.is_zero())
-}
-
-/// How long a round may keep waiting on nodes: past `ttl - drift` after the round started, a
-/// success could no longer leave positive validity.
-pub(crate) fn budget(ttl: Duration, drift: Duration) -> Duration {
-    ttl.saturating_sub(drift)
-}
-
-/// The ttl as the nodes are told it: `PX` in whole milliseconds, rounded down, and the same as
-/// a `Duration`. Validity and budgets are computed from this, never from the finer ttl asked
-/// for: a node expires the key after what it was sent.
-pub(crate) fn sent_ttl(ttl: Duration) -> (u64, Duration) {
-    let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-    (ms, Duration::from_millis(ms))
-}
-
-/// How long an extension round may wait for answers: the node timeout, the budget of the new
-/// ttl, and never past the lock's current deadline (`left` from the round's start). An answer
-/// after the deadline cannot make the extension gapless, and nothing of the round is sent
-/// after it.
-pub(crate) fn extend_round(node_timeout: Duration, budget: Duration, left: Duration) -> Duration {
-    node_timeout.min(budget).min(left)
-}
-
-/// What an extension round amounts to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Extension {
-    /// A quorum extended it before the deadline: the new validity.
-    Extended(Duration),
-    /// A quorum extended it before the deadline, but the round left no validity.
-    TooSlow,
-    /// A quorum no longer holds our value.
-    NotOwner,
-    /// The deadline passed before a quorum extended it: the lock is lost.
-    Expired,
-    /// Too few nodes answered, and the lock is still valid.
-    Unreachable,
-}
-
-/// Decides an extension: `in_time` is whether the verdict was taken before the lock's deadline
-/// (as it stood before the round), `validity` the validity a quorum would give. A quorum counts
-/// only in time, so a holder told "extended" held the lock without a gap.
-pub(crate) fn extension(verdict: Verdict, in_time: bool, validity: Option<Duration>) -> Extension {
-    match verdict {
-        Verdict::Refused => Extension::NotOwner,
-        _ if !in_time => Extension::Expired,
-        Verdict::Quorum => validity.map_or(Extension::TooSlow, Extension::Extended),
-        Verdict::Unreachable => Extension::Unreachable,
-    }
 }
 
 /// One node's answer in a round.
@@ -253,6 +185,31 @@ pub(crate) fn refusal_of<T: PartialEq>(
     refusal(n, &counts, unknown, failed, pending)
 }
 
+/// What an acquisition round amounts to, from its verdict (and, when refused, what the refusals
+/// say: [`refusal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquisition {
+    /// A quorum said yes: the lock is ours if validity is left.
+    Won,
+    /// Refused: held by another owner, or (`contended`) split between contenders that started
+    /// together, in which case the attempt is undone and re-tried after a random pause.
+    Held { contended: bool },
+    /// Too few nodes answered: `NoQuorum`.
+    Unreachable,
+}
+
+/// Decides an acquisition round. `refusal` is asked only for a refused round (it classifies
+/// the refusals: see [`refusal_of`]).
+pub(crate) fn acquisition(verdict: Verdict, refusal: impl FnOnce() -> Refusal) -> Acquisition {
+    match verdict {
+        Verdict::Quorum => Acquisition::Won,
+        Verdict::Refused => Acquisition::Held {
+            contended: refusal() == Refusal::Contended,
+        },
+        Verdict::Unreachable => Acquisition::Unreachable,
+    }
+}
+
 /// What a read of every node says about who holds a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HolderView<T> {
@@ -289,24 +246,13 @@ pub(crate) fn holder_view<'a>(
     }
 }
 
-/// The delay before retry number `attempt` (0-based): `base + jitter * unit`, where `unit` is a
-/// uniform random number in `[0, 1)`. Random so that competing clients desynchronise.
-pub(crate) fn retry_delay(base: Duration, jitter: Duration, unit: f64) -> Duration {
-    base + jitter.mul_f64(unit.clamp(0.0, 1.0))
-}
-
-/// The fencing token of a round: the largest counter among the nodes that said yes, and whether
-/// a quorum of them already stands at it (if not, the lower ones must be raised).
-pub(crate) fn fencing_max(counters: &[u64], n: usize) -> Option<(u64, bool)> {
-    let max = *counters.iter().max()?;
-    let at_max = counters.iter().filter(|&&c| c == max).count();
-    Some((max, at_max >= quorum(n)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::timing::{drift, retry_delay, validity};
+    use crate::core::token::fencing_max;
     use proptest::prelude::*;
+    use std::time::Duration;
 
     fn answers() -> impl Strategy<Value = (usize, Vec<Answer>)> {
         (1usize..=9).prop_flat_map(|n| {
@@ -555,56 +501,5 @@ mod tests {
             let at_max = counters.iter().filter(|&&c| c == max).count();
             prop_assert_eq!(settled, at_max >= quorum(n));
         }
-    }
-}
-
-#[cfg(test)]
-mod timing_tests {
-    use super::*;
-
-    #[test]
-    fn the_sent_ttl_is_whole_milliseconds_rounded_down() {
-        assert_eq!(
-            sent_ttl(Duration::from_micros(1_000_999)),
-            (1000, Duration::from_millis(1000))
-        );
-        assert_eq!(
-            sent_ttl(Duration::from_millis(30_000)),
-            (30_000, Duration::from_millis(30_000))
-        );
-        assert_eq!(sent_ttl(Duration::from_micros(999)), (0, Duration::ZERO));
-    }
-
-    #[test]
-    fn an_extension_round_never_outlasts_the_lock() {
-        let ms = Duration::from_millis;
-        assert_eq!(extend_round(ms(300), ms(9_000), ms(5_000)), ms(300));
-        assert_eq!(extend_round(ms(8_000), ms(7_900), ms(50)), ms(50));
-        assert_eq!(extend_round(ms(300), ms(100), ms(5_000)), ms(100));
-        assert_eq!(
-            extend_round(ms(300), ms(100), Duration::ZERO),
-            Duration::ZERO
-        );
-    }
-
-    #[test]
-    fn a_quorum_after_the_deadline_is_a_loss_not_an_extension() {
-        let v = Some(Duration::from_secs(5));
-        assert_eq!(
-            extension(Verdict::Quorum, true, v),
-            Extension::Extended(Duration::from_secs(5))
-        );
-        assert_eq!(extension(Verdict::Quorum, true, None), Extension::TooSlow);
-        assert_eq!(extension(Verdict::Quorum, false, v), Extension::Expired);
-        assert_eq!(
-            extension(Verdict::Unreachable, false, v),
-            Extension::Expired
-        );
-        assert_eq!(
-            extension(Verdict::Unreachable, true, v),
-            Extension::Unreachable
-        );
-        assert_eq!(extension(Verdict::Refused, true, v), Extension::NotOwner);
-        assert_eq!(extension(Verdict::Refused, false, v), Extension::NotOwner);
     }
 }

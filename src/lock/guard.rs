@@ -1,179 +1,20 @@
-//! The held lock: its identity (key, fencing token), its validity deadline, extension, release,
-//! and the "lost" signal.
+//! The held lock's guard, [`Lock`]: its identity, validity, lost signal, extension, auto-extension
+//! and release. It holds the client engine and the lock's shared state, and calls only the
+//! engine's operations on a held lock (`extend_held`, `release_held`, `release_in_background`).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::clock::{self, Stamp};
+use super::lease;
+use crate::client::Redlock;
+use crate::client::state::LockState;
+use crate::core::lock;
+use crate::core::token::FencingToken;
 use crate::error::{Error, LostReason};
-use crate::fencing::FencingToken;
-use crate::lease;
-use crate::lock;
-use crate::metrics;
-use crate::redlock::Redlock;
-
-/// Shared state of one held lock (the guard, its lease task and any watcher).
-#[derive(Debug)]
-pub(crate) struct LockState {
-    key: String,
-    lock_key: String,
-    fence_key: String,
-    value: String,
-    token: FencingToken,
-    /// The lease length: the ttl of the acquisition, or of the last successful extension.
-    ttl: Mutex<Duration>,
-    /// On the deadline clock (`CLOCK_BOOTTIME` where there is one: see `crate::clock`).
-    deadline: Mutex<Stamp>,
-    lost: CancellationToken,
-    reason: Mutex<Option<LostReason>>,
-    released: AtomicBool,
-    /// Held for a whole extension round and by the release: no extension is sent after (or
-    /// during) a release, so an extension can never re-set a key the release removed.
-    serial: tokio::sync::Mutex<()>,
-}
-
-impl LockState {
-    pub(crate) fn new(
-        key: String,
-        lock_key: String,
-        fence_key: String,
-        value: String,
-        token: FencingToken,
-        ttl: Duration,
-        deadline: Stamp,
-    ) -> Self {
-        LockState {
-            key,
-            lock_key,
-            fence_key,
-            value,
-            token,
-            ttl: Mutex::new(ttl),
-            deadline: Mutex::new(deadline),
-            lost: CancellationToken::new(),
-            reason: Mutex::new(None),
-            released: AtomicBool::new(false),
-            serial: tokio::sync::Mutex::new(()),
-        }
-    }
-
-    pub(crate) fn key(&self) -> &str {
-        &self.key
-    }
-    pub(crate) fn lock_key(&self) -> &str {
-        &self.lock_key
-    }
-    pub(crate) fn fence_key(&self) -> &str {
-        &self.fence_key
-    }
-    pub(crate) fn value(&self) -> &str {
-        &self.value
-    }
-    pub(crate) fn token(&self) -> FencingToken {
-        self.token
-    }
-    pub(crate) fn ttl(&self) -> Duration {
-        *lock(&self.ttl)
-    }
-
-    pub(crate) fn set_ttl(&self, ttl: Duration) {
-        *lock(&self.ttl) = ttl;
-    }
-
-    /// Serialises extension rounds and the release of this lock (see the field's docs).
-    pub(crate) async fn serial(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.serial.lock().await
-    }
-
-    /// Set before any release of the lock is sent (explicit release or Drop).
-    pub(crate) fn mark_released(&self) {
-        self.released.store(true, Ordering::SeqCst);
-    }
-
-    pub(crate) fn is_released(&self) -> bool {
-        self.released.load(Ordering::SeqCst)
-    }
-
-    pub(crate) fn deadline(&self) -> Stamp {
-        *lock(&self.deadline)
-    }
-
-    /// True once the lock is lost or its deadline has passed.
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lost.is_cancelled() || self.deadline() <= clock::now()
-    }
-
-    /// Sets the deadline a successful extension round earned, unless the lock is already lost
-    /// or its current deadline has passed: a lock seen lost never becomes valid again. Rounds
-    /// are serialised, so the last one to succeed is the last one applied on its quorum.
-    /// Returns whether the deadline was set; when not, the lock is marked lost.
-    #[must_use]
-    pub(crate) fn set_deadline(&self, deadline: Stamp) -> bool {
-        {
-            let mut d = lock(&self.deadline);
-            if !self.lost.is_cancelled() && clock::now() < *d {
-                *d = deadline;
-                return true;
-            }
-        }
-        self.lose(LostReason::Expired);
-        false
-    }
-
-    /// Moves the deadline back to `bound` if it is later: an extension to a shorter ttl cuts the
-    /// key's time on every node that applies it, whether or not its round succeeds.
-    pub(crate) fn lower_deadline(&self, bound: Stamp) {
-        let mut d = lock(&self.deadline);
-        if bound < *d {
-            *d = bound;
-        }
-    }
-
-    /// Marks the lock lost (first reason wins), fires the signal and returns the error to report.
-    pub(crate) fn lose(&self, reason: LostReason) -> Error {
-        {
-            let mut r = lock(&self.reason);
-            if r.is_none() && !self.lost.is_cancelled() {
-                *r = Some(reason.clone());
-                metrics::lock_lost();
-                tracing::warn!(key = %self.key, token = %self.token, %reason, "lock lost");
-            }
-        }
-        self.lost.cancel();
-        Error::Lost {
-            key: self.key.clone(),
-            reason,
-        }
-    }
-
-    pub(crate) fn reason(&self) -> Option<LostReason> {
-        lock(&self.reason).clone()
-    }
-
-    /// Resolves when the lock is lost: the signal fired, or the deadline passed unextended.
-    ///
-    /// Sleeps on tokio's clock, which stops during a suspend, at most `clock::SLICE` at a time,
-    /// re-reading the deadline clock on every wake: a deadline that passed while the machine
-    /// was suspended is noticed within `SLICE` of the resume.
-    pub(crate) async fn wait_lost(&self) {
-        loop {
-            if self.deadline() <= clock::now() {
-                self.lose(LostReason::Expired);
-                return;
-            }
-            let wake = self.deadline().next_wake();
-            tokio::select! {
-                _ = self.lost.cancelled() => return,
-                _ = tokio::time::sleep_until(wake) => {}
-            }
-        }
-    }
-}
 
 /// A held lock.
 ///
@@ -225,8 +66,8 @@ pub struct Lock {
 impl std::fmt::Debug for Lock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lock")
-            .field("key", &self.state.key)
-            .field("token", &self.state.token)
+            .field("key", &self.state.key())
+            .field("token", &self.state.token())
             .field("validity", &self.validity())
             .finish()
     }
@@ -244,20 +85,20 @@ impl Lock {
 
     /// The user key.
     pub fn key(&self) -> &str {
-        &self.state.key
+        self.state.key()
     }
 
     /// This acquisition's random value, as stored on the nodes (crate-internal: elections bind
     /// their leader record to it).
     pub(crate) fn value(&self) -> &str {
-        &self.state.value
+        self.state.value()
     }
 
     /// This acquisition's fencing token: greater than every earlier holder's (see
     /// [`FencingToken`] for the exact guarantee). Always 0 on a client built with
     /// [`fencing(false)`](crate::RedlockBuilder::fencing).
     pub fn token(&self) -> FencingToken {
-        self.state.token
+        self.state.token()
     }
 
     /// The lease length: the ttl the lock was acquired with, or the ttl of the last successful
@@ -316,7 +157,7 @@ impl Lock {
         if task.is_none() {
             *task = lease::spawn(self.client.clone(), Arc::clone(&self.state), None);
         }
-        self.state.lost.clone()
+        self.state.lost_signal().clone()
     }
 
     /// Extends the lock to `ttl` from now on a quorum of nodes; returns the new validity. The
@@ -339,7 +180,7 @@ impl Lock {
     /// Cancel-safe. A dropped extension may still reach some nodes, so the deadline is first
     /// lowered to what a shorter `ttl` would leave; it is never raised by a dropped round.
     pub async fn extend(&self, ttl: Duration) -> Result<Duration, Error> {
-        self.client.extend_state(&self.state, ttl).await
+        self.client.extend_held(&self.state, ttl).await
     }
 
     /// Starts extending the lock automatically every `ttl / 3` until it is released, dropped or
@@ -381,9 +222,9 @@ impl Lock {
     pub async fn release(mut self) -> Result<(), Error> {
         self.state.mark_released();
         self.stop_task();
-        let result = self.client.release_state(&self.state).await;
+        let result = self.client.release_held(&self.state).await;
         self.done = true;
-        self.state.lost.cancel();
+        self.state.lost_signal().cancel();
         result
     }
 
@@ -404,8 +245,8 @@ impl Drop for Lock {
         if !self.done {
             self.state.mark_released();
             self.stop_task();
-            self.client.spawn_release_held(Arc::clone(&self.state));
-            self.state.lost.cancel();
+            self.client.release_in_background(Arc::clone(&self.state));
+            self.state.lost_signal().cancel();
         } else {
             self.stop_task();
         }

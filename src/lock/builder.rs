@@ -1,131 +1,18 @@
-//! The client's configuration: defaults as constants, by-value setters, checked once by
-//! [`RedlockBuilder::build`].
+//! [`RedlockBuilder`]: defaults as constants, by-value setters, checked once by
+//! [`RedlockBuilder::build`] into the engine's plain configuration and its nodes.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::client::Redlock;
+use crate::client::config::Config;
+use crate::core::health::{EvictionGuard, RestartGuard};
+use crate::core::timing;
 use crate::error::ConfigError;
-use crate::node::{MaxTtl, Node, Peers, node_name, redact};
-use crate::redlock::Redlock;
-
-/// How the client treats a node that may have lost its lock keys in a restart.
-///
-/// The Redlock safety argument needs a node that restarts without its data (no `fsync`ed AOF) to
-/// stay out of every quorum for longer than the largest ttl in use. Operators forget this, so the
-/// client enforces it from what it sees: each node's `run_id` and `uptime_in_seconds`. A node
-/// with `appendfsync always` whose data demonstrably survived (its durability marker, written on
-/// an earlier run, is still there) is trusted across restarts under every guard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum RestartGuard {
-    /// Trust every node.
-    Off,
-    /// (Default) A node whose run id changed across a reconnect (this client saw it restart)
-    /// counts toward no quorum until the maximum ttl has passed since its restart.
-    #[default]
-    Restarted,
-    /// As `Restarted`, and also hold out a node whose uptime is below the maximum ttl on first
-    /// contact. For short-lived processes (a CLI) that cannot have seen the restart. The
-    /// hold-out is checked against the max ttl in use at each call, so a longer ttl used after
-    /// connecting lengthens it.
-    Strict,
-}
-
-/// How the client treats a node whose memory policy can evict lock keys (see [`EvictionRisk`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum EvictionGuard {
-    /// (Default) Warn once per node (node, policy, what it risks) and report the risk in
-    /// [`Redlock::status`]; the node still counts toward quorums.
-    #[default]
-    Warn,
-    /// As `Warn`, and hold such a node out of every quorum ([`NodeError::Evicting`](crate::NodeError::Evicting)).
-    /// A node whose policy cannot be read (`CONFIG` disabled, as on some managed services)
-    /// still counts: its risk is reported as [`EvictionRisk::Unknown`].
-    Strict,
-}
-
-/// What a node's memory policy (`maxmemory`, `maxmemory-policy`, read with `CONFIG GET` on
-/// every connect) can do to the keys this library keeps there.
-///
-/// Redis evicts keys when `maxmemory` is reached: under a `volatile-*` policy any key with a
-/// ttl, lock keys included, before they expire (a lock then stands on fewer nodes than its
-/// holder was told, without any restart); under `allkeys-*` any key, the fencing counters too
-/// (tokens can repeat). `noeviction` (writes fail instead: acquisitions fail, safely) and
-/// `maxmemory 0` (no limit) are safe.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum EvictionRisk {
-    /// No eviction: `maxmemory` is 0 or the policy is `noeviction`.
-    None,
-    /// A `volatile-*` policy with `maxmemory` set: lock keys can be evicted before they expire.
-    LockKeys {
-        /// The `maxmemory-policy`.
-        policy: String,
-    },
-    /// An `allkeys-*` policy with `maxmemory` set: lock keys and fencing counters can be
-    /// evicted.
-    LockKeysAndCounters {
-        /// The `maxmemory-policy`.
-        policy: String,
-    },
-    /// Not known: the node has not been reached yet, or it refuses `CONFIG GET` (managed
-    /// services often do).
-    #[default]
-    Unknown,
-}
-
-impl EvictionRisk {
-    /// Classifies a node from its `maxmemory` and `maxmemory-policy` values (`None`: not
-    /// readable). Pure.
-    pub(crate) fn classify(maxmemory: Option<&str>, policy: Option<&str>) -> Self {
-        let (Some(maxmemory), Some(policy)) = (maxmemory, policy) else {
-            return EvictionRisk::Unknown;
-        };
-        let Ok(maxmemory) = maxmemory.trim().parse::<u64>() else {
-            return EvictionRisk::Unknown;
-        };
-        let policy = policy.trim().to_ascii_lowercase();
-        if maxmemory == 0 || policy == "noeviction" {
-            EvictionRisk::None
-        } else if policy.starts_with("volatile-") {
-            EvictionRisk::LockKeys { policy }
-        } else if policy.starts_with("allkeys-") {
-            EvictionRisk::LockKeysAndCounters { policy }
-        } else {
-            // A policy this version does not know: assume the worst it could do.
-            EvictionRisk::LockKeysAndCounters { policy }
-        }
-    }
-
-    /// True when the node can evict lock keys (or counters).
-    pub fn is_risky(&self) -> bool {
-        matches!(
-            self,
-            EvictionRisk::LockKeys { .. } | EvictionRisk::LockKeysAndCounters { .. }
-        )
-    }
-}
-
-impl std::fmt::Display for EvictionRisk {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            EvictionRisk::None => f.write_str("no eviction"),
-            EvictionRisk::LockKeys { policy } => write!(
-                f,
-                "maxmemory-policy {policy} with maxmemory set: lock keys can be evicted before they expire"
-            ),
-            EvictionRisk::LockKeysAndCounters { policy } => write!(
-                f,
-                "maxmemory-policy {policy} with maxmemory set: lock keys and fencing counters can be evicted"
-            ),
-            EvictionRisk::Unknown => {
-                f.write_str("eviction policy unknown (CONFIG GET unavailable)")
-            }
-        }
-    }
-}
+use crate::node::address::node_name;
+use crate::node::connection::{Tls, open_client};
+use crate::node::{MaxTtl, Node, Peers};
 
 /// Builds a [`Redlock`]. Obtained from [`Redlock::builder`].
 ///
@@ -156,19 +43,19 @@ impl std::fmt::Display for EvictionRisk {
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until .build() is called"]
 pub struct RedlockBuilder {
-    pub(crate) urls: Vec<String>,
-    pub(crate) node_timeout: Duration,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) drift_factor: f64,
-    pub(crate) retry_count: u32,
-    pub(crate) retry_delay: Duration,
-    pub(crate) retry_jitter: Duration,
-    pub(crate) restart_guard: RestartGuard,
-    pub(crate) eviction_guard: EvictionGuard,
-    pub(crate) max_ttl: Option<Duration>,
-    pub(crate) fencing: bool,
+    urls: Vec<String>,
+    node_timeout: Duration,
+    connect_timeout: Duration,
+    drift_factor: f64,
+    retry_count: u32,
+    retry_delay: Duration,
+    retry_jitter: Duration,
+    restart_guard: RestartGuard,
+    eviction_guard: EvictionGuard,
+    max_ttl: Option<Duration>,
+    fencing: bool,
     #[cfg(feature = "tls")]
-    pub(crate) tls: Option<redis::TlsCertificates>,
+    tls: Option<redis::TlsCertificates>,
 }
 
 impl RedlockBuilder {
@@ -191,7 +78,7 @@ impl RedlockBuilder {
     pub const MAX_TIMING: Duration = Duration::from_secs(3600);
     /// The longest max ttl [`build`](Self::build) accepts (the longest ttl Redis' `PX` takes in
     /// practice, 49 days).
-    pub const MAX_TTL: Duration = Duration::from_millis(u32::MAX as u64);
+    pub const MAX_TTL: Duration = timing::MAX_TTL;
 
     pub(crate) fn new<I, S>(urls: I) -> Self
     where
@@ -347,15 +234,11 @@ impl RedlockBuilder {
                 return Err(ConfigError::TooLong { name, value, max });
             }
         }
-        // rustls needs one process-wide crypto provider; ours is ring. If the application
-        // installed one already, that one stays.
-        #[cfg(feature = "tls")]
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let max_ttl = Arc::new(MaxTtl::new(self.max_ttl));
         let mut seen = HashSet::new();
         let mut clients = Vec::with_capacity(self.urls.len());
         for url in &self.urls {
-            let client = self.open_client(url)?;
+            let client = open_client(url, &self.tls())?;
             let info = client.get_connection_info();
             let identity = format!("{}/{}", info.addr(), info.redis_settings().db());
             let name = node_name(info);
@@ -364,6 +247,8 @@ impl RedlockBuilder {
             }
             clients.push((name, client));
         }
+        let cfg = self.config();
+        let settings = cfg.node_settings();
         // URLs that differ can still reach one server: the nodes compare run ids on connect.
         let peers = Arc::new(Peers::new(clients.iter().map(|(name, _)| name.clone())));
         let nodes: Vec<Arc<Node>> = clients
@@ -373,7 +258,7 @@ impl RedlockBuilder {
                 Arc::new(Node::new(
                     name,
                     client,
-                    &self,
+                    settings,
                     Arc::clone(&max_ttl),
                     (index, Arc::clone(&peers)),
                 ))
@@ -386,49 +271,29 @@ impl RedlockBuilder {
                 nodes.len() - 1
             );
         }
-        Ok(Redlock::from_parts(nodes, self, max_ttl))
+        Ok(Redlock::from_parts(nodes, cfg, max_ttl))
     }
 
-    /// A `redis::Client` for one node URL, with our TCP settings (and certificates for
-    /// `rediss://` when configured).
-    fn open_client(&self, url: &str) -> Result<redis::Client, ConfigError> {
-        use redis::IntoConnectionInfo;
-        let invalid = |source| ConfigError::InvalidUrl {
-            url: redact(url),
-            source,
-        };
-        let info = url
-            .into_connection_info()
-            .map_err(invalid)?
-            .set_tcp_settings(tcp_settings());
-        #[cfg(feature = "tls")]
-        if let Some(certs) = &self.tls
-            && matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
-        {
-            return redis::Client::build_with_tls(info, certs.clone()).map_err(|source| {
-                ConfigError::Tls {
-                    url: redact(url),
-                    source,
-                }
-            });
+    /// The checked settings as the engine's plain values.
+    fn config(&self) -> Config {
+        Config {
+            node_timeout: self.node_timeout,
+            connect_timeout: self.connect_timeout,
+            drift_factor: self.drift_factor,
+            retry_count: self.retry_count,
+            retry_delay: self.retry_delay,
+            retry_jitter: self.retry_jitter,
+            restart_guard: self.restart_guard,
+            eviction_guard: self.eviction_guard,
+            fencing: self.fencing,
         }
-        redis::Client::open(info).map_err(invalid)
     }
-}
 
-/// TCP settings for every node connection. A connection is replaced only when it breaks (that
-/// keeps each node's calls in order), so a silently dead peer (a host gone without a reset, a
-/// partition) must break it: keepalive probes find an idle dead peer within about 16 s, and
-/// `TCP_USER_TIMEOUT` drops a connection whose sent data has gone unacknowledged for 10 s.
-/// A paused Redis process is not affected: its kernel still acknowledges what it receives.
-fn tcp_settings() -> redis::io::tcp::TcpSettings {
-    use redis::io::tcp::{TcpSettings, socket2::TcpKeepalive};
-    let keepalive = TcpKeepalive::new()
-        .with_time(Duration::from_secs(10))
-        .with_interval(Duration::from_secs(2))
-        .with_retries(3);
-    let settings = TcpSettings::default().set_keepalive(keepalive);
-    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
-    let settings = settings.set_user_timeout(Duration::from_secs(10));
-    settings
+    #[cfg(feature = "tls")]
+    fn tls(&self) -> Tls {
+        self.tls.clone()
+    }
+
+    #[cfg(not(feature = "tls"))]
+    fn tls(&self) -> Tls {}
 }

@@ -1,11 +1,10 @@
 //! All the Lua the library runs, each script documented with its KEYS, ARGV and reply.
 //!
 //! Scripts are sent with `EVALSHA`; every new connection loads them first (`SCRIPT LOAD`, see
-//! `node.rs`), and a `NOSCRIPT` reply (someone ran `SCRIPT FLUSH`) falls back to `EVAL` with the
+//! `node/connection.rs`), and a `NOSCRIPT` reply (someone ran `SCRIPT FLUSH`) falls back to `EVAL` with the
 //! full body on the same connection, so ordering between our own calls is kept.
 //!
-//! Key layout for a user key `K`: the lock is `quorumlock:{K}` and its fencing counter
-//! `quorumlock:{K}:fence`. Both share the hash tag, so they live in the same Redis Cluster slot.
+//! The keys the scripts are given are laid out by [`crate::core::keys`].
 
 use std::sync::LazyLock;
 
@@ -94,19 +93,6 @@ pub(crate) fn all() -> [&'static Lua; 7] {
         &STATUS,
         &FENCED_WRITE,
     ]
-}
-
-/// A `SCAN MATCH` pattern for every fencing counter (braces are not special in Redis globs).
-pub(crate) const FENCE_PATTERN: &str = "quorumlock:{*}:fence";
-
-/// The lock key for a user key.
-pub(crate) fn lock_key(key: &str) -> String {
-    format!("quorumlock:{{{key}}}")
-}
-
-/// The fencing counter key for a user key (same hash slot as the lock key).
-pub(crate) fn fence_key(key: &str) -> String {
-    format!("quorumlock:{{{key}}}:fence")
 }
 
 /// Acquire and fence in one atomic step.
@@ -281,15 +267,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lock_and_fence_keys_share_a_hash_tag_even_with_braces_in_the_key() {
-        for key in ["job", "a}b", "{x}", "x{}", "a{b}c"] {
-            let (l, f) = (lock_key(key), fence_key(key));
-            assert!(f.starts_with(&l), "{l} / {f}");
-            assert_eq!(hash_tag(&l), hash_tag(&f), "{key}");
-        }
-    }
-
-    #[test]
     fn the_eval_fallback_carries_the_same_keys_and_arguments() {
         let call = ACQUIRE.call(&[b"k1", b"k2"], &[b"v", b"100"]);
         let eval = call.eval().unwrap();
@@ -311,16 +288,5 @@ mod tests {
         ];
         assert_eq!(args, expected);
         assert!(ScriptCall::plain(redis::cmd("PING")).eval().is_none());
-    }
-
-    /// Redis Cluster's rule: the part between the first `{` and the next `}` if non-empty.
-    fn hash_tag(k: &str) -> &str {
-        if let Some(open) = k.find('{')
-            && let Some(close) = k[open + 1..].find('}')
-            && close > 0
-        {
-            return &k[open + 1..open + 1 + close];
-        }
-        k
     }
 }

@@ -42,53 +42,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::{Inner, Redlock};
+use crate::core::quorum::quorum;
+use crate::core::repair::{MIN_PAUSE, PAGE, next_page, repair_pause, repair_ready};
+use crate::error::NodeError;
 use crate::node::Node;
-use crate::quorum::quorum;
-use crate::redlock::{Inner, Redlock};
 
-/// Keys asked of a peer per page (`SCAN ... COUNT`), and counters per raise pipeline.
-pub(crate) const PAGE: usize = 1000;
-/// The smallest page, after timeouts halved it.
-pub(crate) const MIN_PAGE: usize = 10;
 /// Calls to one node that may time out in a row before a repair warns (a timeout is first
 /// retried with a smaller page).
 const WARN_AFTER: u32 = 5;
-/// The shortest pause between two steps of a repair.
-pub(crate) const MIN_PAUSE: Duration = Duration::from_millis(10);
-
-/// How many complete reads of clean nodes a repair among `n` nodes needs when `clean` other
-/// nodes are not themselves awaiting repair: `n - quorum(n) + 1`, or every clean node when
-/// fewer exist (more nodes restarted than a quorum tolerates: the best there is).
-pub(crate) fn repair_sources_required(n: usize, clean: usize) -> usize {
-    (n - quorum(n) + 1).min(clean)
-}
-
-/// Whether a repair has read enough to raise: `counted` clean nodes completed a pass, out of
-/// `clean` clean nodes among the others; `pending` nodes are still reading (a pass not
-/// complete, and their last page answered). With `n - quorum(n) + 1` clean nodes, that many
-/// complete passes are enough; with fewer (a best effort), every clean node must have
-/// completed one and no reachable node may still be reading.
-pub(crate) fn repair_ready(n: usize, clean: usize, counted: usize, pending: usize) -> bool {
-    let needed = n - quorum(n) + 1;
-    counted >= repair_sources_required(n, clean) && (clean >= needed || pending == 0)
-}
-
-/// The pause after a step that took `step`: as long as the step, at least [`MIN_PAUSE`], so a
-/// repair keeps its peers busy at most half of the time.
-pub(crate) fn repair_pause(step: Duration) -> Duration {
-    step.max(MIN_PAUSE)
-}
-
-/// The next page size: halved after a timeout (down to [`MIN_PAGE`]), doubled after an answer
-/// (up to [`PAGE`]).
-pub(crate) fn next_page(page: usize, timed_out: bool) -> usize {
-    if timed_out {
-        (page / 2).max(MIN_PAGE)
-    } else {
-        page.saturating_mul(2).clamp(MIN_PAGE, PAGE)
-    }
-}
-
 impl Redlock {
     /// Starts restoring the counters of every node that needs it (at most one repair per node at
     /// a time). Called around every round, so a restart seen in a round is repaired right away.
@@ -119,13 +81,13 @@ struct Claim {
 }
 
 impl Claim {
-    fn finish(mut self, ok: bool) {
+    pub(super) fn finish(mut self, ok: bool) {
         self.node.finish_repair(self.epoch, ok);
         self.done = true;
     }
 
     /// False once the node restarted again (a new repair is due) or the client is gone.
-    fn current(&self, client: &Weak<Inner>) -> bool {
+    pub(super) fn current(&self, client: &Weak<Inner>) -> bool {
         client.strong_count() > 0 && self.node.repair_current(self.epoch)
     }
 }
@@ -160,7 +122,7 @@ struct Source {
 }
 
 impl Source {
-    fn new(node: Arc<Node>) -> Self {
+    pub(super) fn new(node: Arc<Node>) -> Self {
         let mut s = Source {
             node,
             cursor: 0,
@@ -177,21 +139,70 @@ impl Source {
         s
     }
 
-    fn begin_pass(&mut self) {
+    pub(super) fn begin_pass(&mut self) {
         self.cursor = 0;
         self.incarnation = self.node.incarnation();
         self.clean_at_start = !self.node.needs_repair();
     }
 
-    fn clean(&self) -> bool {
+    pub(super) fn clean(&self) -> bool {
         !self.node.needs_repair()
     }
 
     /// Whether this node still has something to give: a pass in progress, or a new pass now
     /// that it is clean (its last pass did not count).
-    fn wants_page(&self) -> bool {
+    pub(super) fn wants_page(&self) -> bool {
         !self.counted && (!self.finished || self.clean())
     }
+}
+
+impl Source {
+    /// Takes in a page read: its counters into `highest`, then the cursor moves on (a pass
+    /// that reached cursor 0 is finished, and counts if the node was clean throughout).
+    fn absorb(&mut self, next: u64, counters: Vec<(Vec<u8>, u64)>, highest: &mut Highest) {
+        self.failing = false;
+        self.failures = 0;
+        self.page = next_page(self.page, false);
+        for (key, value) in counters {
+            let slot = highest.entry(key).or_default();
+            *slot = (*slot).max(value);
+        }
+        if self.node.incarnation() != self.incarnation {
+            // The node restarted mid-pass: what was read stays (real counters), the pass
+            // starts again in the new incarnation.
+            tracing::debug!(node = %self.node.name(), "source node restarted during a repair; reading it again");
+            self.begin_pass();
+            return;
+        }
+        self.cursor = next;
+        if next == 0 {
+            self.finished = true;
+            self.counted = self.clean_at_start && self.clean();
+        }
+    }
+
+    /// Takes in a failed read: retried after a pause (a timeout at once, with a smaller page).
+    /// Returns whether the failure is worth a warning (not a first timeout).
+    fn failed(&mut self, e: &NodeError, timeout: Duration) -> bool {
+        let timed_out = matches!(e, NodeError::Timeout(_));
+        self.page = next_page(self.page, timed_out);
+        self.failing = true;
+        self.failures += 1;
+        self.retry_at = Instant::now() + if timed_out { MIN_PAUSE } else { timeout };
+        !timed_out || self.failures >= WARN_AFTER
+    }
+}
+
+/// The highest value read so far, per counter key.
+type Highest = HashMap<Vec<u8>, u64>;
+
+/// What reading the other nodes gave a repair.
+struct Read {
+    highest: Highest,
+    /// Clean nodes among the others, and how many of them completed a counted pass.
+    clean: usize,
+    counted: usize,
+    pages: u64,
 }
 
 async fn repair(client: Weak<Inner>, nodes: Vec<Arc<Node>>, i: usize, claim: Claim) {
@@ -208,21 +219,59 @@ async fn repair(client: Weak<Inner>, nodes: Vec<Arc<Node>>, i: usize, claim: Cla
         return;
     }
     let started = Instant::now();
-    let timeout = target.connect_timeout();
     // Every other node is read (a node awaiting its own repair adds nothing wrong: its
     // counters are only lower), but only clean ones count toward the nodes needed.
-    let mut sources: Vec<Source> = nodes
+    let sources: Vec<Source> = nodes
         .iter()
         .enumerate()
         .filter(|&(j, _)| j != i)
         .map(|(_, node)| Source::new(Arc::clone(node)))
         .collect();
-    let mut highest: HashMap<Vec<u8>, u64> = HashMap::new();
+    let Some(read) = read_sources(&client, target, sources, &claim).await else {
+        return;
+    };
+    if read.clean < needed {
+        tracing::warn!(
+            node = %target.name(),
+            clean = read.clean,
+            needed,
+            "more nodes restarted without persistence than a quorum tolerates: restoring \
+             fencing counters from the nodes that remain; tokens may repeat if a latest \
+             token lived only on restarted nodes"
+        );
+    }
+    let counters: Vec<_> = read.highest.into_iter().collect();
+    if !raise_all(&client, target, &counters, &claim).await || !claim.current(&client) {
+        return;
+    }
+    tracing::info!(
+        node = %target.name(),
+        counters = counters.len(),
+        clean_sources = read.counted,
+        pages = read.pages,
+        took = ?started.elapsed(),
+        "restored the fencing counters of a restarted node"
+    );
+    claim.finish(true);
+}
+
+/// Reads the other nodes page by page, paced, until enough clean ones completed a pass
+/// ([`repair_ready`]). `None` when the claim stopped being current (the target restarted
+/// again, or the client is gone).
+async fn read_sources(
+    client: &Weak<Inner>,
+    target: &Arc<Node>,
+    mut sources: Vec<Source>,
+    claim: &Claim,
+) -> Option<Read> {
+    let n = sources.len() + 1;
+    let timeout = target.connect_timeout();
+    let mut highest = Highest::new();
     let mut pages = 0u64;
     let mut warned = false;
-    let (clean, counted) = loop {
-        if !claim.current(&client) {
-            return;
+    loop {
+        if !claim.current(client) {
+            return None;
         }
         let clean = sources.iter().filter(|s| s.clean()).count();
         let counted = sources.iter().filter(|s| s.counted && s.clean()).count();
@@ -231,7 +280,12 @@ async fn repair(client: Weak<Inner>, nodes: Vec<Arc<Node>>, i: usize, claim: Cla
             .filter(|s| s.wants_page() && !s.failing)
             .count();
         if repair_ready(n, clean, counted, pending) {
-            break (clean, counted);
+            return Some(Read {
+                highest,
+                clean,
+                counted,
+                pages,
+            });
         }
         let now = Instant::now();
         let step: Vec<&mut Source> = sources
@@ -263,37 +317,13 @@ async fn repair(client: Weak<Inner>, nodes: Vec<Arc<Node>>, i: usize, claim: Cla
             match read {
                 Ok((next, counters)) => {
                     pages += 1;
-                    s.failing = false;
-                    s.failures = 0;
-                    s.page = next_page(s.page, false);
-                    for (key, value) in counters {
-                        let slot = highest.entry(key).or_default();
-                        *slot = (*slot).max(value);
-                    }
-                    if s.node.incarnation() != s.incarnation {
-                        // The node restarted mid-pass: what was read stays (real counters),
-                        // the pass starts again in the new incarnation.
-                        tracing::debug!(node = %s.node.name(), "source node restarted during a repair; reading it again");
-                        s.begin_pass();
-                        continue;
-                    }
-                    s.cursor = next;
-                    if next == 0 {
-                        s.finished = true;
-                        s.counted = s.clean_at_start && s.clean();
-                    }
+                    s.absorb(next, counters, &mut highest);
                 }
                 Err(e) => {
-                    let timed_out = matches!(e, crate::error::NodeError::Timeout(_));
-                    s.page = next_page(s.page, timed_out);
-                    s.failing = true;
-                    s.failures += 1;
-                    s.retry_at = Instant::now() + if timed_out { MIN_PAUSE } else { timeout };
                     tracing::debug!(node = %s.node.name(), target = %target.name(), error = %e, "reading fencing counters for a repair failed; will retry");
                     // A timeout is retried with a smaller page first; a node that keeps
                     // failing is worth a warning (once per repair).
-                    if !warned && (!timed_out || s.failures >= WARN_AFTER) {
-                        warned = true;
+                    if s.failed(&e, timeout) && !std::mem::replace(&mut warned, true) {
                         tracing::warn!(
                             node = %target.name(),
                             source = %s.node.name(),
@@ -307,25 +337,25 @@ async fn repair(client: Weak<Inner>, nodes: Vec<Arc<Node>>, i: usize, claim: Cla
             }
         }
         tokio::time::sleep(repair_pause(now.elapsed())).await;
-    };
-    if clean < needed {
-        tracing::warn!(
-            node = %target.name(),
-            clean,
-            needed,
-            "more nodes restarted without persistence than a quorum tolerates: restoring \
-             fencing counters from the nodes that remain; tokens may repeat if a latest \
-             token lived only on restarted nodes"
-        );
     }
-    let counters: Vec<_> = highest.into_iter().collect();
+}
+
+/// Raises the target's counters to `counters` in paced pipelines, retrying failures. `false`
+/// when the claim stopped being current.
+async fn raise_all(
+    client: &Weak<Inner>,
+    target: &Arc<Node>,
+    counters: &[(Vec<u8>, u64)],
+    claim: &Claim,
+) -> bool {
+    let timeout = target.connect_timeout();
     let mut done = 0;
     let mut size = PAGE;
     let mut warned = false;
     let mut failures = 0u32;
     while done < counters.len() {
-        if !claim.current(&client) {
-            return;
+        if !claim.current(client) {
+            return false;
         }
         let now = Instant::now();
         let chunk = &counters[done..(done + size).min(counters.len())];
@@ -337,7 +367,7 @@ async fn repair(client: Weak<Inner>, nodes: Vec<Arc<Node>>, i: usize, claim: Cla
                 tokio::time::sleep(repair_pause(now.elapsed())).await;
             }
             Err(e) => {
-                let timed_out = matches!(e, crate::error::NodeError::Timeout(_));
+                let timed_out = matches!(e, NodeError::Timeout(_));
                 size = next_page(size, timed_out);
                 tracing::debug!(node = %target.name(), error = %e, "raising fencing counters failed; will retry");
                 failures += 1;
@@ -350,62 +380,5 @@ async fn repair(client: Weak<Inner>, nodes: Vec<Arc<Node>>, i: usize, claim: Cla
             }
         }
     }
-    if !claim.current(&client) {
-        return;
-    }
-    tracing::info!(
-        node = %target.name(),
-        counters = counters.len(),
-        clean_sources = counted,
-        pages,
-        took = ?started.elapsed(),
-        "restored the fencing counters of a restarted node"
-    );
-    claim.finish(true);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_repair_needs_n_minus_quorum_plus_one_clean_sources() {
-        // 5 nodes: 3 clean complete passes, whatever the others do.
-        assert!(!repair_ready(5, 4, 2, 2));
-        assert!(repair_ready(5, 4, 3, 1));
-        assert!(repair_ready(5, 4, 3, 0));
-        // 3 nodes: 2.
-        assert!(!repair_ready(3, 2, 1, 1));
-        assert!(!repair_ready(3, 2, 1, 0));
-        assert!(repair_ready(3, 2, 2, 0));
-        assert_eq!(repair_sources_required(5, 4), 3);
-        assert_eq!(repair_sources_required(3, 2), 2);
-    }
-
-    #[test]
-    fn with_too_few_clean_nodes_every_one_and_every_reachable_read_is_needed() {
-        // 5 nodes, 2 clean: both must complete, and no reachable node may still be reading.
-        assert_eq!(repair_sources_required(5, 2), 2);
-        assert!(!repair_ready(5, 2, 1, 0));
-        assert!(!repair_ready(5, 2, 2, 1));
-        assert!(repair_ready(5, 2, 2, 0));
-        // Nobody clean: what the reachable nodes hold, once they are all read.
-        assert!(!repair_ready(3, 0, 0, 1));
-        assert!(repair_ready(3, 0, 0, 0));
-    }
-
-    #[test]
-    fn pacing_keeps_peers_busy_at_most_half_the_time() {
-        assert_eq!(repair_pause(Duration::ZERO), MIN_PAUSE);
-        assert_eq!(repair_pause(Duration::from_millis(3)), MIN_PAUSE);
-        assert_eq!(
-            repair_pause(Duration::from_millis(40)),
-            Duration::from_millis(40)
-        );
-        assert_eq!(next_page(PAGE, true), PAGE / 2);
-        assert_eq!(next_page(MIN_PAGE, true), MIN_PAGE);
-        assert_eq!(next_page(PAGE / 2, false), PAGE);
-        assert_eq!(next_page(PAGE, false), PAGE);
-        assert_eq!(next_page(15, false), 30);
-    }
+    true
 }

@@ -1,0 +1,33 @@
+//! The client's configuration as plain values, checked once by the builder
+//! (`crate::lock::builder`): the engine and its nodes read these, never the builder.
+
+use std::time::Duration;
+
+use crate::core::health::{EvictionGuard, RestartGuard};
+use crate::node::NodeSettings;
+
+/// A validated configuration (see `RedlockBuilder` for what each setting means and its
+/// default).
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) node_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) drift_factor: f64,
+    pub(crate) retry_count: u32,
+    pub(crate) retry_delay: Duration,
+    pub(crate) retry_jitter: Duration,
+    pub(crate) restart_guard: RestartGuard,
+    pub(crate) eviction_guard: EvictionGuard,
+    pub(crate) fencing: bool,
+}
+
+impl Config {
+    /// What each node needs of it.
+    pub(crate) fn node_settings(&self) -> NodeSettings {
+        NodeSettings {
+            connect_timeout: self.connect_timeout,
+            restart_guard: self.restart_guard,
+            eviction_guard: self.eviction_guard,
+        }
+    }
+}

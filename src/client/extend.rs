@@ -1,0 +1,157 @@
+//! Extension of a held lock: one round, ending at the lock's deadline at the latest, whose
+//! verdict the pure [`crate::core::timing::extension`] maps to extended, lost or unreachable.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Redlock;
+use super::round::{Round, positive};
+use super::state::LockState;
+use crate::core::clock::{self, Stamp};
+use crate::core::quorum::Tally;
+use crate::core::timing::{self, Extension};
+use crate::error::{Error, FailureList, LostReason, NodeFailure};
+use crate::node::scripts;
+use crate::node::{HoldOut, Op};
+
+impl Redlock {
+    /// Extends a held lock to `ttl` from now on a quorum; returns the new validity.
+    ///
+    /// Rounds of one lock are serialised with its release: no extension is sent once the
+    /// release has begun, so none can re-set a key the release removed.
+    ///
+    /// The round ends at the lock's deadline at the latest, and its gate closes then: no call
+    /// is sent (or re-sent as `EVAL`) after the deadline, and a quorum that has not answered by
+    /// then makes the lock lost (`Expired`), never extended. A holder told `Ok` held the lock
+    /// without a gap. (Calls sent before the deadline may still land later; the EXTEND script
+    /// refuses to re-create a key that someone else may have held since: `scripts::EXTEND`.)
+    pub(crate) async fn extend_held(
+        &self,
+        state: &Arc<LockState>,
+        ttl: Duration,
+    ) -> Result<Duration, Error> {
+        let drift = self.check(state.key(), ttl)?;
+        let _serial = state.serial().await;
+        if state.is_released() {
+            return Err(Error::Lost {
+                key: state.key().to_owned(),
+                reason: LostReason::Released,
+            });
+        }
+        if state.deadline() <= clock::now() {
+            return Err(state.lose(LostReason::Expired));
+        }
+        self.inner.max_ttl.observe(ttl);
+        let start = Instant::now();
+        let started = clock::now();
+        // The nodes are told whole milliseconds: the validity counts only what they were told.
+        let (ttl_ms, sent) = timing::sent_ttl(ttl);
+        let budget = timing::budget(sent, drift);
+        // Whatever this round's outcome, a node that applies it expires the key `ttl` after
+        // receiving it, no earlier than `budget` after `started`: a shorter ttl than what is
+        // left moves the deadline back now, before anything is sent.
+        state.lower_deadline(started.saturating_add(budget));
+        let lock_deadline = state.deadline();
+        let length = timing::extend_round(
+            self.inner.cfg.node_timeout,
+            budget,
+            lock_deadline.saturating_duration_since(started),
+        );
+        let deadline = start + length;
+        let ttl_ms = ttl_ms.to_string();
+        let token = state.token().get().to_string();
+        let call = scripts::EXTEND.call(
+            &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
+            &[
+                state.value().as_bytes(),
+                ttl_ms.as_bytes(),
+                token.as_bytes(),
+            ],
+        );
+        let round = self
+            .round(
+                Arc::new(call),
+                deadline,
+                Some(lock_deadline),
+                HoldOut::Respect,
+                Op::Extend,
+                positive,
+            )
+            .await;
+        let decided = clock::now();
+        // The calls already queued must reach their nodes: dropped, a queued command may be
+        // skipped, and a node would keep its old expiry (a later one, for a shorter ttl). Calls
+        // still waiting for a connection are not sent at all: sent late, after the release,
+        // one could re-set the key.
+        let Round {
+            verdict,
+            tally,
+            failures,
+            rest,
+            ..
+        } = round;
+        self.settle(rest, true);
+        let elapsed = decided.saturating_duration_since(started);
+        let validity = timing::validity(sent, elapsed, drift);
+        let outcome = timing::extension(verdict, decided < lock_deadline, validity);
+        self.conclude(state, outcome, (tally, failures), decided, elapsed, ttl)
+    }
+
+    /// What an extension round's outcome does to the lock and tells the caller.
+    fn conclude(
+        &self,
+        state: &LockState,
+        outcome: Extension,
+        (tally, failures): (Tally, Vec<NodeFailure>),
+        decided: Stamp,
+        elapsed: Duration,
+        ttl: Duration,
+    ) -> Result<Duration, Error> {
+        let key = state.key();
+        match outcome {
+            Extension::Extended(validity) => {
+                // Validity counts from the verdict, the end of the round (`start + ttl − drift`).
+                if !state.set_deadline(decided.saturating_add(validity)) {
+                    // Lost meanwhile (the deadline passed since the verdict, or a watcher saw
+                    // the lock lost): it stays lost.
+                    return Err(Error::Lost {
+                        key: key.to_owned(),
+                        reason: state.reason().unwrap_or(LostReason::Expired),
+                    });
+                }
+                state.set_ttl(ttl);
+                tracing::debug!(key, ?validity, yes = tally.yes(), "lock extended");
+                Ok(validity)
+            }
+            Extension::TooSlow => Err(Error::ValidityExpired {
+                key: key.to_owned(),
+                elapsed,
+                ttl,
+            }),
+            // Only when the refusals alone rule out a quorum: refusals mixed with failures leave
+            // a valid lock held (the caller, or keep-alive, tries again while validity remains).
+            Extension::NotOwner => {
+                let reason = LostReason::NotOwner {
+                    owned: tally.yes(),
+                    needed: self.quorum(),
+                };
+                Err(state.lose(reason))
+            }
+            Extension::Expired => {
+                tracing::warn!(
+                    key,
+                    yes = tally.yes(),
+                    "lock lost: its deadline passed before an extension reached a quorum"
+                );
+                Err(state.lose(LostReason::Expired))
+            }
+            Extension::Unreachable => {
+                // The keep-alive task warns once per outage (lease.rs).
+                tracing::debug!(key, failures = %FailureList(&failures), "extension could not reach a quorum");
+                Err(self.no_quorum(key, &tally, failures))
+            }
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! The client engine: the nodes, the configuration as plain validated values ([`config`]), the
+//! fan-out round that decides as soon as the outcome is certain ([`round`]), and the operations
+//! built on it: acquisition ([`acquire`]), extension ([`extend`]), release ([`release`]),
+//! status ([`status`]) and the repair of restarted nodes ([`repair`]). The state of a held lock
+//! is [`state`]; the public guard around it lives in `crate::lock`.
+
+pub(crate) mod acquire;
+pub(crate) mod config;
+mod extend;
+mod release;
+mod repair;
+pub(crate) mod round;
+pub(crate) mod state;
+pub(crate) mod status;
+
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+use self::config::Config;
+use self::round::Tail;
+use crate::core::keys::check_key;
+use crate::core::lock;
+use crate::core::quorum::{self, Tally};
+use crate::core::timing::{self, MAX_TTL};
+use crate::error::{ArgumentError, Error, NodeFailure};
+use crate::node::{MaxTtl, Node};
+
+/// A Redlock client over N independent Redis masters. Cheap to clone (one `Arc`); clones share
+/// the node connections.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use quorumlock::Redlock;
+///
+/// # async fn run() -> Result<(), quorumlock::Error> {
+/// let locks = Redlock::builder([
+///     "redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003",
+///     "redis://127.0.0.1:7004", "redis://127.0.0.1:7005",
+/// ])
+/// .build()?;
+///
+/// match locks.try_acquire("payout-batch-42", Duration::from_secs(10)).await {
+///     Ok(lock) => {
+///         println!("token {} valid for {:?}", lock.token(), lock.validity());
+///         // ... do the work, stamping writes with lock.token() ...
+///         if let Err(e) = lock.release().await {
+///             // `Lost`: the work outlived the validity (the fencing token guarded its writes);
+///             // `NoQuorum`: the keys the release missed expire with the ttl.
+///             tracing::warn!("{e}");
+///         }
+///     }
+///     Err(e) if e.is_held() => { /* another instance is doing it: skip quietly */ }
+///     Err(e) => tracing::warn!("lock service degraded: {e}"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Redlock {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) nodes: Vec<Arc<Node>>,
+    pub(crate) cfg: Config,
+    pub(crate) max_ttl: Arc<MaxTtl>,
+    /// Background releases and the unanswered part of releases and extensions, so `flush` can
+    /// wait for them. (Repairs run on their own until done: see `repair.rs`.)
+    pub(crate) tasks: TaskTracker,
+    /// Finished rounds' unanswered calls, kept (unpolled) until their deadline so that the
+    /// queued commands are written: much cheaper than a task per round (see `Redlock::settle`).
+    pub(crate) parked: Mutex<VecDeque<Tail>>,
+    /// Set by an acquisition round that could not reach a quorum for lack of answers, cleared
+    /// by one that reached it: the client warns once per outage, not once per round.
+    pub(crate) outage: AtomicBool,
+}
+
+/// How many finished rounds may be parked at once; beyond, a round's calls get a task of their
+/// own. Bounds what parked calls hold (a few KB each) under high throughput or long node
+/// timeouts.
+const MAX_PARKED: usize = 4096;
+
+impl Redlock {
+    pub(crate) fn from_parts(nodes: Vec<Arc<Node>>, cfg: Config, max_ttl: Arc<MaxTtl>) -> Self {
+        Redlock {
+            inner: Arc::new(Inner {
+                nodes,
+                cfg,
+                max_ttl,
+                tasks: TaskTracker::new(),
+                parked: Mutex::new(VecDeque::new()),
+                outage: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The configured number of nodes.
+    pub fn node_count(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
+    /// The quorum: `nodes / 2 + 1`.
+    pub fn quorum(&self) -> usize {
+        quorum::quorum(self.inner.nodes.len())
+    }
+
+    /// The node addresses (passwords redacted), in configuration order.
+    pub fn node_names(&self) -> Vec<String> {
+        self.inner
+            .nodes
+            .iter()
+            .map(|n| n.name().to_owned())
+            .collect()
+    }
+
+    /// Waits until the work this client does in the background has finished: releases of failed,
+    /// cancelled or dropped acquisitions, the unanswered part of a release, and calls still in
+    /// flight after a won round. Each is bounded by the node timeout. Call it before a
+    /// short-lived process exits, so its releases are not cut off.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe: it only waits; the background work goes on.
+    pub async fn flush(&self) {
+        let parked: Vec<Tail> = lock(&self.inner.parked).drain(..).collect();
+        let tasks = &self.inner.tasks;
+        tasks.close();
+        futures::join!(
+            futures::future::join_all(parked.into_iter().map(Tail::drive)),
+            tasks.wait()
+        );
+        tasks.reopen();
+    }
+
+    /// Makes sure a finished round's unanswered calls reach their nodes: a dropped call may be
+    /// skipped by its connection. `close` (acquire and extend): calls still waiting for their
+    /// connection give up instead of being sent late, where they could land after a later
+    /// extension or the release. The rest are queued on their connections, in order before
+    /// anything sent later; keeping their futures until the round's deadline is enough for
+    /// redis-rs to write them, so they are parked (no task, no timer). A release's calls still
+    /// waiting for a connection, or a full parking queue, get a task that drives them.
+    pub(crate) fn settle(&self, tail: Tail, close: bool) {
+        if close {
+            tail.gate.close();
+        }
+        if tail.calls.is_empty() {
+            return;
+        }
+        if tail.can_park() {
+            let mut parked = lock(&self.inner.parked);
+            let now = Instant::now();
+            while parked.front().is_some_and(|t| t.deadline <= now) {
+                parked.pop_front();
+            }
+            if parked.len() < MAX_PARKED {
+                parked.push_back(tail);
+                return;
+            }
+        }
+        self.inner.tasks.spawn(tail.drive());
+    }
+
+    /// Checks a key and a ttl before any round; returns the ttl's drift allowance.
+    pub(crate) fn check(&self, key: &str, ttl: Duration) -> Result<Duration, Error> {
+        check_key(key)?;
+        if ttl > MAX_TTL {
+            return Err(ArgumentError::TtlTooLong(ttl).into());
+        }
+        let drift = timing::drift(ttl, self.inner.cfg.drift_factor);
+        if ttl <= drift || ttl.as_millis() == 0 {
+            return Err(ArgumentError::TtlTooShort { ttl, drift }.into());
+        }
+        Ok(drift)
+    }
+
+    /// The pause before another round, for every retry in the crate (acquisitions, extensions
+    /// that could not reach a quorum, contending elections and run-once jobs): the configured
+    /// retry delay plus a uniform random part up to the jitter, so that competitors
+    /// desynchronise.
+    pub(crate) fn retry_pause(&self) -> Duration {
+        timing::retry_delay(
+            self.inner.cfg.retry_delay,
+            self.inner.cfg.retry_jitter,
+            rand::random::<f64>(),
+        )
+    }
+
+    pub(crate) fn held(&self, key: &str, held: usize) -> Error {
+        Error::Held {
+            key: key.to_owned(),
+            held,
+            nodes: self.node_count(),
+            needed: self.quorum(),
+        }
+    }
+
+    pub(crate) fn no_quorum(&self, key: &str, tally: &Tally, failures: Vec<NodeFailure>) -> Error {
+        Error::NoQuorum {
+            key: key.to_owned(),
+            reached: tally.reached(),
+            nodes: self.node_count(),
+            needed: self.quorum(),
+            failures,
+        }
+    }
+}
+
+pub(crate) fn outcome_label(e: &Error) -> &'static str {
+    match e {
+        Error::Held { .. } => "held",
+        Error::NoQuorum { .. } => "no_quorum",
+        Error::ValidityExpired { .. } => "expired",
+        _ => "error",
+    }
+}

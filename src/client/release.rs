@@ -1,0 +1,146 @@
+//! Release: of a held lock (quorum verdict, the outcome after a loss), and in the background
+//! (dropped guards, failed or cancelled attempts), always through the one RELEASE script.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::time::Instant;
+
+use super::Redlock;
+use super::state::LockState;
+use crate::core::clock;
+use crate::core::quorum::Verdict;
+use crate::error::{Error, LostReason};
+use crate::node::scripts;
+use crate::node::{HoldOut, Op};
+
+impl Redlock {
+    /// Releases a held lock on every node; returns once a quorum has answered (the remaining
+    /// releases finish in the background). Waits for an extension round in flight, so that no
+    /// extension can follow the release on any node.
+    pub(crate) async fn release_held(&self, state: &LockState) -> Result<(), Error> {
+        let _serial = state.serial().await;
+        let expired = state.deadline() <= clock::now();
+        // Lost before the release (its signal fired): that is what the release reports.
+        let lost = state.reason();
+        let token = state.token().get().to_string();
+        let call = scripts::RELEASE.call(
+            &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
+            &[state.value().as_bytes(), token.as_bytes()],
+        );
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        // Deleted (1) or absent (0) both leave nothing of ours; only another owner's value
+        // (-1) is a refusal.
+        let round = self
+            .round(
+                Arc::new(call),
+                deadline,
+                None,
+                HoldOut::Ignore,
+                Op::Release,
+                |v| v >= 0,
+            )
+            .await;
+        // The unanswered releases must reach their nodes: dropped, a queued command may be
+        // skipped by its connection, and the key would outlive the release by up to a ttl.
+        self.settle(round.rest, false);
+        let key = state.key();
+        match round.verdict {
+            Verdict::Refused => {
+                let reason = LostReason::NotOwner {
+                    owned: round.yes.iter().filter(|&&(_, v)| v == 1).count(),
+                    needed: self.quorum(),
+                };
+                tracing::debug!(key, %reason, "released a lock that was already lost");
+                Err(state.lose(reason))
+            }
+            // The lost signal had fired: that is what the release reports, whether or not a
+            // quorum answered it (the docs promise `Lost` after `lost()`, not `NoQuorum`).
+            _ if lost.is_some() => {
+                let reason = lost.unwrap_or(LostReason::Expired);
+                tracing::debug!(key, %reason, released = round.tally.yes(), "released a lock already lost");
+                Err(Error::Lost {
+                    key: key.to_owned(),
+                    reason,
+                })
+            }
+            // Released where it was still ours, but the holder outlived its validity: the work
+            // done under it may have overlapped with another holder's.
+            Verdict::Quorum | Verdict::Unreachable if expired => {
+                Err(state.lose(LostReason::Expired))
+            }
+            Verdict::Quorum => {
+                tracing::debug!(key, released = round.tally.yes(), "lock released");
+                Ok(())
+            }
+            Verdict::Unreachable => Err(self.no_quorum(key, &round.tally, round.failures)),
+        }
+    }
+
+    /// Releases a held lock in the background (a dropped guard), after any extension round in
+    /// flight.
+    pub(crate) fn release_in_background(&self, state: Arc<LockState>) {
+        let client = self.clone();
+        let key = state.lock_key().to_owned();
+        self.spawn_release_task(&key, async move {
+            let _serial = state.serial().await;
+            client
+                .release_everywhere(
+                    state.lock_key(),
+                    state.fence_key(),
+                    state.value(),
+                    state.token().get(),
+                )
+                .await;
+        });
+    }
+
+    /// Sends a release of `value` to every node in the background (failed rounds, cancelled
+    /// acquisitions).
+    pub(crate) fn spawn_release(&self, lock_key: &str, fence_key: &str, value: &str, token: u64) {
+        let release = self.release_everywhere(lock_key, fence_key, value, token);
+        self.spawn_release_task(lock_key, release);
+    }
+
+    /// Runs a background release on the current tokio runtime; without one, the ttl cleans up.
+    pub(super) fn spawn_release_task(
+        &self,
+        lock_key: &str,
+        release: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(
+                lock_key,
+                "no runtime to release in; the ttl will expire the key"
+            );
+            return;
+        };
+        self.inner.tasks.spawn_on(release, &handle);
+    }
+
+    /// A release of `value` on every node, each bounded by the node timeout from now. Built
+    /// before it is awaited, so the caller's borrows end here.
+    pub(super) fn release_everywhere(
+        &self,
+        lock_key: &str,
+        fence_key: &str,
+        value: &str,
+        token: u64,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let token = token.to_string();
+        let call = Arc::new(scripts::RELEASE.call(
+            &[lock_key.as_bytes(), fence_key.as_bytes()],
+            &[value.as_bytes(), token.as_bytes()],
+        ));
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let calls: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .map(|n| Arc::clone(n).run(Arc::clone(&call), deadline, HoldOut::Ignore, Op::Release))
+            .collect();
+        calls.for_each(|_| async {})
+    }
+}

@@ -1,0 +1,310 @@
+//! The fan-out round: one call sent to every node at once, answers folded into a verdict as
+//! they arrive (the pure rules are [`crate::core::quorum`]), a decision as soon as the outcome
+//! is certain, and the calls still unanswered then (the *tail*) kept until they reach their
+//! nodes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use redis::Value;
+use tokio::time::Instant;
+
+use super::Redlock;
+use crate::core::clock::Stamp;
+use crate::core::quorum::{self, Answer, Refusal, Tally, Verdict};
+use crate::error::{NodeError, NodeFailure};
+use crate::metrics;
+use crate::node::scripts::ScriptCall;
+use crate::node::{HoldOut, Node, Op, RoundGate};
+
+type NodeFuture = BoxFuture<'static, (usize, Result<Value, NodeError>)>;
+
+/// A round's outcome: the verdict, the yes-answers (node index, integer reply), the values
+/// that refused (`None`: a refusal that does not say which value holds the key) and failures
+/// (refusals included, as [`NodeError::HeldByAnother`], so a failed round names them all).
+pub(crate) struct Round {
+    pub(super) verdict: Verdict,
+    pub(super) tally: Tally,
+    pub(super) yes: Vec<(usize, i64)>,
+    pub(super) refusals: Vec<Option<Vec<u8>>>,
+    pub(super) failures: Vec<NodeFailure>,
+    pub(super) rest: Tail,
+}
+
+impl Round {
+    /// How a refused acquisition reads (see [`quorum::refusal`]).
+    pub(super) fn refusal(&self) -> Refusal {
+        quorum::refusal_of(
+            self.tally.n(),
+            &self.refusals,
+            self.tally.failed(),
+            self.tally.pending(),
+        )
+    }
+
+    /// Nodes holding the most common foreign value seen, or every refusal when values are
+    /// unknown: what `Held` reports.
+    pub(super) fn held_by_other(&self) -> usize {
+        let (counts, unknown) = quorum::refusal_groups(&self.refusals);
+        counts.into_iter().max().unwrap_or(0).max(unknown)
+    }
+}
+
+/// The calls of a round still unanswered when its verdict was taken.
+///
+/// They are parked or driven until the round's deadline so that their queued commands reach
+/// the nodes (see `Redlock::settle` and `docs/design.md`, "Late answers").
+pub(crate) struct Tail {
+    pub(super) calls: FuturesUnordered<NodeFuture>,
+    pub(super) answered: Vec<bool>,
+    pub(super) gate: RoundGate,
+    pub(super) deadline: Instant,
+}
+
+impl std::fmt::Debug for Tail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tail")
+            .field("unanswered", &self.calls.len())
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}
+
+impl Tail {
+    /// Whether keeping the calls without polling them is enough: every unanswered call is
+    /// queued on its connection (a kept future keeps it from being skipped), or the round is
+    /// closed (the others must not be sent).
+    pub(super) fn can_park(&self) -> bool {
+        self.gate.is_closed()
+            || self
+                .answered
+                .iter()
+                .enumerate()
+                .all(|(i, &answered)| answered || self.gate.handed(i))
+    }
+
+    /// Drives the unanswered calls to their answer, bounded by the round's deadline.
+    pub(super) async fn drive(self) {
+        let mut calls = self.calls;
+        let _ = tokio::time::timeout_at(self.deadline, async {
+            while calls.next().await.is_some() {}
+        })
+        .await;
+    }
+}
+
+impl Redlock {
+    /// Sends `call` to every node at once, each bounded by `deadline`, and returns as soon as the
+    /// verdict is certain. Unanswered calls are handed back in `rest`. With `closes_at`, no
+    /// call of the round is sent (nor re-sent as `EVAL`) from that time on the deadline clock.
+    pub(super) async fn round(
+        &self,
+        call: Arc<ScriptCall>,
+        deadline: Instant,
+        closes_at: Option<Stamp>,
+        hold_out: HoldOut,
+        op: Op,
+        yes: fn(i64) -> bool,
+    ) -> Round {
+        self.schedule_repairs();
+        let round = self
+            .fan_out(call, deadline, closes_at, hold_out, op, yes)
+            .await;
+        // A connection made during the round may have revealed a restart.
+        self.schedule_repairs();
+        round
+    }
+
+    /// `yes` tells which integer replies count as a yes; every other reply is a refusal.
+    pub(super) async fn fan_out(
+        &self,
+        call: Arc<ScriptCall>,
+        deadline: Instant,
+        closes_at: Option<Stamp>,
+        hold_out: HoldOut,
+        op: Op,
+        yes: fn(i64) -> bool,
+    ) -> Round {
+        let nodes = &self.inner.nodes;
+        let n = nodes.len();
+        let start = Instant::now();
+        let gate = RoundGate::new(n, closes_at);
+        let mut rest: FuturesUnordered<NodeFuture> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let fut =
+                    Arc::clone(node).call(Arc::clone(&call), hold_out, op, Some((gate.clone(), i)));
+                Box::pin(async move { (i, fut.await) }) as NodeFuture
+            })
+            .collect();
+        let mut answers = Answers::new(n);
+        // An acquisition refused by a quorum also waits until it is known whether that was
+        // contention (see `quorum::refusal`); nothing else does.
+        let classify = op == Op::Acquire;
+        let decided = tokio::time::timeout_at(deadline, async {
+            while let Some((i, reply)) = rest.next().await {
+                answers.record(i, reply, yes, nodes[i].name());
+                if let Some(verdict) = answers.decided(classify) {
+                    return verdict;
+                }
+            }
+            answers.tally.final_verdict()
+        })
+        .await;
+        let timed_out = decided.is_err();
+        // Without a verdict by the deadline, whoever has not answered failed: one timer for
+        // the round.
+        let verdict = decided.unwrap_or_else(|_| {
+            answers.time_out(nodes, op, deadline.saturating_duration_since(start))
+        });
+        if !timed_out {
+            answers.abandon(nodes, op, verdict);
+        }
+        let Answers {
+            tally,
+            yes: yeses,
+            refusals,
+            failures,
+            answered,
+        } = answers;
+        Round {
+            verdict,
+            tally,
+            yes: yeses,
+            refusals,
+            failures,
+            rest: Tail {
+                calls: rest,
+                answered,
+                gate,
+                deadline,
+            },
+        }
+    }
+}
+
+/// The answers of a round so far.
+struct Answers {
+    tally: Tally,
+    /// The yes-answers: node index, integer reply.
+    yes: Vec<(usize, i64)>,
+    refusals: Vec<Option<Vec<u8>>>,
+    failures: Vec<NodeFailure>,
+    answered: Vec<bool>,
+}
+
+impl Answers {
+    fn new(n: usize) -> Self {
+        Answers {
+            tally: Tally::new(n),
+            yes: Vec::with_capacity(n),
+            refusals: Vec::new(),
+            failures: Vec::new(),
+            answered: vec![false; n],
+        }
+    }
+
+    /// Records node `i`'s reply (named `name` in failures).
+    fn record(
+        &mut self,
+        i: usize,
+        reply: Result<Value, NodeError>,
+        yes: fn(i64) -> bool,
+        name: &str,
+    ) {
+        self.answered[i] = true;
+        // The acquire script refuses with the value that holds the key.
+        let reply = match reply {
+            Ok(Value::BulkString(holder)) => {
+                self.refusals.push(Some(holder));
+                Ok(None)
+            }
+            other => other.and_then(int_reply).map(Some),
+        };
+        match reply {
+            Ok(Some(v)) if yes(v) => {
+                self.tally.record(Answer::Yes);
+                self.yes.push((i, v));
+            }
+            Ok(refused) => {
+                if refused.is_some() {
+                    self.refusals.push(None);
+                }
+                self.tally.record(Answer::No);
+                self.failure(name, NodeError::HeldByAnother);
+            }
+            Err(cause) => {
+                self.tally.record(Answer::Failed);
+                self.failure(name, cause);
+            }
+        }
+    }
+
+    fn failure(&mut self, node: &str, cause: NodeError) {
+        self.failures.push(NodeFailure {
+            node: node.to_owned(),
+            cause,
+        });
+    }
+
+    /// The verdict, once certain; with `classify`, a refusal also waits until it is known
+    /// whether it was contention.
+    fn decided(&self, classify: bool) -> Option<Verdict> {
+        let t = &self.tally;
+        let verdict = t.verdict()?;
+        let undecided = classify
+            && verdict == Verdict::Refused
+            && quorum::refusal_of(t.n(), &self.refusals, t.failed(), t.pending())
+                == Refusal::Undecided;
+        (!undecided).then_some(verdict)
+    }
+
+    /// The round's deadline passed undecided: every node that has not answered failed.
+    fn time_out(&mut self, nodes: &[Arc<Node>], op: Op, waited: Duration) -> Verdict {
+        for (i, node) in nodes.iter().enumerate() {
+            if !self.answered[i] {
+                let cause = NodeError::Timeout(waited);
+                node.timed_out(op, &cause);
+                self.tally.record(Answer::Failed);
+                self.failure(node.name(), cause);
+            }
+        }
+        self.tally.final_verdict()
+    }
+
+    /// The nodes still pending when the outcome was certain.
+    fn abandon(&mut self, nodes: &[Arc<Node>], op: Op, verdict: Verdict) {
+        for (i, node) in nodes.iter().enumerate() {
+            if !self.answered[i] {
+                // Invisible in latency figures otherwise (a node always slower than the quorum).
+                metrics::node_abandoned(node.name(), op.as_str());
+                // A failed round names every node that counts toward no quorum, not just those
+                // that had answered: a user who just (re)started a cluster sees them all.
+                if verdict != Verdict::Quorum
+                    && let Some(cause) = node.held_out()
+                {
+                    self.failure(node.name(), cause);
+                }
+            }
+        }
+    }
+}
+
+/// A yes for acquire and extend: a counter (>= 1), `1` extended or `2` re-set.
+pub(crate) fn positive(v: i64) -> bool {
+    v > 0
+}
+
+/// A script's integer reply; a plain `SET NX` answers `OK` (yes) or nil (held).
+pub(crate) fn int_reply(v: Value) -> Result<i64, NodeError> {
+    match v {
+        Value::Int(i) => Ok(i),
+        Value::Okay => Ok(1),
+        Value::Nil => Ok(0),
+        other => Err(NodeError::BadReply(format!("{other:?}"))),
+    }
+}

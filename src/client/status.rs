@@ -1,0 +1,198 @@
+//! Reading every node's view of a key: [`LockStatus`], [`NodeStatus`], [`KeyState`], and
+//! [`Redlock::status`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+use tokio::time::Instant;
+
+use super::Redlock;
+use crate::core::health::EvictionRisk;
+use crate::core::keys::{fence_key, lock_key};
+use crate::core::quorum::{self, HolderView};
+use crate::error::{Error, NodeError, NodeFailure};
+use crate::node::scripts;
+use crate::node::{HoldOut, Op};
+
+/// What one node says about a key, from [`Redlock::status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyState {
+    /// The value (owner id) holding the lock there, if any.
+    pub value: Option<String>,
+    /// The key's remaining time to live there, if held.
+    pub ttl: Option<Duration>,
+    /// The node's fencing counter for the key.
+    pub fence: u64,
+}
+
+/// One node's answer in a [`LockStatus`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct NodeStatus {
+    /// The node's address, password redacted.
+    pub node: String,
+    /// Its view of the key, or why it could not be read. A node that reaches the same server
+    /// as another configured node reads [`NodeError::SameServer`]: it counts toward no quorum.
+    pub state: Result<KeyState, NodeError>,
+    /// What the node's memory policy can do to lock keys, as read on its last connect
+    /// ([`EvictionRisk::Unknown`] before any, or where `CONFIG GET` is unavailable).
+    pub eviction: EvictionRisk,
+}
+
+/// Every node's view of one key, from [`Redlock::status`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct LockStatus {
+    /// The user key.
+    pub key: String,
+    /// One entry per configured node, in configuration order.
+    pub nodes: Vec<NodeStatus>,
+    /// The quorum.
+    pub quorum: usize,
+}
+
+impl LockStatus {
+    /// How many nodes answered.
+    pub fn answered(&self) -> usize {
+        self.nodes.iter().filter(|n| n.state.is_ok()).count()
+    }
+
+    /// The value held by at least a quorum of nodes: the current owner, if any.
+    ///
+    /// `None` does not mean nobody holds the key when some nodes did not answer: see
+    /// [`holder_view`](Self::holder_view), which tells vacant from unknown.
+    pub fn holder(&self) -> Option<&str> {
+        match self.holder_view() {
+            HolderView::Held(v) => Some(v),
+            HolderView::Vacant | HolderView::Unknown => None,
+        }
+    }
+
+    /// Who holds the key, as far as this read can tell: [`HolderView::Held`] with the value a
+    /// quorum of nodes holds; [`HolderView::Vacant`] when nobody does; [`HolderView::Unknown`]
+    /// when no value stands on a quorum of the nodes that answered but the nodes that did not
+    /// answer could complete one (the holder's key on nodes {0,1,2}, a read that reached
+    /// {1,2,3,4}).
+    pub fn holder_view(&self) -> HolderView<&str> {
+        let values: Vec<Option<&str>> = self
+            .nodes
+            .iter()
+            .filter_map(|n| Some(n.state.as_ref().ok()?.value.as_deref()))
+            .collect();
+        let unanswered = self.nodes.len() - values.len();
+        quorum::holder_view(&values, unanswered, self.quorum)
+    }
+
+    /// `Ok` when a quorum of nodes answered; otherwise [`Error::NoQuorum`] naming each node that
+    /// did not, and why.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoQuorum`].
+    pub fn require_quorum(&self) -> Result<(), Error> {
+        if self.answered() >= self.quorum {
+            return Ok(());
+        }
+        Err(self.unanswered())
+    }
+
+    /// [`Error::NoQuorum`] naming each node that did not answer, and why.
+    pub(crate) fn unanswered(&self) -> Error {
+        let failures = self
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                n.state.as_ref().err().map(|cause| NodeFailure {
+                    node: n.node.clone(),
+                    cause: cause.clone(),
+                })
+            })
+            .collect();
+        Error::NoQuorum {
+            key: self.key.clone(),
+            reached: self.answered(),
+            nodes: self.nodes.len(),
+            needed: self.quorum,
+            failures,
+        }
+    }
+
+    /// The highest fencing counter any node reports.
+    pub fn max_fence(&self) -> u64 {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.state.as_ref().ok().map(|s| s.fence))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+impl Redlock {
+    /// Every node's view of `key`: value, remaining ttl and fencing counter. Waits for every node
+    /// (each bounded by the node timeout).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an invalid key; node failures are reported per node.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn status(&self, key: &str) -> Result<LockStatus, Error> {
+        self.check(key, Duration::from_secs(1))?;
+        let (lock_key, fence_key) = (lock_key(key), fence_key(key));
+        let call =
+            Arc::new(scripts::STATUS.call(&[lock_key.as_bytes(), fence_key.as_bytes()], &[]));
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let replies =
+            futures::future::join_all(self.inner.nodes.iter().map(|n| {
+                Arc::clone(n).run(Arc::clone(&call), deadline, HoldOut::Ignore, Op::Status)
+            }))
+            .await;
+        self.schedule_repairs();
+        let nodes = self
+            .inner
+            .nodes
+            .iter()
+            .zip(replies)
+            .map(|(n, r)| NodeStatus {
+                node: n.name().to_owned(),
+                state: match n.same_server() {
+                    Some(twin) => Err(twin),
+                    None => r.and_then(parse_status),
+                },
+                eviction: n.eviction(),
+            })
+            .collect();
+        Ok(LockStatus {
+            key: key.to_owned(),
+            nodes,
+            quorum: self.quorum(),
+        })
+    }
+}
+
+fn parse_status(v: Value) -> Result<KeyState, NodeError> {
+    let bad = |v: &Value| NodeError::BadReply(format!("{v:?}"));
+    let Value::Array(items) = &v else {
+        return Err(bad(&v));
+    };
+    let [value, pttl, fence] = items.as_slice() else {
+        return Err(bad(&v));
+    };
+    let value = match value {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::Nil => None,
+        _ => return Err(bad(&v)),
+    };
+    let (Value::Int(pttl), Value::Int(fence)) = (pttl, fence) else {
+        return Err(bad(&v));
+    };
+    Ok(KeyState {
+        value,
+        ttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+        fence: u64::try_from(*fence).unwrap_or(0),
+    })
+}

@@ -1,0 +1,141 @@
+//! Time arithmetic of a round: the drift allowance, validity (`ttl - elapsed - drift`), the
+//! budget a round may wait, the ttl as the nodes are told it, extension rounds and their
+//! outcome, and the random retry pause. Pure: see [`crate::core`].
+
+use std::time::Duration;
+
+use super::quorum::Verdict;
+
+/// The longest ttl a lock (or a max ttl setting) may have: the longest `PX` Redis takes in
+/// practice, 49 days.
+pub(crate) const MAX_TTL: Duration = Duration::from_millis(u32::MAX as u64);
+
+/// Drift allowance added to every ttl on top of `ttl * drift_factor`, for the timer resolution
+/// of the Redis servers (the Redlock spec's "+ 2 milliseconds").
+pub(crate) const DRIFT_FLOOR: Duration = Duration::from_millis(2);
+
+/// Clock-drift allowance for a ttl: `ttl * factor + 2 ms`.
+pub(crate) fn drift(ttl: Duration, factor: f64) -> Duration {
+    ttl.mul_f64(factor.max(0.0)) + DRIFT_FLOOR
+}
+
+/// Validity left after an acquisition round: `ttl - elapsed - drift`, or `None` when that is not
+/// strictly positive (the lock must then be treated as not acquired).
+pub(crate) fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> Option<Duration> {
+    ttl.checked_sub(elapsed)?
+        .checked_sub(drift)
+        .filter(|v| !v.is_zero())
+}
+
+/// How long a round may keep waiting on nodes: past `ttl - drift` after the round started, a
+/// success could no longer leave positive validity.
+pub(crate) fn budget(ttl: Duration, drift: Duration) -> Duration {
+    ttl.saturating_sub(drift)
+}
+
+/// How long an acquisition round may wait for answers, from its start: the node timeout, and
+/// never past the budget of the ttl sent (`sent - drift`), after which a quorum could leave no
+/// validity.
+pub(crate) fn acquire_round(node_timeout: Duration, sent: Duration, drift: Duration) -> Duration {
+    node_timeout.min(budget(sent, drift))
+}
+
+/// The ttl as the nodes are told it: `PX` in whole milliseconds, rounded down, and the same as
+/// a `Duration`. Validity and budgets are computed from this, never from the finer ttl asked
+/// for: a node expires the key after what it was sent.
+pub(crate) fn sent_ttl(ttl: Duration) -> (u64, Duration) {
+    let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    (ms, Duration::from_millis(ms))
+}
+
+/// How long an extension round may wait for answers: the node timeout, the budget of the new
+/// ttl, and never past the lock's current deadline (`left` from the round's start). An answer
+/// after the deadline cannot make the extension gapless, and nothing of the round is sent
+/// after it.
+pub(crate) fn extend_round(node_timeout: Duration, budget: Duration, left: Duration) -> Duration {
+    node_timeout.min(budget).min(left)
+}
+
+/// What an extension round amounts to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Extension {
+    /// A quorum extended it before the deadline: the new validity.
+    Extended(Duration),
+    /// A quorum extended it before the deadline, but the round left no validity.
+    TooSlow,
+    /// A quorum no longer holds our value.
+    NotOwner,
+    /// The deadline passed before a quorum extended it: the lock is lost.
+    Expired,
+    /// Too few nodes answered, and the lock is still valid.
+    Unreachable,
+}
+
+/// Decides an extension: `in_time` is whether the verdict was taken before the lock's deadline
+/// (as it stood before the round), `validity` the validity a quorum would give. A quorum counts
+/// only in time, so a holder told "extended" held the lock without a gap.
+pub(crate) fn extension(verdict: Verdict, in_time: bool, validity: Option<Duration>) -> Extension {
+    match verdict {
+        Verdict::Refused => Extension::NotOwner,
+        _ if !in_time => Extension::Expired,
+        Verdict::Quorum => validity.map_or(Extension::TooSlow, Extension::Extended),
+        Verdict::Unreachable => Extension::Unreachable,
+    }
+}
+
+/// The delay before retry number `attempt` (0-based): `base + jitter * unit`, where `unit` is a
+/// uniform random number in `[0, 1)`. Random so that competing clients desynchronise.
+pub(crate) fn retry_delay(base: Duration, jitter: Duration, unit: f64) -> Duration {
+    base + jitter.mul_f64(unit.clamp(0.0, 1.0))
+}
+
+#[cfg(test)]
+mod timing_tests {
+    use super::*;
+
+    #[test]
+    fn the_sent_ttl_is_whole_milliseconds_rounded_down() {
+        assert_eq!(
+            sent_ttl(Duration::from_micros(1_000_999)),
+            (1000, Duration::from_millis(1000))
+        );
+        assert_eq!(
+            sent_ttl(Duration::from_millis(30_000)),
+            (30_000, Duration::from_millis(30_000))
+        );
+        assert_eq!(sent_ttl(Duration::from_micros(999)), (0, Duration::ZERO));
+    }
+
+    #[test]
+    fn an_extension_round_never_outlasts_the_lock() {
+        let ms = Duration::from_millis;
+        assert_eq!(extend_round(ms(300), ms(9_000), ms(5_000)), ms(300));
+        assert_eq!(extend_round(ms(8_000), ms(7_900), ms(50)), ms(50));
+        assert_eq!(extend_round(ms(300), ms(100), ms(5_000)), ms(100));
+        assert_eq!(
+            extend_round(ms(300), ms(100), Duration::ZERO),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn a_quorum_after_the_deadline_is_a_loss_not_an_extension() {
+        let v = Some(Duration::from_secs(5));
+        assert_eq!(
+            extension(Verdict::Quorum, true, v),
+            Extension::Extended(Duration::from_secs(5))
+        );
+        assert_eq!(extension(Verdict::Quorum, true, None), Extension::TooSlow);
+        assert_eq!(extension(Verdict::Quorum, false, v), Extension::Expired);
+        assert_eq!(
+            extension(Verdict::Unreachable, false, v),
+            Extension::Expired
+        );
+        assert_eq!(
+            extension(Verdict::Unreachable, true, v),
+            Extension::Unreachable
+        );
+        assert_eq!(extension(Verdict::Refused, true, v), Extension::NotOwner);
+        assert_eq!(extension(Verdict::Refused, false, v), Extension::NotOwner);
+    }
+}

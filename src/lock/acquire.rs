@@ -1,0 +1,97 @@
+//! The public ways to acquire a lock: [`Redlock::builder`], [`Redlock::try_acquire`],
+//! [`Redlock::acquire`], [`Redlock::acquire_timeout`]. Each asks the engine
+//! (`crate::client::acquire`) and wraps the held state in a [`Lock`] guard.
+
+use std::time::Duration;
+
+use super::builder::RedlockBuilder;
+use super::guard::Lock;
+use crate::client::Redlock;
+use crate::client::acquire::Patience;
+use crate::error::Error;
+
+impl Redlock {
+    /// Starts configuring a client for these node URLs: `redis://[user:pass@]host:port[/db]`,
+    /// `rediss://...` (feature `tls`), `unix:///path/to.sock`.
+    pub fn builder<I, S>(urls: I) -> RedlockBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        RedlockBuilder::new(urls)
+    }
+
+    /// One attempt round, no retries: the lock, or why not at once.
+    ///
+    /// One exception: a round refused although no value can stand on a quorum (contenders that
+    /// started at the same moment split the nodes between them, 2/2/1 of 5) is undone and
+    /// re-tried after a short random pause, at most 6 times, so that one of them wins. Every
+    /// acquisition does this, on top of its configured retries.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Held`] (another owner: the refusals alone rule out a quorum),
+    /// [`Error::NoQuorum`] (too few nodes reachable, each failure named, and each refusal when
+    /// refusals and failures together ruled out a quorum), [`Error::ValidityExpired`] (the round
+    /// took too long), or [`Error::InvalidArgument`] (empty key, ttl not above the drift
+    /// allowance).
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe: if the future is dropped midway, a release of the attempt's value is sent to
+    /// every node in the background (when a tokio runtime is still running), after the acquire
+    /// on each node's connection. Whatever is missed expires with the ttl.
+    pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Lock, Error> {
+        let patience = Patience {
+            rounds: 1,
+            wait: Duration::ZERO,
+        };
+        Ok(Lock::new(
+            self.clone(),
+            self.acquire_held(key, ttl, patience).await?,
+        ))
+    }
+
+    /// Acquires with the configured retries: up to `1 + retry_count` rounds, a random pause
+    /// (`retry_delay + uniform(0, jitter)`) between them.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire), from the last round.
+    ///
+    /// # Cancellation safety
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn acquire(&self, key: &str, ttl: Duration) -> Result<Lock, Error> {
+        self.acquire_timeout(key, ttl, Duration::ZERO).await
+    }
+
+    /// As [`acquire`](Self::acquire), and keeps trying (rounds separated by the configured random
+    /// pause) until `wait` has passed since the call, then gives up with the last round's error.
+    /// It always makes at least the rounds [`acquire`](Self::acquire) makes, so `wait = 0` is
+    /// `acquire`. No round starts after `wait` (rounds resolving contention excepted, see
+    /// [`try_acquire`](Self::try_acquire)); the last one may end up to one node timeout later.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire), from the last round.
+    ///
+    /// # Cancellation safety
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn acquire_timeout(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lock, Error> {
+        let patience = Patience {
+            rounds: self.inner.cfg.retry_count.saturating_add(1),
+            wait,
+        };
+        Ok(Lock::new(
+            self.clone(),
+            self.acquire_held(key, ttl, patience).await?,
+        ))
+    }
+}

@@ -1,0 +1,220 @@
+//! The one self-healing connection to a node: established lazily in a spawned task bounded by
+//! the connect timeout, replaced only when it breaks (so a node's calls travel in order), and
+//! the connect itself (TCP/TLS settings, scripts loaded, `INFO` and `CONFIG GET` read for the
+//! restart and eviction guards in one round trip). Every connection the crate opens to a node,
+//! pub/sub included, is opened here.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use redis::AsyncConnectionConfig;
+use redis::aio::MultiplexedConnection;
+use tokio::time::Instant;
+
+use super::address::redact;
+use super::gate::QUEUE;
+use super::health::{durability_marker, parse_info, read_config};
+use super::{Connected, Node, RECONNECT_BACKOFF, Slot, scripts};
+use crate::core::health::EvictionRisk;
+use crate::core::lock;
+use crate::error::{ConfigError, NodeError};
+
+/// The certificates for `rediss://` nodes, when configured (feature `tls`).
+#[cfg(feature = "tls")]
+pub(crate) type Tls = Option<redis::TlsCertificates>;
+/// Nothing without the `tls` feature.
+#[cfg(not(feature = "tls"))]
+pub(crate) type Tls = ();
+
+impl Node {
+    /// The live connection, or the one being established (started if none is).
+    pub(super) async fn connection(self: &Arc<Self>) -> Connected {
+        let pending = {
+            let mut slot = lock(&self.slot);
+            match &*slot {
+                Slot::Ready(conn, generation) => return Ok((conn.clone(), *generation)),
+                Slot::Connecting(pending) => pending.clone(),
+                Slot::Failed(e, until) if Instant::now() < *until => return Err(e.clone()),
+                Slot::Failed(..) | Slot::Empty => {
+                    let pending = self.spawn_connect();
+                    *slot = Slot::Connecting(pending.clone());
+                    pending
+                }
+            }
+        };
+        pending.await
+    }
+
+    pub(super) fn spawn_connect(self: &Arc<Self>) -> Shared<BoxFuture<'static, Connected>> {
+        let node = Arc::clone(self);
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let task = tokio::spawn(async move {
+            let result = match tokio::time::timeout(node.connect_timeout, node.connect()).await {
+                Ok(Ok(conn)) => Ok((conn, generation)),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(NodeError::Timeout(node.connect_timeout)),
+            };
+            let mut slot = lock(&node.slot);
+            *slot = match &result {
+                Ok((conn, generation)) => Slot::Ready(conn.clone(), *generation),
+                Err(e) => {
+                    tracing::debug!(node = %node.name, error = %e, "connect failed");
+                    Slot::Failed(e.clone(), Instant::now() + RECONNECT_BACKOFF)
+                }
+            };
+            result
+        });
+        let node = Arc::clone(self);
+        async move {
+            task.await.unwrap_or_else(|e| {
+                // The task panicked or its runtime shut down before it could fill the slot: empty
+                // it, so the next call connects afresh instead of reusing this failure forever.
+                let mut slot = lock(&node.slot);
+                if matches!(&*slot, Slot::Connecting(_))
+                    && node.generation.load(Ordering::Relaxed) == generation
+                {
+                    *slot = Slot::Empty;
+                }
+                Err(NodeError::Dropped(redis::RedisError::from(
+                    std::io::Error::other(format!("connect task ended early: {e}")),
+                )))
+            })
+        }
+        .boxed()
+        .shared()
+    }
+
+    /// Opens a new connection to this node, bounded by the connect timeout: the one way the
+    /// crate connects to a node, for the lock's own connection and for the side connections of
+    /// elections and run-once jobs. `client` carries what the builder configured (certificates
+    /// for `rediss://`, TCP keepalive and user timeout; see `RedlockBuilder::open_client`), and
+    /// every connection gets the same [`AsyncConnectionConfig`].
+    pub(crate) async fn open_connection(&self) -> Result<MultiplexedConnection, NodeError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(None)
+            .set_pipeline_buffer_size(QUEUE);
+        tokio::time::timeout(
+            self.connect_timeout,
+            self.client
+                .get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        .map_err(|_| NodeError::Timeout(self.connect_timeout))?
+        .map_err(|e| self.connect_error(e))
+    }
+
+    /// Opens a new pub/sub connection to this node, with the same client (certificates, TCP
+    /// settings) as [`open_connection`](Self::open_connection), bounded by the connect timeout.
+    pub(crate) async fn open_pubsub(&self) -> Result<redis::aio::PubSub, NodeError> {
+        tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub())
+            .await
+            .map_err(|_| NodeError::Timeout(self.connect_timeout))?
+            .map_err(|e| self.connect_error(e))
+    }
+
+    /// Connects, loads every script and reads `run_id` / `uptime_in_seconds` in one round trip.
+    pub(super) async fn connect(&self) -> Result<MultiplexedConnection, NodeError> {
+        let mut conn = self.open_connection().await?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("INFO").arg("server");
+        pipe.cmd("INFO").arg("persistence");
+        for lua in scripts::all() {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(lua.code()).ignore();
+        }
+        let (info, persistence): (String, String) = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.connect_error(e))?;
+        let (run_id, uptime) = parse_info(&info)
+            .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
+        let aof = persistence.lines().any(|l| l.trim() == "aof_enabled:1");
+        let config = read_config(&mut conn).await;
+        let fsync_always = aof && config.appendfsync.as_deref() == Some("always");
+        let marker = if fsync_always {
+            durability_marker(&mut conn, &run_id).await
+        } else {
+            None
+        };
+        if let Some(other) = self.peers.record(self.index, &run_id) {
+            tracing::warn!(
+                node = %self.name,
+                other = %self.peers.names.get(other).map_or("?", String::as_str),
+                run_id = %run_id,
+                "two node URLs reach the same Redis server; neither counts toward a quorum while they do"
+            );
+        }
+        self.observe_eviction(EvictionRisk::classify(
+            config.maxmemory.as_deref(),
+            config.policy.as_deref(),
+        ));
+        self.observe_start(run_id, uptime, fsync_always, marker);
+        tracing::debug!(node = %self.name, "connected");
+        Ok(conn)
+    }
+
+    /// A connect-time error; a timeout there is the connect timeout.
+    pub(super) fn connect_error(&self, e: redis::RedisError) -> NodeError {
+        if e.is_timeout() {
+            NodeError::Timeout(self.connect_timeout)
+        } else {
+            NodeError::from_redis(e)
+        }
+    }
+
+    pub(super) fn invalidate(&self, generation: u64) {
+        let mut slot = lock(&self.slot);
+        if matches!(&*slot, Slot::Ready(_, g) if *g == generation) {
+            *slot = Slot::Empty;
+            tracing::debug!(node = %self.name, "connection broken; will reconnect");
+        }
+    }
+}
+
+/// A `redis::Client` for one node URL, with our TCP settings (and certificates for `rediss://`
+/// when configured): the only way the crate makes a client for a node.
+pub(crate) fn open_client(url: &str, tls: &Tls) -> Result<redis::Client, ConfigError> {
+    use redis::IntoConnectionInfo;
+    let invalid = |source| ConfigError::InvalidUrl {
+        url: redact(url),
+        source,
+    };
+    let info = url
+        .into_connection_info()
+        .map_err(invalid)?
+        .set_tcp_settings(tcp_settings());
+    #[cfg(not(feature = "tls"))]
+    let _ = tls;
+    #[cfg(feature = "tls")]
+    if let Some(certs) = tls
+        && matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
+    {
+        return redis::Client::build_with_tls(info, certs.clone()).map_err(|source| {
+            ConfigError::Tls {
+                url: redact(url),
+                source,
+            }
+        });
+    }
+    redis::Client::open(info).map_err(invalid)
+}
+
+/// TCP settings for every node connection. A connection is replaced only when it breaks (that
+/// keeps each node's calls in order), so a silently dead peer (a host gone without a reset, a
+/// partition) must break it: keepalive probes find an idle dead peer within about 16 s, and
+/// `TCP_USER_TIMEOUT` drops a connection whose sent data has gone unacknowledged for 10 s.
+/// A paused Redis process is not affected: its kernel still acknowledges what it receives.
+fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    use redis::io::tcp::{TcpSettings, socket2::TcpKeepalive};
+    let keepalive = TcpKeepalive::new()
+        .with_time(Duration::from_secs(10))
+        .with_interval(Duration::from_secs(2))
+        .with_retries(3);
+    let settings = TcpSettings::default().set_keepalive(keepalive);
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+    let settings = settings.set_user_timeout(Duration::from_secs(10));
+    settings
+}

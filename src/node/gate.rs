@@ -1,0 +1,79 @@
+//! A round's gate: which calls of a fan-out round were handed to their connection, and whether
+//! the round is closed (nothing of it sent any more).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::core::clock::{self, Stamp};
+
+/// How many commands a node connection's queue (redis-rs' channel to its driver task) holds.
+/// Far above any backlog the node timeout allows, so a call never waits for room: a call handed
+/// to its connection is always already queued. That makes it safe to keep a call's future
+/// without polling it (the library parks the unanswered calls of finished rounds): a future
+/// waiting for room would hold that room once granted, forever if unpolled, and starve the
+/// connection (`t25_connections_stay_usable_after_heavy_concurrency`).
+pub(crate) const QUEUE: usize = 1 << 16;
+
+/// A round's gate: which of its calls have been handed to their connection, and whether the
+/// round is *closed*. A round is closed at its verdict when its unanswered calls must not be
+/// sent late (sent after a later extension or the release, an acquire or an extension could
+/// leave the key with the wrong expiry, or re-set it): a call still waiting for its connection
+/// then gives up instead of sending.
+///
+/// A call handed to its connection is queued there (see [`QUEUE`]) and runs before any call
+/// queued after it; dropped before redis-rs writes it, it may be skipped, but a kept future,
+/// even unpolled, keeps it. A call still waiting for its connection is sent only if polled.
+///
+/// A gate may also close by itself at a time on the deadline clock (an extension's gate
+/// closes at the lock's deadline: nothing of it is sent after), and a call's `EVAL` fallback
+/// after a `NOSCRIPT` reply is a new send: it passes the gate again.
+#[derive(Debug, Clone)]
+pub(crate) struct RoundGate(Arc<GateState>);
+
+#[derive(Debug)]
+struct GateState {
+    closed: AtomicBool,
+    /// When the round closes by itself, on the deadline clock.
+    until: Option<Stamp>,
+    handed: Box<[AtomicBool]>,
+}
+
+impl RoundGate {
+    /// A gate for `n` calls; with `until`, it also closes by itself then (deadline clock).
+    pub(crate) fn new(n: usize, until: Option<Stamp>) -> Self {
+        RoundGate(Arc::new(GateState {
+            closed: AtomicBool::new(false),
+            until,
+            handed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        }))
+    }
+
+    /// Closes the round: calls still waiting for a connection will not be sent.
+    pub(crate) fn close(&self) {
+        self.0.closed.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.0.closed.load(Ordering::Acquire) || self.0.until.is_some_and(|u| u <= clock::now())
+    }
+
+    /// Whether call `i` has been handed to its connection.
+    pub(crate) fn handed(&self, i: usize) -> bool {
+        self.0
+            .handed
+            .get(i)
+            .is_some_and(|h| h.load(Ordering::Acquire))
+    }
+
+    /// Lets call `i` through (marking it handed), unless the round is closed. Checked right
+    /// before the send, in the same poll.
+    pub(super) fn pass(&self, i: usize) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        if let Some(h) = self.0.handed.get(i) {
+            h.store(true, Ordering::Release);
+        }
+        true
+    }
+}

@@ -1,0 +1,448 @@
+//! What the node layer knows of one server's health, and acts on: the restart guard (hold-out
+//! after a restart, repair needed), one server reached by two URLs ([`Peers`]), the eviction
+//! guard, the max ttl in use, and what a connect reads to decide them (`INFO`, `CONFIG GET`,
+//! the durability marker). The decisions themselves are pure, in [`crate::core::health`].
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+
+use super::Node;
+use crate::core::health::{
+    EvictionGuard, EvictionRisk, Meeting, data_survived, hold_out_for, restart_verdict, twin,
+    youngest_age,
+};
+use crate::core::lock;
+use crate::error::NodeError;
+
+#[derive(Default)]
+pub(crate) struct Health {
+    run_id: Option<String>,
+    /// Whether the last connect found the node durable: `appendfsync always`, with its
+    /// durability marker in place.
+    durable: bool,
+    repair: Repair,
+    /// The node's memory policy as last read (warned about when it changes to a risky one).
+    eviction: EvictionRisk,
+    /// Bumped each time a restart makes a repair needed: a repair started before the latest
+    /// restart (its raises went to the lost data) cannot finish it.
+    repair_epoch: u64,
+}
+
+/// The key of a node's durability marker: written once (`SET NX`) on a node that runs with
+/// `appendfsync always`, holding the run id of the server it was written to. Found after a
+/// restart holding an earlier run id, it shows the keyspace survived the restart.
+pub(crate) const MARKER_KEY: &str = "quorumlock:durability-marker";
+
+/// `Node::started` when no restart hold-out applies.
+pub(crate) const NOT_STARTED: i64 = i64::MIN;
+
+/// A duration in nanoseconds, saturating.
+pub(crate) fn nanos(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// The run ids a client's nodes last connected to, shared by its nodes: URLs that differ can
+/// reach one server (two databases of it, a hostname and its address, a Unix socket and TCP),
+/// and one server must not count as two votes.
+///
+/// Each node records the run id of every connect; a node counts toward no quorum while another
+/// node's latest run id is the same. A restart changes the run id: both nodes record the new
+/// one as they reconnect (each on its next call), so the duplication stands across restarts;
+/// it ends only when one of the URLs reaches another server.
+#[derive(Debug)]
+pub(crate) struct Peers {
+    pub(crate) names: Vec<String>,
+    run_ids: Mutex<Vec<Option<String>>>,
+    /// Whether two nodes share a run id now: lets every call skip the mutex otherwise.
+    shared: AtomicBool,
+}
+
+impl Peers {
+    pub(crate) fn new(names: impl IntoIterator<Item = String>) -> Self {
+        let names: Vec<String> = names.into_iter().collect();
+        Peers {
+            run_ids: Mutex::new(vec![None; names.len()]),
+            names,
+            shared: AtomicBool::new(false),
+        }
+    }
+
+    /// Records node `i`'s run id; returns the other node sharing it, if any.
+    pub(super) fn record(&self, i: usize, run_id: &str) -> Option<usize> {
+        let mut run_ids = lock(&self.run_ids);
+        if let Some(slot) = run_ids.get_mut(i) {
+            *slot = Some(run_id.to_owned());
+        }
+        let shared = (0..run_ids.len()).any(|j| twin(&run_ids, j).is_some());
+        self.shared.store(shared, Ordering::Release);
+        twin(&run_ids, i)
+    }
+
+    /// Another node whose latest run id is node `i`'s: its name and the run id.
+    pub(super) fn twin_of(&self, i: usize) -> Option<(&str, String)> {
+        if !self.shared.load(Ordering::Acquire) {
+            return None;
+        }
+        let run_ids = lock(&self.run_ids);
+        let j = twin(&run_ids, i)?;
+        Some((self.names.get(j)?.as_str(), run_ids.get(i)?.clone()?))
+    }
+}
+
+/// Whether a restarted node's fencing counters still have to be restored from the others.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Repair {
+    #[default]
+    Clean,
+    Needed,
+    Running,
+}
+
+/// The largest ttl in use: how long a restarted node is held out.
+#[derive(Debug)]
+pub(crate) struct MaxTtl {
+    fixed: Option<Duration>,
+    seen_ms: AtomicU64,
+}
+
+impl MaxTtl {
+    const FLOOR: Duration = Duration::from_secs(1);
+
+    pub(crate) fn new(fixed: Option<Duration>) -> Self {
+        MaxTtl {
+            fixed,
+            seen_ms: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn observe(&self, ttl: Duration) {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.seen_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> Duration {
+        self.fixed.unwrap_or_else(|| {
+            Duration::from_millis(self.seen_ms.load(Ordering::Relaxed)).max(Self::FLOOR)
+        })
+    }
+
+    /// Whether the max ttl is configured (it never grows).
+    pub(super) fn is_fixed(&self) -> bool {
+        self.fixed.is_some()
+    }
+}
+
+/// Whether a call must skip a node that is held out (after a restart, as a second URL of one
+/// server, for its eviction policy under the strict guard).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HoldOut {
+    /// Acquire and extend: a held-out node counts as failed and is not asked.
+    Respect,
+    /// Release and status: always ask.
+    Ignore,
+}
+
+impl Node {
+    /// Why this node counts toward no quorum now, if it does not: it reaches the same server
+    /// as another node, its memory policy can evict lock keys (strict eviction guard), it is
+    /// within the delayed-restart window, or its fencing counters are being restored after a
+    /// restart.
+    pub(crate) fn held_out(&self) -> Option<NodeError> {
+        if let Some((other, run_id)) = self.peers.twin_of(self.index) {
+            return Some(NodeError::SameServer {
+                other: other.to_owned(),
+                run_id,
+            });
+        }
+        if self.evicting.load(Ordering::Acquire) {
+            return Some(NodeError::Evicting(lock(&self.health).eviction.clone()));
+        }
+        if let Some(remaining) = self.restart_hold_out() {
+            return Some(NodeError::HeldOut { remaining });
+        }
+        if !self.suspect.load(Ordering::Acquire) {
+            return None;
+        }
+        let health = lock(&self.health);
+        self.settle(&health);
+        (health.repair != Repair::Clean).then_some(NodeError::Repairing)
+    }
+
+    /// How much longer the restart guard holds the node out: until the max ttl in use now has
+    /// passed since the node's start.
+    pub(super) fn restart_hold_out(&self) -> Option<Duration> {
+        let start = self.started.load(Ordering::Acquire);
+        if start == NOT_STARTED {
+            return None;
+        }
+        let now = nanos(self.epoch.elapsed());
+        let until = start.saturating_add(nanos(self.max_ttl.get()));
+        if now < until {
+            if !self.holding.swap(true, Ordering::Relaxed) {
+                tracing::info!(
+                    node = %self.name,
+                    max_ttl = ?self.max_ttl.get(),
+                    "node started less than the max ttl now in use ago; it counts toward no quorum until that has passed"
+                );
+            }
+            return Some(Duration::from_nanos(
+                u64::try_from(until - now).unwrap_or(0),
+            ));
+        }
+        if self.holding.swap(false, Ordering::Relaxed) {
+            tracing::info!(node = %self.name, "restarted node's hold-out is over");
+        }
+        // A max ttl that can still grow (the largest this client used) could make the node
+        // young again: keep its start until a configured max ttl says it never will.
+        if self.max_ttl.is_fixed() {
+            let _ = self.started.compare_exchange(
+                start,
+                NOT_STARTED,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+        None
+    }
+
+    /// Clears the `suspect` hint once no repair holds the node out (called under the mutex).
+    pub(super) fn settle(&self, health: &Health) {
+        if health.repair == Repair::Clean {
+            self.suspect.store(false, Ordering::Release);
+        }
+    }
+
+    /// The node's memory policy risk as last read on connect.
+    pub(crate) fn eviction(&self) -> EvictionRisk {
+        lock(&self.health).eviction.clone()
+    }
+
+    /// Another node reaching the same server, by name, if any.
+    pub(crate) fn same_server(&self) -> Option<NodeError> {
+        self.peers
+            .twin_of(self.index)
+            .map(|(other, run_id)| NodeError::SameServer {
+                other: other.to_owned(),
+                run_id,
+            })
+    }
+
+    /// True while the node's fencing counters may be behind after a restart: it is then no
+    /// source for restoring another node's counters.
+    pub(crate) fn needs_repair(&self) -> bool {
+        lock(&self.health).repair != Repair::Clean
+    }
+
+    /// Claims the restoring of this node's counters (once per needed repair): the repair's
+    /// epoch, which [`finish_repair`](Self::finish_repair) must present.
+    pub(crate) fn claim_repair(&self) -> Option<u64> {
+        if !self.suspect.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut health = lock(&self.health);
+        if health.repair == Repair::Needed {
+            health.repair = Repair::Running;
+            Some(health.repair_epoch)
+        } else {
+            None
+        }
+    }
+
+    /// Whether the repair claimed with `epoch` is still the one to do (the node has not
+    /// restarted again since).
+    pub(crate) fn repair_current(&self, epoch: u64) -> bool {
+        let health = lock(&self.health);
+        health.repair == Repair::Running && health.repair_epoch == epoch
+    }
+
+    /// Ends the repair claimed with `epoch`: clean on success, to be claimed again on failure.
+    /// Ignored when the node restarted again since the claim (that restart needs a repair of
+    /// its own).
+    pub(crate) fn finish_repair(&self, epoch: u64, ok: bool) {
+        let mut health = lock(&self.health);
+        if health.repair == Repair::Running && health.repair_epoch == epoch {
+            health.repair = if ok { Repair::Clean } else { Repair::Needed };
+        }
+        self.settle(&health);
+    }
+
+    /// How many restarts (run id changes) of this node this client has seen.
+    pub(crate) fn incarnation(&self) -> u64 {
+        self.incarnation.load(Ordering::Acquire)
+    }
+
+    /// Records the node's memory policy: a warning when it turns risky (once per node and
+    /// policy), and the strict eviction guard's hold-out.
+    pub(super) fn observe_eviction(&self, risk: EvictionRisk) {
+        let mut health = lock(&self.health);
+        if risk.is_risky() && health.eviction != risk {
+            tracing::warn!(
+                node = %self.name,
+                risk = %risk,
+                guard = ?self.eviction_guard,
+                "node may evict lock keys under memory pressure, without any restart: set \
+                 maxmemory-policy noeviction (or maxmemory 0) on lock nodes"
+            );
+        } else if risk == EvictionRisk::Unknown && health.eviction != risk {
+            tracing::debug!(node = %self.name, "eviction policy unknown (CONFIG GET unavailable)");
+        }
+        self.evicting.store(
+            self.eviction_guard == EvictionGuard::Strict && risk.is_risky(),
+            Ordering::Release,
+        );
+        health.eviction = risk;
+    }
+
+    /// The restart guard: compares the run id with the last one seen. A node whose data
+    /// demonstrably survived its start ([`data_survived`]: `appendfsync always` and a durability
+    /// marker from an earlier run) is neither held out nor repaired.
+    pub(super) fn observe_start(
+        &self,
+        run_id: String,
+        uptime: Duration,
+        fsync_always: bool,
+        marker: Option<String>,
+    ) {
+        let mut health = lock(&self.health);
+        let meeting = match &health.run_id {
+            None => Meeting::First,
+            Some(previous) if *previous == run_id => Meeting::Same,
+            Some(_) => Meeting::Restarted,
+        };
+        if meeting == Meeting::Restarted {
+            self.incarnation.fetch_add(1, Ordering::AcqRel);
+        }
+        let durable_before = (meeting == Meeting::Restarted).then_some(health.durable);
+        let survived = data_survived(fsync_always, marker.as_deref(), &run_id, durable_before);
+        let (hold, repair) = restart_verdict(self.guard, meeting, survived);
+        if hold {
+            // Counted from now with the youngest age the uptime allows: the latest it can have
+            // started.
+            let age = youngest_age(uptime);
+            let start = nanos(self.epoch.elapsed()).saturating_sub(nanos(age));
+            self.started.store(start, Ordering::Release);
+            if let Some(remaining) = hold_out_for(uptime, self.max_ttl.get()) {
+                self.holding.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    node = %self.name,
+                    uptime_s = uptime.as_secs(),
+                    held_out_for = ?remaining,
+                    until = %humantime::format_rfc3339_seconds(std::time::SystemTime::now() + remaining),
+                    "node (re)started less than the max ttl ago and may have lost lock keys; \
+                     it counts toward no quorum until the max ttl has passed since its start"
+                );
+            }
+        }
+        // Seen restarting without proof its data survived: its fencing counters (which never
+        // expire) may be gone too; restore them from the other nodes before it counts again.
+        if repair {
+            health.repair = Repair::Needed;
+            health.repair_epoch += 1;
+            self.suspect.store(true, Ordering::Release);
+        }
+        if meeting == Meeting::Restarted && survived {
+            tracing::info!(
+                node = %self.name,
+                "node restarted with its data (appendfsync always, durability marker intact); it counts at once"
+            );
+        }
+        health.durable = fsync_always && marker.is_some();
+        health.run_id = Some(run_id);
+    }
+}
+
+/// The settings read from a node with `CONFIG GET`; `None` where unreadable.
+#[derive(Debug, Default)]
+pub(crate) struct NodeConfig {
+    pub(super) appendfsync: Option<String>,
+    pub(super) maxmemory: Option<String>,
+    pub(super) policy: Option<String>,
+}
+
+/// Reads `appendfsync`, `maxmemory` and `maxmemory-policy` in one round trip. Any error
+/// (CONFIG renamed or forbidden, as managed services do) leaves them all unknown: the node is
+/// then treated as one that may lose its last writes in a restart, and its eviction risk is
+/// reported as unknown; the connect goes on.
+pub(crate) async fn read_config(conn: &mut MultiplexedConnection) -> NodeConfig {
+    let mut pipe = redis::pipe();
+    for name in ["appendfsync", "maxmemory", "maxmemory-policy"] {
+        pipe.cmd("CONFIG").arg("GET").arg(name);
+    }
+    let reply: redis::RedisResult<(Vec<String>, Vec<String>, Vec<String>)> =
+        pipe.query_async(conn).await;
+    let value = |pair: Vec<String>| match <[String; 2]>::try_from(pair) {
+        Ok([_, value]) => Some(value),
+        Err(_) => None,
+    };
+    match reply {
+        Ok((fsync, maxmemory, policy)) => NodeConfig {
+            appendfsync: value(fsync),
+            maxmemory: value(maxmemory),
+            policy: value(policy),
+        },
+        Err(_) => NodeConfig::default(),
+    }
+}
+
+/// Writes the node's durability marker if it has none (`SET NX`, the current run id: acknowledged
+/// only once fsynced under `appendfsync always`) and reads it back. `None` on any error (a node
+/// out of memory under `noeviction`, say): the node's data is then not trusted to survive.
+pub(crate) async fn durability_marker(
+    conn: &mut MultiplexedConnection,
+    run_id: &str,
+) -> Option<String> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(MARKER_KEY)
+        .arg(run_id)
+        .arg("NX")
+        .ignore()
+        .cmd("GET")
+        .arg(MARKER_KEY);
+    let reply: redis::RedisResult<(Option<String>,)> = pipe.query_async(conn).await;
+    reply.ok().and_then(|(marker,)| marker)
+}
+
+pub(crate) fn parse_info(info: &str) -> Option<(String, Duration)> {
+    let mut run_id = None;
+    let mut uptime = None;
+    for line in info.lines() {
+        if let Some(v) = line.strip_prefix("run_id:") {
+            run_id = Some(v.trim().to_owned());
+        } else if let Some(v) = line.strip_prefix("uptime_in_seconds:") {
+            uptime = v.trim().parse().ok().map(Duration::from_secs);
+        }
+    }
+    Some((run_id?, uptime?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(super) fn info_parsing_finds_run_id_and_uptime() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\n";
+        assert_eq!(
+            parse_info(info),
+            Some(("abc123".to_owned(), Duration::from_secs(42)))
+        );
+        assert_eq!(parse_info("garbage"), None);
+    }
+
+    #[test]
+    pub(super) fn max_ttl_tracks_the_largest_seen_with_a_floor() {
+        let m = MaxTtl::new(None);
+        assert_eq!(m.get(), Duration::from_secs(1));
+        m.observe(Duration::from_secs(30));
+        m.observe(Duration::from_secs(5));
+        assert_eq!(m.get(), Duration::from_secs(30));
+        assert_eq!(
+            MaxTtl::new(Some(Duration::from_secs(7))).get(),
+            Duration::from_secs(7)
+        );
+    }
+}

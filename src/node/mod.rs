@@ -1,0 +1,349 @@
+//! The node layer: everything the crate says to one Redis server goes through a [`Node`].
+//!
+//! One lazily established, self-healing multiplexed connection per node ([`connection`]),
+//! shared by lock rounds, election records, run-once markers and repairs (pub/sub opens its own
+//! connection through the same client and settings); per-call deadlines and error
+//! classification (here); scripts with their `NOSCRIPT` fallback ([`scripts`]); a round's gate
+//! ([`gate`]); the restart and eviction guards' view of the node ([`health`]); repair I/O
+//! ([`repair`]); address parsing and redaction ([`address`]).
+//!
+//! Connecting runs in a spawned task bounded by the connect timeout, so a caller whose per-node
+//! deadline is short can give up waiting without cancelling the connect for the next caller.
+//! A connection is replaced only when it breaks (not on a timeout): while it lives, every call
+//! to a node travels in order on it, so a release always reaches the node after the acquire it
+//! undoes.
+
+pub(crate) mod address;
+pub(crate) mod connection;
+pub(crate) mod gate;
+pub(crate) mod health;
+mod repair;
+pub(crate) mod scripts;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::{BoxFuture, Shared};
+use redis::Value;
+use redis::aio::MultiplexedConnection;
+use tokio::time::Instant;
+
+use crate::core::health::{EvictionGuard, RestartGuard};
+use crate::error::NodeError;
+use crate::metrics;
+
+pub(crate) use self::gate::RoundGate;
+use self::health::{Health, NOT_STARTED};
+pub(crate) use self::health::{HoldOut, MaxTtl, Peers};
+use self::scripts::ScriptCall;
+
+/// What a call is for: its label in metrics and log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Acquire,
+    Extend,
+    Release,
+    Status,
+    /// Raising lagging fencing counters after an acquisition.
+    Raise,
+    /// A command of a feature on top (election records, run-once markers).
+    #[allow(dead_code)] // until election and run-once send through `Node::with_connection`
+    Command,
+}
+
+impl Op {
+    /// The label used in metrics and logs.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Op::Acquire => "acquire",
+            Op::Extend => "extend",
+            Op::Release => "release",
+            Op::Status => "status",
+            Op::Raise => "raise",
+            Op::Command => "command",
+        }
+    }
+}
+
+/// What a node needs of the client's configuration: plain values, never the builder.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NodeSettings {
+    pub(crate) connect_timeout: Duration,
+    pub(crate) restart_guard: RestartGuard,
+    pub(crate) eviction_guard: EvictionGuard,
+}
+
+type Connected = Result<(MultiplexedConnection, u64), NodeError>;
+
+/// How long calls fail fast with the last connect error before the next connect is tried, so a
+/// dead node costs no connect attempt (and no task) per call.
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(25);
+
+enum Slot {
+    Empty,
+    /// The last connect failed: calls fail fast with its error until the instant passes.
+    Failed(NodeError, Instant),
+    Connecting(Shared<BoxFuture<'static, Connected>>),
+    Ready(MultiplexedConnection, u64),
+}
+
+/// One Redis master.
+pub(crate) struct Node {
+    name: String,
+    client: redis::Client,
+    connect_timeout: Duration,
+    guard: RestartGuard,
+    eviction_guard: EvictionGuard,
+    max_ttl: Arc<MaxTtl>,
+    /// This node's place among the client's nodes, and their shared run ids.
+    index: usize,
+    peers: Arc<Peers>,
+    generation: AtomicU64,
+    slot: Mutex<Slot>,
+    health: Mutex<Health>,
+    /// The reference instant of `started`.
+    epoch: Instant,
+    /// When the node started (nanoseconds after `epoch`, negative before it) if the restart
+    /// guard holds it out until the max ttl has passed since then; [`NOT_STARTED`] otherwise.
+    /// The hold-out is computed on every check against the max ttl in use *then*, so a max
+    /// ttl that grows after the connect lengthens it.
+    started: AtomicI64,
+    /// Whether the last check found the node within its restart hold-out (for the log line
+    /// when it ends).
+    holding: AtomicBool,
+    /// True while `health` holds a repair: lets every call skip the mutex in the common case.
+    /// Set (under the mutex) before the connect that found a restart completes.
+    suspect: AtomicBool,
+    /// True while the strict eviction guard holds the node out.
+    evicting: AtomicBool,
+    /// Whether the last call (or connect) failed: failures are logged at warn on the way down
+    /// and at info on the way back, not on every call.
+    down: AtomicBool,
+    /// How many times this client saw the node's run id change: a `SCAN` cursor from one
+    /// incarnation means nothing to the next (see `repair.rs`).
+    incarnation: AtomicU64,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("name", &self.name).finish()
+    }
+}
+
+impl Node {
+    pub(crate) fn new(
+        name: String,
+        client: redis::Client,
+        settings: NodeSettings,
+        max_ttl: Arc<MaxTtl>,
+        (index, peers): (usize, Arc<Peers>),
+    ) -> Self {
+        Node {
+            name,
+            client,
+            connect_timeout: settings.connect_timeout,
+            guard: settings.restart_guard,
+            eviction_guard: settings.eviction_guard,
+            max_ttl,
+            index,
+            peers,
+            generation: AtomicU64::new(0),
+            slot: Mutex::new(Slot::Empty),
+            health: Mutex::new(Health::default()),
+            epoch: Instant::now(),
+            started: AtomicI64::new(NOT_STARTED),
+            holding: AtomicBool::new(false),
+            suspect: AtomicBool::new(false),
+            evicting: AtomicBool::new(false),
+            down: AtomicBool::new(false),
+            incarnation: AtomicU64::new(0),
+        }
+    }
+
+    /// The node's address, password redacted.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The connect timeout, which also bounds each step of a repair.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Runs one script call, bounded by `deadline`.
+    ///
+    /// # Cancellation safety
+    ///
+    /// Dropping the future may or may not leave the command sent (redis-rs skips a queued
+    /// command whose caller is gone); if sent, later calls on this node travel after it on the
+    /// same connection.
+    pub(crate) async fn run(
+        self: Arc<Self>,
+        call: Arc<ScriptCall>,
+        deadline: Instant,
+        hold_out: HoldOut,
+        op: Op,
+    ) -> Result<Value, NodeError> {
+        let start = Instant::now();
+        match tokio::time::timeout_at(deadline, Arc::clone(&self).call(call, hold_out, op, None))
+            .await
+        {
+            Ok(r) => r,
+            Err(_) => {
+                let e = NodeError::Timeout(deadline.saturating_duration_since(start));
+                self.timed_out(op, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs one script call with no deadline of its own: a round bounds all its calls with one
+    /// timer. Cancellation as for [`run`](Self::run).
+    pub(crate) async fn call(
+        self: Arc<Self>,
+        call: Arc<ScriptCall>,
+        hold_out: HoldOut,
+        op: Op,
+        gate: Option<(RoundGate, usize)>,
+    ) -> Result<Value, NodeError> {
+        #[cfg(feature = "metrics")]
+        let start = Instant::now();
+        match self.run_now(&call, hold_out, gate).await {
+            Ok(Some(value)) => {
+                #[cfg(feature = "metrics")]
+                metrics::node_latency(&self.name, op.as_str(), start.elapsed());
+                self.mark_up();
+                Ok(value)
+            }
+            // Given up unsent because its round was closed: nobody reads this, nothing to
+            // record.
+            Ok(None) => Err(NodeError::Timeout(Duration::ZERO)),
+            Err(e) => {
+                self.failed(op, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Records a call that its round's deadline cut short.
+    pub(crate) fn timed_out(&self, op: Op, e: &NodeError) {
+        self.failed(op, e);
+    }
+
+    /// Records a failed call: metrics, a debug event, and a warning when the node goes down.
+    /// A node held out (after a restart, as a second URL of one server, for its eviction
+    /// policy) is not down: its own warning says why.
+    fn failed(&self, op: Op, e: &NodeError) {
+        metrics::node_error(&self.name, op.as_str(), e.label());
+        tracing::debug!(node = %self.name, op = op.as_str(), error = %e, "node call failed");
+        if matches!(
+            e,
+            NodeError::HeldOut { .. }
+                | NodeError::Repairing
+                | NodeError::SameServer { .. }
+                | NodeError::Evicting(_)
+        ) {
+            return;
+        }
+        if !self.down.swap(true, Ordering::Relaxed) {
+            tracing::warn!(node = %self.name, op = op.as_str(), error = %e, "node unreachable; it counts as failed in every round until it answers again");
+        }
+    }
+
+    fn mark_up(&self) {
+        if self.down.load(Ordering::Relaxed) && self.down.swap(false, Ordering::Relaxed) {
+            tracing::info!(node = %self.name, "node answers again");
+        }
+    }
+
+    /// `Ok(None)`: not sent, because the round was closed while this call waited to connect.
+    async fn run_now(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+        hold_out: HoldOut,
+        gate: Option<(RoundGate, usize)>,
+    ) -> Result<Option<Value>, NodeError> {
+        let (mut conn, generation) = self.connection().await?;
+        // Checked after connecting: a (re)connect is what reads the node's run id and uptime.
+        if hold_out == HoldOut::Respect
+            && let Some(reason) = self.held_out()
+        {
+            return Err(reason);
+        }
+        // The first poll of the send below hands the command to the connection's queue. Its
+        // driver writes it to the socket later, and skips it if this future is gone by then.
+        if let Some((gate, i)) = &gate
+            && !gate.pass(*i)
+        {
+            return Ok(None);
+        }
+        // A server error comes back as a value; `extract_error` turns it into an error.
+        let reply = match conn
+            .send_packed_command(call.evalsha())
+            .await
+            .and_then(Value::extract_error)
+        {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                // The fallback is a new send, possibly long after the round's verdict (a parked
+                // call is polled by `flush`): not once the round is closed, where it could land
+                // after a later extension or the release.
+                if let Some((gate, i)) = &gate
+                    && !gate.pass(*i)
+                {
+                    return Ok(None);
+                }
+                match call.eval() {
+                    Some(eval) => conn
+                        .send_packed_command(&eval)
+                        .await
+                        .and_then(Value::extract_error),
+                    None => Err(e),
+                }
+            }
+            other => other,
+        };
+        reply.map(Some).map_err(|e| self.call_error(e, generation))
+    }
+
+    /// Runs `op` on this node's one connection (connecting first if needed), bounded by
+    /// `deadline`: for the commands of features on top (election records, run-once markers),
+    /// which ignore the hold-out (they are not votes) but share the connection, its ordering and
+    /// its fail-fast while the node is known down. A broken connection is dropped as for any call.
+    #[allow(dead_code)] // until election and run-once send through it (issue 14)
+    pub(crate) async fn with_connection<T, F, Fut>(
+        self: &Arc<Self>,
+        op: F,
+        deadline: Instant,
+    ) -> Result<T, NodeError>
+    where
+        F: FnOnce(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let start = Instant::now();
+        let call = async {
+            let (conn, generation) = self.connection().await?;
+            op(conn).await.map_err(|e| self.call_error(e, generation))
+        };
+        let result = match tokio::time::timeout_at(deadline, call).await {
+            Ok(r) => r,
+            Err(_) => Err(NodeError::Timeout(
+                deadline.saturating_duration_since(start),
+            )),
+        };
+        match &result {
+            Ok(_) => self.mark_up(),
+            Err(e) => self.failed(Op::Command, e),
+        }
+        result
+    }
+
+    /// Classifies a call's error; a broken connection is dropped so the next call reconnects.
+    fn call_error(&self, e: redis::RedisError, generation: u64) -> NodeError {
+        if e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error() {
+            self.invalidate(generation);
+        }
+        NodeError::from_redis(e)
+    }
+}

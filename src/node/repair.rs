@@ -1,0 +1,105 @@
+//! Repair I/O on one node: reading its fencing counters page by page (`SCAN` + `MGET`) and
+//! raising them (one pipeline of `EVALSHA`s). What to repair, from where and when is decided by
+//! the client (`client/repair.rs`) and the pure rules in [`crate::core::repair`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+
+use super::Node;
+use super::scripts;
+use crate::core::keys::FENCE_PATTERN;
+use crate::error::NodeError;
+
+impl Node {
+    /// One page of a `SCAN` for fencing counters, from `cursor`: the next cursor (0 when the
+    /// scan is complete) and the page's counters, `(counter key, value)` (`SCAN ... COUNT
+    /// count` then one `MGET`), bounded by `timeout`.
+    pub(crate) async fn fence_counters_page(
+        self: &Arc<Self>,
+        cursor: u64,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<(u64, Vec<(Vec<u8>, u64)>), NodeError> {
+        let read = async {
+            let (mut conn, generation) = self.connection().await?;
+            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(FENCE_PATTERN)
+                .arg("COUNT")
+                .arg(count)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.call_error(e, generation))?;
+            let mut counters = Vec::with_capacity(keys.len());
+            if !keys.is_empty() {
+                let values: Vec<Option<String>> = redis::cmd("MGET")
+                    .arg(&keys)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| self.call_error(e, generation))?;
+                counters.extend(
+                    keys.into_iter()
+                        .zip(values)
+                        .filter_map(|(k, v)| Some((k, v?.parse().ok()?))),
+                );
+            }
+            Ok((next, counters))
+        };
+        tokio::time::timeout(timeout, read)
+            .await
+            .unwrap_or(Err(NodeError::Timeout(timeout)))
+    }
+
+    /// Raises this node's counters to at least the given values, in one pipeline of `EVALSHA`s
+    /// bounded by `timeout`. A `NOSCRIPT` reply (the node's script cache was flushed) loads the
+    /// script and sends the pipeline again: raising is idempotent.
+    pub(crate) async fn raise_counters(
+        self: &Arc<Self>,
+        counters: &[(Vec<u8>, u64)],
+        timeout: Duration,
+    ) -> Result<(), NodeError> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for (key, value) in counters {
+            pipe.cmd("EVALSHA")
+                .arg(scripts::RAISE_COUNTER.script().get_hash())
+                .arg(1)
+                .arg(key)
+                .arg(*value);
+        }
+        let write = async {
+            let (mut conn, generation) = self.connection().await?;
+            let mut loaded = false;
+            loop {
+                let replies: Vec<Value> = pipe
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| self.call_error(e, generation))?;
+                let error = replies.into_iter().find_map(|v| match v {
+                    Value::ServerError(e) => Some(e),
+                    _ => None,
+                });
+                match error {
+                    None => return Ok(()),
+                    Some(e) if !loaded && e.kind() == Some(redis::ServerErrorKind::NoScript) => {
+                        tracing::debug!(node = %self.name, "NOSCRIPT while raising counters; loading the script");
+                        redis::cmd("SCRIPT")
+                            .arg("LOAD")
+                            .arg(scripts::RAISE_COUNTER.code())
+                            .query_async::<String>(&mut conn)
+                            .await
+                            .map_err(|e| self.call_error(e, generation))?;
+                        loaded = true;
+                    }
+                    Some(e) => return Err(NodeError::from_redis(e.into())),
+                }
+            }
+        };
+        tokio::time::timeout(timeout, write)
+            .await
+            .unwrap_or(Err(NodeError::Timeout(timeout)))
+    }
+}
