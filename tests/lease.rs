@@ -200,7 +200,7 @@ async fn t20_with_lock_runs_the_work_and_releases() {
             let urls = urls.clone();
             async move {
                 assert_eq!(ctx.key(), "scoped");
-                assert!(!ctx.lost().is_cancelled());
+                assert!(!ctx.lost_token().is_cancelled());
                 (holders(&urls, "scoped") >= 3, ctx.token().get())
             }
         })

@@ -29,9 +29,20 @@ impl LockContext {
         self.token
     }
 
-    /// Cancelled when the lock is lost (the work's future is also dropped then).
-    pub fn lost(&self) -> &CancellationToken {
-        &self.lost
+    /// Resolves when the lock is lost (the work's future is also dropped then), as
+    /// [`Lock::lost`](crate::Lock::lost).
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe; it only waits.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.lost.clone().cancelled_owned()
+    }
+
+    /// A token cancelled when the lock is lost, as [`Lock::lost_token`](crate::Lock::lost_token):
+    /// for `tokio::select!` or `is_cancelled()` checks.
+    pub fn lost_token(&self) -> CancellationToken {
+        self.lost.clone()
     }
 }
 

@@ -8,6 +8,8 @@
 //! - `nemesis`: the faults and the seeded schedule; `runner`: one run, and the summary table;
 //! - `tests/support/proxy.rs`: the fault-injecting TCP proxy.
 //!
+//! The harness lives in `harness/`, the cases (`tNN_*.rs`) beside this file.
+//!
 //! Cases sort by intent: t10 the checker and the proxy, t20 no faults, t30 node faults, t40
 //! network faults, t50 data loss, t60 a paused client, t70 a clock jump, t80 everything mixed,
 //! t90 regressions (core bugs the suite found, pinned by deterministic tests; one ignored
@@ -20,12 +22,19 @@ mod proxy;
 #[path = "../support/mod.rs"]
 mod support;
 
+#[path = "harness/checker.rs"]
 mod checker;
+#[path = "harness/child.rs"]
 mod child;
+#[path = "harness/history.rs"]
 mod history;
+#[path = "harness/nemesis.rs"]
 mod nemesis;
+#[path = "harness/resource.rs"]
 mod resource;
+#[path = "harness/runner.rs"]
 mod runner;
+#[path = "harness/workload.rs"]
 mod workload;
 
 mod t10_checker;
