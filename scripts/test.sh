@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/ensure-redis.sh
-cargo test --features testkit,metrics,cli,tls "$@"
+cargo test --features testkit,metrics,cli,tls,blocking "$@"

@@ -323,6 +323,10 @@ pub enum ConfigError {
         "elections and run-once jobs need fencing tokens; build the client without .fencing(false)"
     )]
     FencingRequired,
+    /// (Feature `blocking`.) The blocking client's runtime could not start, or a blocking call
+    /// was made from inside an async runtime (use the async client there).
+    #[error("blocking client: {0}")]
+    Runtime(String),
     /// A timeout that must be positive is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),

@@ -5,6 +5,9 @@
 
 // Layers, lowest first; each imports only from the ones above it in this list (see
 // docs/architecture.md and tests/architecture.rs).
+#[cfg(feature = "blocking")]
+#[cfg_attr(docsrs, doc(cfg(feature = "blocking")))]
+pub mod blocking;
 mod client;
 mod core;
 mod election;

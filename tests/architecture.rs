@@ -23,6 +23,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("election", 4),
     ("schedule", 4),
     ("run_once", 4),
+    ("blocking", 4),
     ("testkit", 5),
     // Test-only: the model checker and the fencing model call the pure core.
     ("model", 6),

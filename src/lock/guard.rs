@@ -26,8 +26,10 @@ use crate::error::{Error, LostReason};
 /// # Releasing
 ///
 /// Call [`release`](Self::release) and check its result. Dropping the guard instead stops any
-/// auto-extension at once and, when a tokio runtime is running, sends a best-effort release in
-/// the background. That is an optimisation: what guarantees the key goes away is its ttl on each
+/// auto-extension at once and sends a best-effort release in the background: on the current
+/// tokio runtime, or, when dropped outside any runtime, on the runtime the lock was acquired on
+/// while that one still runs (once it has shut down, nothing is sent and the ttl bounds how long
+/// the keys stay). That is an optimisation: what guarantees the key goes away is its ttl on each
 /// node, and a crashed process releases nothing. [`forget`](Self::forget) opts out: the lock then
 /// stays until its ttl ends.
 ///
@@ -59,6 +61,10 @@ use crate::error::{Error, LostReason};
 pub struct Lock {
     client: Redlock,
     state: Arc<LockState>,
+    /// The runtime the lock was acquired on: a guard dropped outside any runtime (a plain
+    /// thread, a `Drop` after `block_on` returned) still sends its release there, while that
+    /// runtime runs. Once it has shut down, the ttl removes the keys.
+    runtime: Option<tokio::runtime::Handle>,
     task: Mutex<Option<AbortOnDropHandle<()>>>,
     done: bool,
 }
@@ -78,6 +84,7 @@ impl Lock {
         Lock {
             client,
             state,
+            runtime: tokio::runtime::Handle::try_current().ok(),
             task: Mutex::new(None),
             done: false,
         }
@@ -245,6 +252,11 @@ impl Drop for Lock {
         if !self.done {
             self.state.mark_released();
             self.stop_task();
+            // Outside a runtime, the release goes to the one the lock was acquired on.
+            let _entered = match (tokio::runtime::Handle::try_current(), &self.runtime) {
+                (Err(_), Some(runtime)) => Some(runtime.enter()),
+                _ => None,
+            };
             self.client.release_in_background(Arc::clone(&self.state));
             self.state.lost_signal().cancel();
         } else {

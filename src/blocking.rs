@@ -1,0 +1,246 @@
+//! (Feature `blocking`.) The lock for programs without a tokio runtime: every call blocks the
+//! calling thread, and a small runtime of the client's own (one worker thread) runs the node
+//! connections, keep-alive extensions and background releases meanwhile.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use quorumlock::blocking::Redlock;
+//!
+//! # fn main() -> Result<(), quorumlock::Error> {
+//! let locks = Redlock::new(
+//!     quorumlock::Redlock::builder([
+//!         "redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003",
+//!     ])
+//!     .build()?,
+//! )?;
+//! let lock = locks.acquire("nightly-report", Duration::from_secs(30))?;
+//! lock.keep_alive(); // extended in the background while this thread works
+//! // ... blocking work, stamping writes with lock.token() ...
+//! if lock.is_lost() {
+//!     eprintln!("lost the lock; the fencing token guarded the writes");
+//! }
+//! let _ = lock.release();
+//! # Ok(()) }
+//! ```
+//!
+//! Do not call these from inside a tokio runtime (they would block one of its threads, and
+//! tokio refuses to `block_on` there): use the async [`crate::Redlock`] instead.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{ConfigError, Error};
+use crate::{FencingToken, LockStatus, LostReason};
+
+/// A blocking Redlock client: the async [`crate::Redlock`] driven by a runtime of its own.
+/// Cheap to clone; clones share the runtime and the node connections.
+#[derive(Debug, Clone)]
+pub struct Redlock {
+    locks: crate::Redlock,
+    runtime: Arc<Runtime>,
+}
+
+/// The client's runtime; flushes background releases before it shuts down.
+#[derive(Debug)]
+struct Runtime {
+    /// Taken only by `Drop`.
+    runtime: Option<tokio::runtime::Runtime>,
+    locks: crate::Redlock,
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            // Releases of dropped guards and the unanswered part of rounds: each bounded by the
+            // node timeout, so this returns promptly even with nodes down. (Not from inside an
+            // async runtime, where blocking is not allowed: the ttl bounds those keys.)
+            if tokio::runtime::Handle::try_current().is_err() {
+                runtime.block_on(self.locks.flush());
+            }
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Runtime {
+    /// Runs `f` to completion on the client's runtime, blocking this thread.
+    fn block_on<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(ConfigError::Runtime(
+                "called from inside an async runtime, where it would block a worker; use the async \
+                 quorumlock::Redlock there"
+                    .to_owned(),
+            )
+            .into());
+        }
+        match &self.runtime {
+            Some(runtime) => runtime.block_on(f),
+            None => {
+                Err(ConfigError::Runtime("the client's runtime has shut down".to_owned()).into())
+            }
+        }
+    }
+
+    fn handle(&self) -> Option<&tokio::runtime::Handle> {
+        self.runtime.as_ref().map(tokio::runtime::Runtime::handle)
+    }
+}
+
+impl Redlock {
+    /// Wraps a configured client (see [`crate::Redlock::builder`]) with a runtime of its own:
+    /// one worker thread for the connections, keep-alive and background releases.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Runtime`] if the runtime cannot start (no thread could be spawned).
+    pub fn new(locks: crate::Redlock) -> Result<Self, Error> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("quorumlock")
+            .enable_time()
+            .enable_io()
+            .build()
+            .map_err(|e| ConfigError::Runtime(format!("its runtime could not start: {e}")))?;
+        Ok(Redlock {
+            runtime: Arc::new(Runtime {
+                runtime: Some(runtime),
+                locks: locks.clone(),
+            }),
+            locks,
+        })
+    }
+
+    /// The async client underneath.
+    pub fn as_async(&self) -> &crate::Redlock {
+        &self.locks
+    }
+
+    /// One attempt round, as [`crate::Redlock::try_acquire`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Redlock::try_acquire`].
+    pub fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Lock, Error> {
+        let lock = self.runtime.block_on(self.locks.try_acquire(key, ttl))?;
+        Ok(self.guard(lock))
+    }
+
+    /// Acquires with the configured retries, as [`crate::Redlock::acquire`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Redlock::acquire`].
+    pub fn acquire(&self, key: &str, ttl: Duration) -> Result<Lock, Error> {
+        let lock = self.runtime.block_on(self.locks.acquire(key, ttl))?;
+        Ok(self.guard(lock))
+    }
+
+    /// Keeps trying until `wait` has passed, as [`crate::Redlock::acquire_timeout`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Redlock::acquire_timeout`].
+    pub fn acquire_timeout(&self, key: &str, ttl: Duration, wait: Duration) -> Result<Lock, Error> {
+        let lock = self
+            .runtime
+            .block_on(self.locks.acquire_timeout(key, ttl, wait))?;
+        Ok(self.guard(lock))
+    }
+
+    /// Every node's view of `key`, as [`crate::Redlock::status`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Redlock::status`].
+    pub fn status(&self, key: &str) -> Result<LockStatus, Error> {
+        self.runtime.block_on(self.locks.status(key))
+    }
+
+    /// Waits for the background releases, as [`crate::Redlock::flush`]. Dropping the last
+    /// clone of the client does this too.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Runtime`] when called from inside an async runtime.
+    pub fn flush(&self) -> Result<(), Error> {
+        self.runtime.block_on(async {
+            self.locks.flush().await;
+            Ok(())
+        })
+    }
+
+    fn guard(&self, lock: crate::Lock) -> Lock {
+        Lock {
+            lock,
+            runtime: Arc::clone(&self.runtime),
+        }
+    }
+}
+
+/// A held lock, from the blocking [`Redlock`]. Dropped without [`release`](Self::release), it
+/// is released in the background on the client's runtime (the runtime it was acquired on; the
+/// client flushes such releases when dropped).
+#[derive(Debug)]
+#[must_use = "dropping the lock releases it at once (in the background); call .release() to see the result"]
+pub struct Lock {
+    lock: crate::Lock,
+    runtime: Arc<Runtime>,
+}
+
+impl Lock {
+    /// The user key.
+    pub fn key(&self) -> &str {
+        self.lock.key()
+    }
+
+    /// The fencing token to stamp writes with.
+    pub fn token(&self) -> FencingToken {
+        self.lock.token()
+    }
+
+    /// Validity left now (zero once the deadline has passed).
+    pub fn validity(&self) -> Duration {
+        self.lock.validity()
+    }
+
+    /// True once the lock is lost or its deadline has passed.
+    pub fn is_lost(&self) -> bool {
+        self.lock.is_lost()
+    }
+
+    /// Why the lock was lost, once it was.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.lock.lost_reason()
+    }
+
+    /// Extends the lock to `ttl` from now, as [`crate::Lock::extend`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Lock::extend`], and [`ConfigError::Runtime`] from inside an async runtime.
+    pub fn extend(&self, ttl: Duration) -> Result<Duration, Error> {
+        self.runtime.block_on(self.lock.extend(ttl))
+    }
+
+    /// Extends the lock every `ttl / 3` on the client's runtime until it is released, dropped
+    /// or lost, as [`crate::Lock::keep_alive`]; check [`is_lost`](Self::is_lost) between steps
+    /// of the work.
+    pub fn keep_alive(&self) {
+        let _entered = self.runtime.handle().map(tokio::runtime::Handle::enter);
+        self.lock.keep_alive();
+    }
+
+    /// Releases the lock on every node, as [`crate::Lock::release`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Lock::release`], and [`ConfigError::Runtime`] from inside an async runtime
+    /// (the lock is then released in the background).
+    pub fn release(self) -> Result<(), Error> {
+        let Lock { lock, runtime } = self;
+        runtime.block_on(lock.release())
+    }
+}

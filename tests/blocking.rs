@@ -1,0 +1,105 @@
+//! The blocking facade (feature `blocking`) and guards dropped outside a runtime, against real
+//! redis-server processes: no tokio runtime on the calling thread.
+#![cfg(feature = "blocking")]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use quorumlock::{ConfigError, Error, blocking};
+use support::*;
+
+const TTL: Duration = Duration::from_secs(60);
+
+/// Polls `pred` on this thread until it holds, for at most `within`.
+fn wait_blocking(within: Duration, what: &str, mut pred: impl FnMut() -> bool) {
+    let end = Instant::now() + within;
+    while !pred() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn b10_a_program_without_a_runtime_acquires_extends_and_releases() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
+
+    let lock = locks.try_acquire("job", TTL).expect("acquire");
+    assert!(lock.token().get() >= 1);
+    assert!(holders(&urls, "job") >= 2, "a quorum holds the key");
+    let other = locks.try_acquire("job", TTL).unwrap_err();
+    assert!(other.is_held(), "{other}");
+
+    let validity = lock.extend(TTL).expect("extend");
+    assert!(validity > TTL - Duration::from_secs(2));
+    lock.keep_alive();
+    assert!(!lock.is_lost());
+
+    lock.release().expect("release");
+    locks.flush().expect("flush");
+    assert_eq!(holders(&urls, "job"), 0, "released everywhere");
+    let status = locks.status("job").expect("status");
+    assert_eq!(status.holder(), None);
+}
+
+#[test]
+fn b11_a_dropped_guard_is_released_on_the_clients_runtime() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
+    let lock = locks.try_acquire("dropped", TTL).expect("acquire");
+    assert!(holders(&urls, "dropped") >= 2);
+    drop(lock);
+    // Released in the background, well before the 60 s ttl could remove the key.
+    wait_blocking(WAIT, "the dropped guard's release", || {
+        holders(&urls, "dropped") == 0
+    });
+    // Dropping the client flushes what is still in flight (nothing here) and returns.
+    drop(locks);
+}
+
+#[test]
+fn b12_a_blocking_call_from_inside_an_async_runtime_is_an_error_not_a_panic() {
+    let cluster = cluster(3);
+    let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let err = runtime
+        .block_on(async { locks.try_acquire("inside", TTL).map(|_| ()) })
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Config(ConfigError::Runtime(_))),
+        "{err}"
+    );
+    // The client still works from a plain thread afterwards.
+    locks
+        .try_acquire("inside", TTL)
+        .expect("acquire")
+        .release()
+        .unwrap();
+}
+
+#[test]
+fn b13_an_async_guard_dropped_outside_any_runtime_is_released_on_the_one_it_came_from() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let locks = client(&cluster);
+    let lock = runtime
+        .block_on(locks.try_acquire("plain-thread", TTL))
+        .expect("acquire");
+    assert!(holders(&urls, "plain-thread") >= 2);
+    // Dropped on a thread with no runtime at all, while the acquiring runtime still runs.
+    std::thread::spawn(move || drop(lock)).join().unwrap();
+    wait_blocking(WAIT, "the release sent on the acquiring runtime", || {
+        holders(&urls, "plain-thread") == 0
+    });
+}
