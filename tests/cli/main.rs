@@ -1,0 +1,20 @@
+//! The `redlock` binary driven as a user would, against real 5-node clusters: every exit code
+//! of the contract, every environment variable, lock loss while CMD runs, signal forwarding,
+//! nodes killed and hung, `status`, `elect` and `demo`. One module per subcommand (and per
+//! topic of `run`); `harness` holds what they share.
+#![allow(unreachable_pub)]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod harness;
+
+mod demo;
+mod restart_guard;
+mod run;
+mod run_held;
+mod run_lost;
+mod run_nodes;
+mod run_signals;
+mod status;
+mod usage;
