@@ -4,17 +4,21 @@
 //! topic of `run`); `harness` holds what they share.
 #![allow(unreachable_pub)]
 
+#[path = "../support/proxy.rs"]
+mod proxy;
 #[path = "../support/mod.rs"]
 mod support;
 
 mod harness;
 
 mod demo;
+mod elect;
 mod restart_guard;
 mod run;
 mod run_held;
 mod run_lost;
 mod run_nodes;
+mod run_once_per;
 mod run_signals;
 mod status;
 mod usage;

@@ -121,3 +121,50 @@ async fn t43_wait_0_and_small_waits_make_at_least_acquires_rounds() {
     }
     held.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn t44_conflict_exit_code_replaces_75_as_flock_e_does() {
+    let cluster = cluster(5);
+    let other = client(&cluster);
+    let held = other
+        .try_acquire(KEY, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let dir = scratch();
+    let marker = file(&dir, "ran");
+    let script = format!("touch {}", path_str(&marker));
+    for (flags, code) in [
+        (vec!["-E", "3"], 3),
+        (vec!["--conflict-exit-code", "0"], 0),
+        (vec!["-E", "200", "--wait", "300ms"], 200),
+    ] {
+        let out = output(run_sh(redlock(&cluster), &flags, &script)).await;
+        assert_eq!(out.code(), code, "{flags:?}: {out:?}");
+        assert!(
+            out.one_line_error().contains("held by another owner"),
+            "{flags:?}: {out:?}"
+        );
+        assert!(!marker.exists(), "{flags:?}: CMD must not run");
+    }
+    // Only the conflict: other failures keep their codes.
+    let mut cmd = bare();
+    cmd.args([
+        "--nodes",
+        "redis://127.0.0.1:1",
+        "run",
+        "-E",
+        "3",
+        "--node-timeout",
+        "100ms",
+    ])
+    .args([KEY, "--", "true"]);
+    let out = output(cmd).await;
+    assert_eq!(out.code(), 69, "{out:?}");
+    for bad in ["256", "-1", "x"] {
+        let mut cmd = redlock(&cluster);
+        cmd.args(["run", "-E", bad, KEY, "--", "true"]);
+        let out = output(cmd).await;
+        assert_eq!(out.code(), 64, "-E {bad}: {out:?}");
+    }
+    held.release().await.unwrap();
+}

@@ -96,3 +96,103 @@ async fn t71_status_names_nodes_that_can_evict_lock_keys() {
         .count();
     assert_eq!(lines, 3, "{}", out.stdout);
 }
+
+/// `status --json`: one JSON object, the schema of docs/cli.md, every field present.
+#[tokio::test]
+async fn t72_status_json_follows_the_documented_schema() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let status_json = |cluster: &LocalCluster| {
+        let mut cmd = redlock(cluster);
+        cmd.args(["status", "--json", KEY]);
+        cmd
+    };
+    let parse = |out: &Outcome| -> serde_json::Value {
+        assert_eq!(out.stdout.lines().count(), 1, "one line: {out:?}");
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+    };
+    const NODE_FIELDS: [&str; 9] = [
+        "node",
+        "reachable",
+        "value",
+        "ttl_ms",
+        "fence",
+        "error",
+        "error_kind",
+        "eviction",
+        "eviction_policy",
+    ];
+
+    let out = output(status_json(&cluster)).await;
+    assert_eq!(out.code(), 0, "{out:?}");
+    let free = parse(&out);
+    assert_eq!(free["schema"], 1);
+    assert_eq!(free["key"], KEY);
+    assert_eq!(free["state"], "free");
+    assert_eq!(free["holder"], serde_json::Value::Null);
+    assert_eq!(free["held_on"], 0);
+    assert_eq!(
+        (free["quorum"].as_u64(), free["answered"].as_u64()),
+        (Some(3), Some(5))
+    );
+    assert_eq!(free["max_fence"], 0);
+
+    let value = "0123456789abcdef0123456789abcdef";
+    for url in &urls[..3] {
+        set_foreign(url, KEY, value, Duration::from_secs(30));
+    }
+    for url in &urls {
+        set_fence(url, KEY, 7);
+    }
+    cluster.kill(4).unwrap();
+    let out = output(status_json(&cluster)).await;
+    assert_eq!(out.code(), 0, "{out:?}");
+    assert_eq!(out.stderr, "");
+    let held = parse(&out);
+    assert_eq!(held["state"], "held");
+    assert_eq!(held["holder"], value);
+    assert_eq!(held["held_on"], 3);
+    assert_eq!(held["answered"], 4);
+    assert_eq!(held["max_fence"], 7);
+    let nodes = held["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 5);
+    for (i, node) in nodes.iter().enumerate() {
+        let fields: Vec<&str> = node
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut expected = NODE_FIELDS.to_vec();
+        expected.sort_unstable();
+        assert_eq!(fields, expected, "node {i}: {node}");
+        assert_eq!(node["node"], urls[i].as_str());
+    }
+    for node in &nodes[..3] {
+        assert_eq!(node["reachable"], true);
+        assert_eq!(node["value"], value);
+        let ttl = node["ttl_ms"].as_u64().expect("ttl_ms");
+        assert!(ttl > 20_000 && ttl <= 30_000, "{node}");
+        assert_eq!(node["fence"], 7);
+        assert_eq!(node["error"], serde_json::Value::Null);
+        assert_eq!(node["eviction"], "none");
+    }
+    assert_eq!(nodes[3]["value"], serde_json::Value::Null);
+    assert_eq!(nodes[3]["ttl_ms"], serde_json::Value::Null);
+    assert_eq!(nodes[3]["fence"], 7);
+    assert_eq!(nodes[4]["reachable"], false);
+    assert_eq!(nodes[4]["error"], "connection refused");
+    assert_eq!(nodes[4]["error_kind"], "refused");
+    assert_eq!(nodes[4]["fence"], serde_json::Value::Null);
+    assert_eq!(nodes[4]["eviction"], "unknown");
+
+    // Too few nodes: the document still, and 69 with its line.
+    cluster.kill(0).unwrap();
+    cluster.kill(1).unwrap();
+    let out = output(status_json(&cluster)).await;
+    assert_eq!(out.code(), 69, "{out:?}");
+    out.one_line_error();
+    let unknown = parse(&out);
+    assert_eq!(unknown["state"], "unknown");
+    assert_eq!(unknown["answered"], 2);
+}

@@ -22,8 +22,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::child::{Signals, signal_exit_code};
 use crate::report;
-use crate::run::{Signals, signal_exit_code};
 use crate::status::{render, seconds};
 
 /// `redlock demo [--workers N]`

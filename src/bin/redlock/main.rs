@@ -10,7 +10,10 @@ macro_rules! out {
     }};
 }
 
+mod child;
 mod demo;
+mod elect;
+mod once;
 mod run;
 mod status;
 
@@ -22,13 +25,15 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use quorumlock::{ConfigError, Error, Redlock, RedlockBuilder, RestartGuard};
 
+use crate::child::CmdOptions;
+
 // When CMD ran to its end while the lock was held, `redlock` exits with CMD's own code.
 
 /// Usage error: bad flag, bad duration, bad node URL, no nodes given.
 const EXIT_USAGE: u8 = 64;
 /// Too few nodes reachable for a quorum (after the retries).
 const EXIT_NO_QUORUM: u8 = 69;
-/// The lock is held by another owner (after `--wait`).
+/// The lock is held by another owner (after `--wait`); `-E CODE` chooses another.
 const EXIT_HELD: u8 = 75;
 /// The lock was lost while CMD ran; CMD was terminated.
 const EXIT_LOST: u8 = 79;
@@ -42,9 +47,13 @@ const EXIT_SOFTWARE: u8 = 70;
 #[command(name = "redlock", version, propagate_version = true)]
 #[command(
     after_help = "Exit codes: CMD's own (128+signal if it died of a signal), \
-    64 usage error, 69 too few nodes reachable for a quorum, 75 held by another owner, \
-    79 lock lost while CMD ran; outside the contract: 126/127 CMD cannot be run / not found, \
-    70 unclassified internal error, 71 operating system error. See docs/cli.md."
+    64 usage error, 69 too few nodes reachable for a quorum, 75 held by another owner \
+    (or another candidate leads, after elect --wait; -E CODE chooses another code), \
+    79 lock or leadership lost while CMD ran; run --once-per: 0 when another host runs or ran \
+    CMD this period (-E CODE chooses another); status: 0 when a quorum answered; \
+    outside the contract: 126/127 CMD cannot be run / not found, 128+signal interrupted \
+    before CMD started, 70 unclassified internal error, 71 operating system error. \
+    See docs/cli.md."
 )]
 struct Cli {
     #[command(flatten)]
@@ -107,8 +116,30 @@ enum Guard {
 enum Command {
     /// Acquire KEY, run CMD while extending the lock, release it when CMD exits.
     #[command(override_usage = "redlock run [OPTIONS] KEY -- CMD [ARGS...]")]
+    #[command(
+        after_help = "Exit codes: CMD's own when it ran to its end under the lock; \
+        64 usage error; 69 too few nodes for a quorum; 75 (or -E CODE) held by another owner \
+        after --wait; 79 the lock was lost while CMD ran (CMD was terminated); 126/127 CMD \
+        cannot be run / not found. With --once-per: CMD's own when this host ran it; 0 (or \
+        -E CODE) when another host runs or ran it this period; 69, 79, 126/127 as above."
+    )]
     Run(RunArgs),
+    /// Campaign for leadership of NAME; run CMD while this process leads, stop it when
+    /// leadership is lost, resign when CMD exits.
+    #[command(override_usage = "redlock elect [OPTIONS] NAME -- CMD [ARGS...]")]
+    #[command(
+        after_help = "Exit codes: CMD's own when it ran to its end while leading; \
+        64 usage error; 75 (or -E CODE) another candidate still leads after --wait; 69 too \
+        few nodes for a quorum after --wait; 79 leadership was lost while CMD ran (CMD was \
+        terminated); 126/127 CMD cannot be run / not found; 128+signal interrupted while \
+        campaigning (nothing was run)."
+    )]
+    Elect(ElectArgs),
     /// Show, per node, who holds KEY, for how long, and the node's fencing counter.
+    #[command(
+        after_help = "Exit codes: 0 when a quorum of nodes answered (whoever holds KEY), \
+        69 otherwise (the table or JSON is printed either way), 64 usage error."
+    )]
     Status(StatusArgs),
     /// Start 5 throwaway local redis-servers and watch workers hand a lock over.
     Demo(demo::DemoArgs),
@@ -134,6 +165,16 @@ struct RunArgs {
     /// or SIGTERM/SIGKILL after a loss) go to that whole group.
     #[arg(long)]
     foreground: bool,
+    /// The exit code when another owner holds the lock (after --wait), as flock -E: default 75,
+    /// or 0 with --once-per (another host runs or ran CMD this period).
+    #[arg(short = 'E', long = "conflict-exit-code", value_name = "CODE")]
+    conflict_exit_code: Option<u8>,
+    /// Run CMD on one host only per period of this length (ticks counted from the Unix epoch:
+    /// 1h runs at most once each clock hour), however many hosts run this command; the others
+    /// exit 0 (or -E CODE) without running it. Not with --wait.
+    #[arg(long, value_name = "PERIOD", conflicts_with = "wait",
+          value_parser = duration_up_to(MAX_PERIOD, MAX_PERIOD_TEXT))]
+    once_per: Option<Duration>,
     /// The lock's name.
     key: String,
     /// The command to run (directly, no shell) and its arguments.
@@ -146,9 +187,77 @@ struct RunArgs {
     cmd: Vec<OsString>,
 }
 
-/// `redlock status KEY`
+impl RunArgs {
+    /// The exit code for a lock held by another owner (`-E`, or the default).
+    fn conflict_code(&self) -> u8 {
+        let default = if self.once_per.is_some() {
+            0
+        } else {
+            EXIT_HELD
+        };
+        self.conflict_exit_code.unwrap_or(default)
+    }
+
+    fn cmd_options(&self) -> CmdOptions<'_> {
+        CmdOptions {
+            argv: &self.cmd,
+            foreground: self.foreground,
+        }
+    }
+}
+
+/// `redlock elect [OPTIONS] NAME -- CMD [ARGS...]`
+#[derive(Debug, Args)]
+struct ElectArgs {
+    /// The lease of a term: extended every ttl/3 while this process leads; a crashed leader
+    /// blocks the election for about this long.
+    #[arg(long, value_name = "D", default_value = "10s", value_parser = duration_up_to(MAX_TTL, MAX_TTL_TEXT))]
+    ttl: Duration,
+    /// Campaign for at most this long, then exit 75 (or -E CODE) if another candidate still
+    /// leads. Default: campaign until elected.
+    #[arg(long, value_name = "D", value_parser = duration_up_to(MAX_WAIT, "365days"))]
+    wait: Option<Duration>,
+    /// The exit code when another candidate still leads after --wait (default 75).
+    #[arg(short = 'E', long = "conflict-exit-code", value_name = "CODE")]
+    conflict_exit_code: Option<u8>,
+    /// This candidate's id, published while it leads (default: $HOSTNAME-PID-RANDOM).
+    #[arg(long, value_name = "ID")]
+    candidate: Option<String>,
+    /// After leadership is lost, how long CMD (its process group) has between SIGTERM and
+    /// SIGKILL.
+    #[arg(long, value_name = "D", default_value = "5s",
+          value_parser = duration_up_to(MAX_KILL_AFTER, "1day"))]
+    kill_after: Duration,
+    /// Keep CMD in redlock's process group and signal CMD alone (as for `run`).
+    #[arg(long)]
+    foreground: bool,
+    /// The election's name (its lock's key).
+    name: String,
+    /// The command to run while leading (directly, no shell) and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    cmd: Vec<OsString>,
+}
+
+impl ElectArgs {
+    fn cmd_options(&self) -> CmdOptions<'_> {
+        CmdOptions {
+            argv: &self.cmd,
+            foreground: self.foreground,
+        }
+    }
+}
+
+/// `redlock status [--json] KEY`
 #[derive(Debug, Args)]
 struct StatusArgs {
+    /// Print one JSON object (schema in docs/cli.md) instead of the table.
+    #[arg(long)]
+    json: bool,
     /// The lock's name.
     key: String,
 }
@@ -173,11 +282,24 @@ fn main() -> ExitCode {
         let node_timeout = cli.nodes.node_timeout;
         let (code, locks) = match cli.command {
             Command::Run(args) => match client(&cli.nodes, Some(args.ttl)) {
-                Ok(locks) => (run::run(locks.clone(), args).await, Some(locks)),
+                Ok(locks) => match args.once_per {
+                    Some(period) => (
+                        once::once_per(locks.clone(), args, period).await,
+                        Some(locks),
+                    ),
+                    None => (run::run(locks.clone(), args).await, Some(locks)),
+                },
+                Err(e) => (fail(&e), None),
+            },
+            Command::Elect(args) => match client(&cli.nodes, Some(args.ttl)) {
+                Ok(locks) => (elect::elect(locks.clone(), args).await, Some(locks)),
                 Err(e) => (fail(&e), None),
             },
             Command::Status(args) => match client(&cli.nodes, None) {
-                Ok(locks) => (status::status(locks.clone(), &args.key).await, Some(locks)),
+                Ok(locks) => (
+                    status::status(locks.clone(), &args.key, args.json).await,
+                    Some(locks),
+                ),
                 Err(e) => (fail(&e), None),
             },
             Command::Demo(args) => (demo::demo(args).await, None),
@@ -189,6 +311,20 @@ fn main() -> ExitCode {
         code
     });
     ExitCode::from(code)
+}
+
+/// This process's id among hosts: `HOST-PID-RANDOM` (an election's candidate id, the
+/// instance recorded in a `--once-per` period's marker).
+fn instance_id() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "host".to_owned());
+    format!(
+        "{host}-{}-{:04x}",
+        std::process::id(),
+        rand::random::<u16>()
+    )
 }
 
 /// Exit code when the operating system refuses something no user input can cause (EX_OSERR).
@@ -203,6 +339,10 @@ const MAX_NODE_TIMEOUT: Duration = RedlockBuilder::MAX_TIMING;
 const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The longest `--kill-after`: a day.
 const MAX_KILL_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// The longest `--once-per` period: a tick's marker lives two periods, which must fit the
+/// library's (Redis') limit on a ttl.
+const MAX_PERIOD: Duration = Duration::from_secs(24 * 86_400);
+const MAX_PERIOD_TEXT: &str = "24days";
 
 /// A clap value parser for a humantime duration no longer than `max` (spelt `max_text` in the
 /// message): every duration option is bounded, so that no later arithmetic on instants can
@@ -247,6 +387,21 @@ fn fail(e: &Error) -> u8 {
     exit_code(e)
 }
 
+/// Reports a library error and returns its exit code, `conflict` for a lock held by another
+/// owner (`-E`).
+fn fail_with(e: &Error, conflict: u8) -> u8 {
+    report(&describe(e));
+    conflict_exit_code(e, conflict)
+}
+
+/// [`exit_code`], with `conflict` in place of 75 for a lock held by another owner.
+fn conflict_exit_code(e: &Error, conflict: u8) -> u8 {
+    match exit_code(e) {
+        EXIT_HELD => conflict,
+        code => code,
+    }
+}
+
 /// The one line that names the cause of a library error.
 fn describe(e: &Error) -> String {
     match e {
@@ -279,7 +434,7 @@ fn usage_error(e: &clap::Error) -> u8 {
             0
         }
         ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            report(&"a subcommand is required: run, status or demo (see 'redlock --help')");
+            report(&"a subcommand is required: run, elect, status or demo (see 'redlock --help')");
             EXIT_USAGE
         }
         _ => {

@@ -1,19 +1,29 @@
-//! `redlock status KEY`: every node's view of one key, as a table on stdout.
+//! `redlock status [--json] KEY`: every node's view of one key, as a table (or one JSON
+//! object) on stdout.
 
 use std::fmt::Write as _;
 
-use quorumlock::{EvictionRisk, HolderView, LockStatus, Redlock};
+use quorumlock::{EvictionRisk, HolderView, LockStatus, NodeError, Redlock};
+use serde_json::{Value, json};
 
 use crate::fail;
 
-/// Prints the table; exits 0 when a quorum answered, otherwise 69 naming the nodes that did
-/// not (the table is printed either way).
-pub(crate) async fn status(locks: Redlock, key: &str) -> u8 {
+/// The version of the JSON document `--json` prints (its `schema` field). Raised only when a
+/// field is removed or changes meaning; fields may be added within a version.
+const JSON_SCHEMA: u32 = 1;
+
+/// Prints the table (or the JSON document); exits 0 when a quorum answered, otherwise 69
+/// naming the nodes that did not (the table or document is printed either way).
+pub(crate) async fn status(locks: Redlock, key: &str, json: bool) -> u8 {
     let status = match locks.status(key).await {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
-    out!("{}", render(&status).trim_end());
+    if json {
+        out!("{}", to_json(&status));
+    } else {
+        out!("{}", render(&status).trim_end());
+    }
     match status.require_quorum() {
         Ok(()) => 0,
         Err(e) => fail(&e),
@@ -42,15 +52,7 @@ pub(crate) fn render(status: &LockStatus) -> String {
     let _ = write!(out, "key {:?}: ", status.key);
     match status.holder_view() {
         HolderView::Held(holder) => {
-            let on = status
-                .nodes
-                .iter()
-                .filter(|n| {
-                    n.state
-                        .as_ref()
-                        .is_ok_and(|s| s.value.as_deref() == Some(holder))
-                })
-                .count();
+            let on = held_on(status, holder);
             let _ = write!(out, "held by {holder} on {on} of {nodes} nodes");
         }
         HolderView::Vacant => out.push_str("free (no owner holds it on a quorum)"),
@@ -96,4 +98,101 @@ pub(crate) fn render(status: &LockStatus) -> String {
 /// A duration as seconds with millisecond precision, e.g. `29.812s`.
 pub(crate) fn seconds(d: std::time::Duration) -> String {
     format!("{:.3}s", d.as_secs_f64())
+}
+
+/// How many nodes hold `value`.
+fn held_on(status: &LockStatus, value: &str) -> usize {
+    status
+        .nodes
+        .iter()
+        .filter(|n| {
+            n.state
+                .as_ref()
+                .is_ok_and(|s| s.value.as_deref() == Some(value))
+        })
+        .count()
+}
+
+/// The `--json` document (schema in docs/cli.md): every field is always present, `null` where
+/// it does not apply, so that scripts can read any of them without checking first.
+pub(crate) fn to_json(status: &LockStatus) -> Value {
+    let (state, holder) = match status.holder_view() {
+        HolderView::Held(holder) => ("held", Some(holder)),
+        HolderView::Vacant => ("free", None),
+        HolderView::Unknown => ("unknown", None),
+    };
+    let nodes: Vec<Value> = status
+        .nodes
+        .iter()
+        .map(|node| {
+            let (risk, policy) = eviction(&node.eviction);
+            let mut entry = json!({
+                "node": node.node,
+                "reachable": node.state.is_ok(),
+                "value": null,
+                "ttl_ms": null,
+                "fence": null,
+                "error": null,
+                "error_kind": null,
+                "eviction": risk,
+                "eviction_policy": policy,
+            });
+            match &node.state {
+                Ok(state) => {
+                    entry["value"] = json!(state.value);
+                    entry["ttl_ms"] = json!(state.ttl.map(millis));
+                    entry["fence"] = json!(state.fence);
+                }
+                Err(cause) => {
+                    entry["error"] = json!(cause.to_string());
+                    entry["error_kind"] = json!(error_kind(cause));
+                }
+            }
+            entry
+        })
+        .collect();
+    json!({
+        "schema": JSON_SCHEMA,
+        "key": status.key,
+        "state": state,
+        "holder": holder,
+        "held_on": holder.map_or(0, |h| held_on(status, h)),
+        "quorum": status.quorum,
+        "answered": status.answered(),
+        "max_fence": status.max_fence(),
+        "nodes": nodes,
+    })
+}
+
+/// A duration in whole milliseconds (rounded down).
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A node's eviction risk as the JSON `eviction` and `eviction_policy` fields.
+fn eviction(risk: &EvictionRisk) -> (&'static str, Option<&str>) {
+    match risk {
+        EvictionRisk::None => ("none", None),
+        EvictionRisk::LockKeys { policy } => ("lock_keys", Some(policy)),
+        EvictionRisk::LockKeysAndCounters { policy } => ("lock_keys_and_counters", Some(policy)),
+        // `Unknown`, and a risk a newer library adds (the enum is non-exhaustive).
+        _ => ("unknown", None),
+    }
+}
+
+/// A node failure as the JSON `error_kind` field: one word per cause, for scripts.
+fn error_kind(e: &NodeError) -> &'static str {
+    match e {
+        NodeError::Timeout(_) => "timeout",
+        NodeError::Refused(_) => "refused",
+        NodeError::Dropped(_) => "dropped",
+        NodeError::HeldOut { .. } => "held_out",
+        NodeError::Repairing => "repairing",
+        NodeError::SameServer { .. } => "same_server",
+        NodeError::Evicting(_) => "evicting",
+        NodeError::Redis(_) => "redis",
+        NodeError::BadReply(_) => "bad_reply",
+        // `HeldByAnother` (never in a status read), and a cause a newer library adds.
+        _ => "other",
+    }
 }

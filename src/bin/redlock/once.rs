@@ -1,0 +1,182 @@
+//! `redlock run --once-per PERIOD KEY -- CMD`: CMD runs on one host per period, however many
+//! hosts' cron fire (the library's `RunOnce` underneath).
+//!
+//! The period's tick is `tick_of(now, PERIOD)` (whole periods since the Unix epoch), so hosts
+//! whose clocks agree compute the same tick. `RunOnce` takes KEY's lock without waiting, reads
+//! the tick's marker, runs the job and writes the marker before it releases the lock. The job
+//! here starts CMD and hands it to this module, which supervises it exactly as `redlock run`
+//! does (`child.rs`) and tells the job CMD's exit code when it exits; the job's lost signal
+//! terminates CMD.
+
+use std::time::{Duration, SystemTime};
+
+use quorumlock::{LostReason, Outcome, Redlock, RunOnce, SkipReason, tick_of};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use crate::child::{self, Ended, GroupEnd, Termination, signal_exit_code};
+use crate::run::{interrupted, lost_line};
+use crate::{EXIT_LOST, EXIT_OS_ERROR, RunArgs, fail, instance_id, report};
+
+/// What the job hands over once it has tried to start CMD.
+type Started = Result<(child::Running, CancellationToken), u8>;
+
+/// Runs `redlock run --once-per PERIOD`; returns the process exit code.
+pub(crate) async fn once_per(locks: Redlock, args: RunArgs, period: Duration) -> u8 {
+    let mut signals = match child::signals() {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let once = match RunOnce::builder(locks, &args.key)
+        .ttl(args.ttl)
+        .marker_ttl(marker_ttl(period))
+        .instance(instance_id())
+        .build()
+    {
+        Ok(once) => once,
+        Err(e) => return fail(&e),
+    };
+    let tick = tick_of(SystemTime::now(), period);
+    let (started_tx, started_rx) = oneshot::channel::<Started>();
+    let (exited_tx, exited_rx) = oneshot::channel::<u8>();
+    let cmd = args.cmd.clone();
+    let (key, foreground, kill_after) = (args.key.clone(), args.foreground, args.kill_after);
+    // Boxed, so that it can be leaked (see `LostTrack` below).
+    let mut job = Box::pin(once.run(tick, move |ctx| async move {
+        let env = [
+            ("REDLOCK_KEY", key),
+            ("REDLOCK_TOKEN", ctx.token().get().to_string()),
+            ("REDLOCK_TICK", ctx.tick().to_owned()),
+        ];
+        let options = child::CmdOptions {
+            argv: &cmd,
+            foreground,
+        };
+        let started = child::spawn(options, &env).map(|running| (running, ctx.lost().clone()));
+        let spawned = started.is_ok();
+        let _ = started_tx.send(started);
+        if !spawned {
+            // CMD never ran: the job never completes, so no marker is written; the caller
+            // drops it, which releases the lock.
+            std::future::pending::<()>().await;
+        }
+        // A dropped sender (the caller gave up on CMD) reads as "do not mark": never complete.
+        match exited_rx.await {
+            Ok(code) => code,
+            Err(_) => std::future::pending().await,
+        }
+    }));
+
+    // Until CMD starts (or the job is skipped): a signal gives up, nothing run. CMD first: once
+    // it has started, a pending signal is forwarded to it instead.
+    let (running, lost) = tokio::select! {
+        biased;
+        started = started_rx => match started {
+            Ok(Ok(started)) => started,
+            // CMD could not be started (reported); dropping the job releases the lock.
+            Ok(Err(code)) => return code,
+            // The job was never called: the run ended before it (skipped, or failed).
+            Err(_) => return skipped_or_failed(job.await, args.conflict_code()),
+        },
+        outcome = &mut job => return skipped_or_failed(outcome, args.conflict_code()),
+        sig = signals.recv() => {
+            report(&interrupted(sig, &args.key));
+            return signal_exit_code(sig as i32);
+        }
+    };
+    let ended = child::supervise(running, lost.cancelled_owned(), kill_after, &mut signals).await;
+    let code = match ended {
+        Ended::Exited(code) | Ended::Terminated { code, .. } => code,
+        Ended::LostTrack { error, reaped } => {
+            if reaped {
+                report(&format_args!(
+                    "lost track of CMD ({error}); it was killed and the lock released (the \
+                     period is not marked as done)"
+                ));
+                return EXIT_OS_ERROR; // dropping the job releases the lock, without a marker
+            }
+            report(&format_args!(
+                "lost track of CMD ({error}); it was sent SIGKILL and the lock is left to \
+                 expire with its ttl ({})",
+                humantime::format_duration(args.ttl)
+            ));
+            // Nobody else may run CMD while it might still work: leak the job (and its lock)
+            // rather than let dropping it release the lock.
+            std::mem::forget(job);
+            return EXIT_OS_ERROR;
+        }
+    };
+    let termination = match &ended {
+        Ended::Terminated { how, .. } => Some(*how),
+        _ => None,
+    };
+    let _ = exited_tx.send(code);
+    match job.await {
+        Ok(Outcome::Ran { marked, .. }) => {
+            if !marked {
+                report(&format_args!(
+                    "warning: CMD ran, but the record that this period is done did not reach a \
+                     quorum: a host that starts later this period may run CMD again"
+                ));
+            }
+            code
+        }
+        Ok(Outcome::Lost { reason, .. }) => lost_while_running(&args, reason, termination, code),
+        // The job completed: it was neither skipped nor failed before it ran.
+        Ok(other) => {
+            report(&format_args!("unexpected outcome after CMD ran: {other:?}"));
+            crate::EXIT_SOFTWARE
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+/// How long a period's marker lives: two periods, so that a host whose clock runs a little
+/// behind still finds it, capped at the library's longest ttl.
+fn marker_ttl(period: Duration) -> Duration {
+    period
+        .saturating_mul(2)
+        .min(quorumlock::RedlockBuilder::MAX_TTL)
+        .max(Duration::from_millis(1))
+}
+
+/// The exit code of a run that ended before CMD started: skipped quietly (another host runs or
+/// ran CMD this period: 0 or `-E`), or a failure reported on one line.
+fn skipped_or_failed<T: std::fmt::Debug>(
+    outcome: Result<Outcome<T>, quorumlock::Error>,
+    conflict: u8,
+) -> u8 {
+    match outcome {
+        Ok(Outcome::Skipped { reason, .. }) => match reason {
+            SkipReason::Unavailable(e) => fail(&e),
+            reason => {
+                tracing::debug!(%reason, "skipped");
+                conflict
+            }
+        },
+        Ok(other) => {
+            report(&format_args!(
+                "unexpected outcome before CMD ran: {other:?}"
+            ));
+            crate::EXIT_SOFTWARE
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+fn lost_while_running(
+    args: &RunArgs,
+    reason: LostReason,
+    termination: Option<(Termination, GroupEnd)>,
+    code: u8,
+) -> u8 {
+    report(&lost_line(
+        &args.key,
+        reason,
+        termination,
+        code,
+        args.kill_after,
+        args.foreground,
+    ));
+    EXIT_LOST
+}

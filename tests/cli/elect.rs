@@ -1,0 +1,280 @@
+//! `redlock elect NAME -- CMD`: two candidate processes, one leads and runs CMD; the other
+//! takes over when the leader exits, is killed, or loses its nodes, and the lost leader's CMD
+//! is stopped (t90).
+
+use std::path::Path;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill, killpg};
+use quorumlock::testkit::LocalCluster;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::harness::*;
+use crate::proxy::Proxy;
+use crate::support::*;
+
+const NAME: &str = "scheduler";
+/// The library's debug line when a campaign finds another candidate leading (src/election.rs,
+/// `next_attempt_while_held`): the event that says a candidate is standing by.
+const STANDING_BY: &str = "another candidate leads; standing by";
+
+/// `redlock [--nodes URLS] elect --candidate ID --ttl 2s [flags] NAME -- sh -c SCRIPT`, with
+/// the script's CMD writing `"$REDLOCK_CANDIDATE $REDLOCK_TOKEN $REDLOCK_ELECTION"` to
+/// `<dir>/token-<ID>` and its pid to `<dir>/pid-<ID>` before `then`.
+fn elect(mut cmd: Command, id: &str, flags: &[&str], dir: &Path, then: &str) -> Command {
+    let script = format!(
+        "echo \"$REDLOCK_CANDIDATE $REDLOCK_TOKEN $REDLOCK_ELECTION\" > {d}/token-{id}; \
+         echo $$ > {d}/pid-{id}; {then}",
+        d = path_str(dir),
+    );
+    cmd.args(["elect", "--candidate", id, "--ttl", "2s"])
+        .args(flags)
+        .args([NAME, "--", "sh", "-c", &script]);
+    cmd
+}
+
+/// `redlock` over the given node URLs (the restart guard off, as `redlock(cluster)`).
+fn redlock_via(urls: &[String]) -> Command {
+    let mut cmd = bare();
+    cmd.env("REDLOCK_RESTART_GUARD", "off")
+        .arg("--nodes")
+        .arg(urls.join(","));
+    cmd
+}
+
+/// The token a candidate's CMD got, checking the rest of what it wrote.
+async fn token_of(dir: &Path, id: &str) -> u64 {
+    let line = line_in(&dir.join(format!("token-{id}"))).await;
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let [candidate, token, election] = fields.as_slice() else {
+        panic!("three values: {line:?}");
+    };
+    assert_eq!((*candidate, *election), (id, NAME), "{line:?}");
+    token.parse().expect("REDLOCK_TOKEN is a decimal u64")
+}
+
+/// Starts candidate `id` with debug logs on, and waits until it stands by behind a leader.
+async fn standing_by(mut cmd: Command) -> Child {
+    cmd.env("REDLOCK_LOG", "quorumlock=debug");
+    let mut child = cmd.spawn().unwrap();
+    stderr_until(&mut child, STANDING_BY).await;
+    child
+}
+
+#[tokio::test]
+async fn t90_one_leads_the_other_takes_over_when_its_cmd_exits() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let dir = scratch();
+    let d = dir.path();
+    let (stop_a, stop_b) = (file(&dir, "stop-a"), file(&dir, "stop-b"));
+
+    let a = elect(redlock(&cluster), "a", &[], d, &wait_for_file(&stop_a))
+        .spawn()
+        .unwrap();
+    let (_, _guard_a) = cmd_in(&d.join("pid-a")).await;
+    let token_a = token_of(d, "a").await;
+    let b = standing_by(elect(
+        redlock(&cluster),
+        "b",
+        &[],
+        d,
+        &format!("{}; exit 3", wait_for_file(&stop_b)),
+    ))
+    .await;
+    assert!(!d.join("pid-b").exists(), "one leader at a time");
+    assert!(
+        holders(&urls, NAME) >= 3,
+        "the leader holds the election's lock"
+    );
+
+    // A's CMD exits: A resigns and exits with CMD's code; B leads at once (notified).
+    std::fs::write(&stop_a, "").unwrap();
+    let out_a = finish(a, Instant::now()).await;
+    assert_eq!(out_a.code(), 0, "{out_a:?}");
+    assert_eq!(out_a.stderr, "", "{out_a:?}");
+    let handover = Instant::now();
+    let (_, _guard_b) = cmd_in(&d.join("pid-b")).await;
+    assert!(
+        handover.elapsed() < Duration::from_secs(2),
+        "B took over on the resign notice, not after a ttl: {:?}",
+        handover.elapsed()
+    );
+    let token_b = token_of(d, "b").await;
+    assert!(token_b > token_a, "tokens rise: {token_a} then {token_b}");
+
+    std::fs::write(&stop_b, "").unwrap();
+    let out_b = finish(b, Instant::now()).await;
+    assert_eq!(out_b.code(), 3, "CMD's own code: {out_b:?}");
+    assert_eq!(holders(&urls, NAME), 0, "resigned on every node");
+}
+
+#[tokio::test]
+async fn t91_a_killed_leader_is_replaced_after_its_ttl() {
+    let cluster = cluster(5);
+    let dir = scratch();
+    let d = dir.path();
+    let a = elect(redlock(&cluster), "a", &[], d, "exec sleep 60")
+        .spawn()
+        .unwrap();
+    let (cmd_a, _guard_a) = cmd_in(&d.join("pid-a")).await;
+    let token_a = token_of(d, "a").await;
+    let b = standing_by(elect(redlock(&cluster), "b", &[], d, "exec sleep 60")).await;
+
+    // The leader's host dies: redlock and its CMD, at once, without resigning.
+    let killed = Instant::now();
+    kill(pid_of(&a), Signal::SIGKILL).unwrap();
+    killpg(cmd_a, Signal::SIGKILL).unwrap();
+    let (cmd_b, _guard_b) = cmd_in(&d.join("pid-b")).await;
+    let token_b = token_of(d, "b").await;
+    assert!(token_b > token_a, "tokens rise: {token_a} then {token_b}");
+    // Not before the term's keys expired (a ttl after the last extension, at most ttl/3 before
+    // the kill, less the drift), and not long after (generous: a loaded machine).
+    let took = killed.elapsed();
+    assert!(
+        took >= Duration::from_millis(1200),
+        "took over too early: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(8),
+        "took over too late: {took:?}"
+    );
+
+    // The new leader's CMD is signalled as `run`'s is; it exits, B resigns.
+    kill(pid_of(&b), Signal::SIGTERM).unwrap();
+    let out = finish(b, Instant::now()).await;
+    assert_eq!(
+        out.code(),
+        128 + 15,
+        "CMD died of the forwarded SIGTERM: {out:?}"
+    );
+    assert!(!is_alive(cmd_b));
+    assert_eq!(holders(&cluster.urls(), NAME), 0, "resigned");
+}
+
+#[tokio::test]
+async fn t92_a_leader_cut_off_from_its_nodes_stops_cmd_and_the_other_takes_over() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let mut proxies = Vec::new();
+    for url in &urls {
+        proxies.push(Proxy::for_url(url).await.expect("proxy"));
+    }
+    let via: Vec<String> = proxies.iter().map(Proxy::url).collect();
+    let dir = scratch();
+    let d = dir.path();
+    let a = elect(redlock_via(&via), "a", &[], d, "exec sleep 60")
+        .spawn()
+        .unwrap();
+    let (cmd_a, _guard_a) = cmd_in(&d.join("pid-a")).await;
+    let token_a = token_of(d, "a").await;
+    let b = standing_by(elect(redlock(&cluster), "b", &[], d, "exec sleep 60")).await;
+
+    // A's links to every node go silent: A cannot extend its term, B still sees the nodes.
+    let cut = Instant::now();
+    for p in &proxies {
+        p.set_blackhole(true);
+    }
+    let out_a = finish(a, cut).await;
+    assert_eq!(out_a.code(), 79, "{out_a:?}");
+    let line = out_a.one_line_error();
+    assert!(
+        line.starts_with("redlock: leadership of \"scheduler\" was lost: ")
+            && line.contains("CMD's process group was sent SIGTERM and CMD exited (143)"),
+        "{line}"
+    );
+    assert!(is_gone(cmd_a), "the lost leader's CMD was stopped");
+    // The term ends within its ttl of the cut (the lost signal fires before the keys expire).
+    assert!(out_a.took < Duration::from_secs(6), "{:?}", out_a.took);
+
+    let (cmd_b, _guard_b) = cmd_in(&d.join("pid-b")).await;
+    assert!(
+        !is_running(cmd_a),
+        "the old leader's CMD was gone before the new leader's started"
+    );
+    let token_b = token_of(d, "b").await;
+    assert!(token_b > token_a, "tokens rise: {token_a} then {token_b}");
+    kill(pid_of(&b), Signal::SIGINT).unwrap();
+    let out_b = finish(b, Instant::now()).await;
+    assert_eq!(out_b.code(), 128 + 2, "{out_b:?}");
+    assert!(!is_alive(cmd_b));
+    for p in &proxies {
+        p.heal();
+    }
+}
+
+#[tokio::test]
+async fn t93_wait_bounds_the_campaign_and_e_chooses_its_exit_code() {
+    let cluster = cluster(5);
+    let other = client(&cluster);
+    let held = other
+        .try_acquire(NAME, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let dir = scratch();
+    let d = dir.path();
+    for (flags, code) in [
+        (vec!["--wait", "700ms"], 75),
+        (vec!["--wait", "700ms", "-E", "3"], 3),
+        (vec!["--wait", "0s", "--conflict-exit-code", "0"], 0),
+    ] {
+        let out = output(elect(redlock(&cluster), "b", &flags, d, "exit 9")).await;
+        assert_eq!(out.code(), code, "{flags:?}: {out:?}");
+        assert!(
+            out.one_line_error().contains("held by another owner"),
+            "{flags:?}: {out:?}"
+        );
+        assert!(!d.join("pid-b").exists(), "{flags:?}: CMD must not run");
+    }
+    held.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn t94_a_signal_while_campaigning_runs_nothing() {
+    let cluster = cluster(5);
+    let other = client(&cluster);
+    let held = other
+        .try_acquire(NAME, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let dir = scratch();
+    let d = dir.path();
+    let b = standing_by(elect(redlock(&cluster), "b", &[], d, "exit 9")).await;
+    let signalled = Instant::now();
+    kill(pid_of(&b), Signal::SIGTERM).unwrap();
+    let out = finish(b, signalled).await;
+    assert_eq!(out.code(), 128 + 15, "{out:?}");
+    assert!(out.took < Duration::from_secs(5), "{out:?}");
+    assert!(!d.join("pid-b").exists(), "CMD never ran");
+    assert!(!held.is_lost());
+    held.release().await.unwrap();
+}
+
+/// The lock's key for an election is its name: `status NAME` shows the leader's term.
+#[tokio::test]
+async fn t95_status_shows_the_leaders_term() {
+    let cluster: LocalCluster = cluster(5);
+    let dir = scratch();
+    let d = dir.path();
+    let stop = file(&dir, "stop");
+    let a = elect(redlock(&cluster), "a", &[], d, &wait_for_file(&stop))
+        .spawn()
+        .unwrap();
+    let (_, _guard) = cmd_in(&d.join("pid-a")).await;
+    let token = token_of(d, "a").await;
+    let mut cmd = redlock(&cluster);
+    cmd.args(["status", NAME]);
+    let out = output(cmd).await;
+    assert_eq!(out.code(), 0, "{out:?}");
+    assert!(
+        out.stdout.contains("on 5 of 5 nodes")
+            && out
+                .stdout
+                .contains(&format!("highest fencing counter {token}")),
+        "{}",
+        out.stdout
+    );
+    std::fs::write(&stop, "").unwrap();
+    assert_eq!(finish(a, Instant::now()).await.code(), 0);
+}
