@@ -29,30 +29,10 @@ pub(crate) async fn elect(locks: Redlock, args: ElectArgs) -> u8 {
         Ok(e) => e,
         Err(e) => return fail(&e),
     };
-    let campaign = match args.wait {
-        None => election.campaign().boxed(),
-        Some(wait) => election.campaign_timeout(wait).boxed(),
-    };
-    // A signal while campaigning gives up: a term won meanwhile is resigned in the background
-    // (drained before exit).
-    let won = tokio::select! {
-        r = campaign => r,
-        sig = signals.recv() => {
-            report(&interrupted(sig, &args.name));
-            return signal_exit_code(sig as i32);
-        }
-    };
-    let leadership = match won {
+    let leadership = match win(&election, &args, &mut signals).await {
         Ok(l) => l,
-        Err(e) => return fail_with(&e, args.conflict_exit_code.unwrap_or(EXIT_HELD)),
+        Err(code) => return code,
     };
-    // As for `run`: a signal delivered while the campaign was completing must not start CMD.
-    tokio::task::yield_now().await;
-    if let Some(sig) = signals.recv().now_or_never() {
-        report(&interrupted(sig, &args.name));
-        resign(leadership).await;
-        return signal_exit_code(sig as i32);
-    }
     let env = [
         ("REDLOCK_ELECTION", args.name.clone()),
         ("REDLOCK_CANDIDATE", election.candidate().to_owned()),
@@ -70,8 +50,46 @@ pub(crate) async fn elect(locks: Redlock, args: ElectArgs) -> u8 {
         }
     };
     tracing::debug!(election = %args.name, token = %leadership.token(), "CMD runs while leading");
-    match child::supervise(running, leadership.lost(), args.kill_after, &mut signals).await {
-        Ended::Terminated { code, how } => lost_while_leading(leadership, &args, Some(how), code),
+    let ended = child::supervise(running, leadership.lost(), args.kill_after, &mut signals).await;
+    end_of_term(leadership, &args, ended).await
+}
+
+/// Campaigns until elected (or `--wait` runs out, or a signal comes: then the exit code).
+async fn win(
+    election: &Election,
+    args: &ElectArgs,
+    signals: &mut child::Signals,
+) -> Result<Leadership, u8> {
+    let campaign = match args.wait {
+        None => election.campaign().boxed(),
+        Some(wait) => election.campaign_timeout(wait).boxed(),
+    };
+    // A signal while campaigning gives up: a term won meanwhile is resigned in the background
+    // (drained before exit).
+    let won = tokio::select! {
+        r = campaign => r,
+        sig = signals.recv() => {
+            report(&interrupted(sig, &args.name));
+            return Err(signal_exit_code(sig as i32));
+        }
+    };
+    let leadership =
+        won.map_err(|e| fail_with(&e, args.conflict_exit_code.unwrap_or(EXIT_HELD)))?;
+    // As for `run`: a signal delivered while the campaign was completing must not start CMD.
+    tokio::task::yield_now().await;
+    if let Some(sig) = signals.recv().now_or_never() {
+        report(&interrupted(sig, &args.name));
+        resign(leadership).await;
+        return Err(signal_exit_code(sig as i32));
+    }
+    Ok(leadership)
+}
+
+/// After CMD: resigns and passes CMD's code on, or reports the loss (79) or the lost track of
+/// CMD (71).
+async fn end_of_term(leadership: Leadership, args: &ElectArgs, ended: Ended) -> u8 {
+    match ended {
+        Ended::Terminated { code, how } => lost_while_leading(leadership, args, Some(how), code),
         Ended::LostTrack { error, reaped } => {
             if reaped {
                 report(&format_args!(
@@ -91,13 +109,13 @@ pub(crate) async fn elect(locks: Redlock, args: ElectArgs) -> u8 {
             EXIT_OS_ERROR
         }
         Ended::Exited(code) if leadership.is_lost() => {
-            lost_while_leading(leadership, &args, None, code)
+            lost_while_leading(leadership, args, None, code)
         }
         Ended::Exited(code) => match leadership.resign().await {
             Ok(()) => code,
             // The term had ended by the time CMD exited: it did not run to its end as leader.
             Err(Error::Lost { reason, .. }) => {
-                report(&lost_line(&args, reason, None, code));
+                report(&lost_line(args, reason, None, code));
                 EXIT_LOST
             }
             Err(e) => {

@@ -8,9 +8,10 @@
 //! does (`child.rs`) and tells the job CMD's exit code when it exits; the job's lost signal
 //! terminates CMD.
 
+use std::ffi::OsString;
 use std::time::{Duration, SystemTime};
 
-use quorumlock::{LostReason, Outcome, Redlock, RunOnce, SkipReason, tick_of};
+use quorumlock::{LostReason, Outcome, Redlock, RunOnce, SkipReason, TickContext, tick_of};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -39,32 +40,10 @@ pub(crate) async fn once_per(locks: Redlock, args: RunArgs, period: Duration) ->
     let tick = tick_of(SystemTime::now(), period);
     let (started_tx, started_rx) = oneshot::channel::<Started>();
     let (exited_tx, exited_rx) = oneshot::channel::<u8>();
-    let cmd = args.cmd.clone();
-    let (key, foreground, kill_after) = (args.key.clone(), args.foreground, args.kill_after);
+    let (cmd, key, foreground) = (args.cmd.clone(), args.key.clone(), args.foreground);
     // Boxed, so that it can be leaked (see `LostTrack` below).
-    let mut job = Box::pin(once.run(tick, move |ctx| async move {
-        let env = [
-            ("REDLOCK_KEY", key),
-            ("REDLOCK_TOKEN", ctx.token().get().to_string()),
-            ("REDLOCK_TICK", ctx.tick().to_owned()),
-        ];
-        let options = child::CmdOptions {
-            argv: &cmd,
-            foreground,
-        };
-        let started = child::spawn(options, &env).map(|running| (running, ctx.lost().clone()));
-        let spawned = started.is_ok();
-        let _ = started_tx.send(started);
-        if !spawned {
-            // CMD never ran: the job never completes, so no marker is written; the caller
-            // drops it, which releases the lock.
-            std::future::pending::<()>().await;
-        }
-        // A dropped sender (the caller gave up on CMD) reads as "do not mark": never complete.
-        match exited_rx.await {
-            Ok(code) => code,
-            Err(_) => std::future::pending().await,
-        }
+    let mut job = Box::pin(once.run(tick, move |ctx| {
+        job(ctx, cmd, key, foreground, started_tx, exited_rx)
     }));
 
     // Until CMD starts (or the job is skipped): a signal gives up, nothing run. CMD first: once
@@ -84,34 +63,63 @@ pub(crate) async fn once_per(locks: Redlock, args: RunArgs, period: Duration) ->
             return signal_exit_code(sig as i32);
         }
     };
-    let ended = child::supervise(running, lost.cancelled_owned(), kill_after, &mut signals).await;
-    let code = match ended {
-        Ended::Exited(code) | Ended::Terminated { code, .. } => code,
-        Ended::LostTrack { error, reaped } => {
-            if reaped {
-                report(&format_args!(
-                    "lost track of CMD ({error}); it was killed and the lock released (the \
-                     period is not marked as done)"
-                ));
-                return EXIT_OS_ERROR; // dropping the job releases the lock, without a marker
+    let lost = lost.cancelled_owned();
+    let (code, termination) =
+        match child::supervise(running, lost, args.kill_after, &mut signals).await {
+            Ended::Exited(code) => (code, None),
+            Ended::Terminated { code, how } => (code, Some(how)),
+            Ended::LostTrack { error, reaped } => {
+                if !reaped {
+                    // Nobody else may run CMD while it might still work: leak the job (and its
+                    // lock) rather than let dropping it release the lock.
+                    std::mem::forget(job);
+                }
+                // Otherwise dropping the job releases the lock, without a marker.
+                return lost_track(&error, reaped, args.ttl);
             }
-            report(&format_args!(
-                "lost track of CMD ({error}); it was sent SIGKILL and the lock is left to \
-                 expire with its ttl ({})",
-                humantime::format_duration(args.ttl)
-            ));
-            // Nobody else may run CMD while it might still work: leak the job (and its lock)
-            // rather than let dropping it release the lock.
-            std::mem::forget(job);
-            return EXIT_OS_ERROR;
-        }
-    };
-    let termination = match &ended {
-        Ended::Terminated { how, .. } => Some(*how),
-        _ => None,
-    };
+        };
     let _ = exited_tx.send(code);
-    match job.await {
+    ran(job.await, &args, termination, code)
+}
+
+/// The job given to `RunOnce::run`: starts CMD with the run's token and tick in its
+/// environment, hands it over through `started`, and completes with CMD's exit code once told
+/// through `exited`. A job that could not start CMD, or that is never told, never completes:
+/// no marker is written, and dropping it releases the lock.
+async fn job(
+    ctx: TickContext,
+    cmd: Vec<OsString>,
+    key: String,
+    foreground: bool,
+    started: oneshot::Sender<Started>,
+    exited: oneshot::Receiver<u8>,
+) -> u8 {
+    let env = [
+        ("REDLOCK_KEY", key),
+        ("REDLOCK_TOKEN", ctx.token().get().to_string()),
+        ("REDLOCK_TICK", ctx.tick().to_owned()),
+    ];
+    let options = child::CmdOptions {
+        argv: &cmd,
+        foreground,
+    };
+    let spawned = child::spawn(options, &env).map(|running| (running, ctx.lost().clone()));
+    let ok = spawned.is_ok();
+    let _ = started.send(spawned);
+    if ok && let Ok(code) = exited.await {
+        return code;
+    }
+    std::future::pending().await
+}
+
+/// The exit code once CMD has exited and the run is over (marker written, lock released).
+fn ran(
+    outcome: Result<Outcome<u8>, quorumlock::Error>,
+    args: &RunArgs,
+    termination: Option<(Termination, GroupEnd)>,
+    code: u8,
+) -> u8 {
+    match outcome {
         Ok(Outcome::Ran { marked, .. }) => {
             if !marked {
                 report(&format_args!(
@@ -121,7 +129,7 @@ pub(crate) async fn once_per(locks: Redlock, args: RunArgs, period: Duration) ->
             }
             code
         }
-        Ok(Outcome::Lost { reason, .. }) => lost_while_running(&args, reason, termination, code),
+        Ok(Outcome::Lost { reason, .. }) => lost_while_running(args, reason, termination, code),
         // The job completed: it was neither skipped nor failed before it ran.
         Ok(other) => {
             report(&format_args!("unexpected outcome after CMD ran: {other:?}"));
@@ -129,6 +137,23 @@ pub(crate) async fn once_per(locks: Redlock, args: RunArgs, period: Duration) ->
         }
         Err(e) => fail(&e),
     }
+}
+
+/// `child.wait()` failed: reports what became of CMD and the lock.
+fn lost_track(error: &std::io::Error, reaped: bool, ttl: Duration) -> u8 {
+    if reaped {
+        report(&format_args!(
+            "lost track of CMD ({error}); it was killed and the lock released (the period is \
+             not marked as done)"
+        ));
+    } else {
+        report(&format_args!(
+            "lost track of CMD ({error}); it was sent SIGKILL and the lock is left to expire \
+             with its ttl ({})",
+            humantime::format_duration(ttl)
+        ));
+    }
+    EXIT_OS_ERROR
 }
 
 /// How long a period's marker lives: two periods, so that a host whose clock runs a little
