@@ -547,6 +547,30 @@ mod tests {
     }
 
     #[test]
+    fn the_conflict_code_replaces_only_held() {
+        let held = Error::Held {
+            key: "k".into(),
+            held: 3,
+            nodes: 5,
+            needed: 3,
+        };
+        assert_eq!(conflict_exit_code(&held, 3), 3);
+        assert_eq!(conflict_exit_code(&held, 0), 0);
+        let no_quorum = Error::NoQuorum {
+            key: "k".into(),
+            reached: 2,
+            nodes: 5,
+            needed: 3,
+            failures: vec![],
+        };
+        assert_eq!(conflict_exit_code(&no_quorum, 3), 69);
+        assert_eq!(
+            conflict_exit_code(&Error::Config(ConfigError::NoNodes), 3),
+            64
+        );
+    }
+
+    #[test]
     fn a_slow_quorum_says_what_happened() {
         let slow = Error::ValidityExpired {
             key: "job".into(),
@@ -577,6 +601,7 @@ mod tests {
             (MAX_NODE_TIMEOUT, "1h"),
             (MAX_WAIT, "365days"),
             (MAX_KILL_AFTER, "1day"),
+            (MAX_PERIOD, MAX_PERIOD_TEXT),
         ] {
             assert_eq!(humantime::parse_duration(text), Ok(max));
             let parse = duration_up_to(max, text);

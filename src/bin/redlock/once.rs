@@ -205,3 +205,23 @@ fn lost_while_running(
     ));
     EXIT_LOST
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_periods_marker_lives_two_periods_within_the_ttl_limit() {
+        assert_eq!(
+            marker_ttl(Duration::from_secs(3600)),
+            Duration::from_secs(7200)
+        );
+        // The longest period's marker still lives two periods.
+        assert_eq!(
+            marker_ttl(crate::MAX_PERIOD),
+            crate::MAX_PERIOD.saturating_mul(2)
+        );
+        assert!(marker_ttl(crate::MAX_PERIOD) <= quorumlock::RedlockBuilder::MAX_TTL);
+        assert_eq!(marker_ttl(Duration::ZERO), Duration::from_millis(1));
+    }
+}
