@@ -312,3 +312,51 @@ async fn t96_too_few_nodes_after_wait_exits_69_naming_them() {
     }
     assert!(!d.join("pid-a").exists(), "CMD must not run");
 }
+
+#[tokio::test]
+async fn t97_a_leader_paused_past_its_ttl_is_replaced_and_stops_its_cmd_when_it_resumes() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let dir = scratch();
+    let d = dir.path();
+    let a = elect(redlock(&cluster), "a", &[], d, "exec sleep 60")
+        .spawn()
+        .unwrap();
+    let (cmd_a, _guard_a) = cmd_in(&d.join("pid-a")).await;
+    let token_a = token_of(d, "a").await;
+    let b = standing_by(elect(redlock(&cluster), "b", &[], d, "exec sleep 60")).await;
+
+    // A stops (a long GC pause, a stopped VM): B takes over once A's term expires.
+    let redlock_a = pid_of(&a);
+    kill(redlock_a, Signal::SIGSTOP).unwrap();
+    let (cmd_b, _guard_b) = cmd_in(&d.join("pid-b")).await;
+    let token_b = token_of(d, "b").await;
+    assert!(token_b > token_a, "tokens rise: {token_a} then {token_b}");
+    let b_value = {
+        let status = client(&cluster).status(NAME).await.unwrap();
+        status.holder().expect("B holds the term").to_owned()
+    };
+
+    // A resumes, finds its term lost, stops its CMD, and leaves B's term alone.
+    let resumed = Instant::now();
+    kill(redlock_a, Signal::SIGCONT).unwrap();
+    let out = finish(a, resumed).await;
+    assert_eq!(out.code(), 79, "{out:?}");
+    assert!(
+        out.one_line_error()
+            .starts_with("redlock: leadership of \"scheduler\" was lost: "),
+        "{out:?}"
+    );
+    assert!(is_gone(cmd_a), "the old leader's CMD was stopped");
+    assert!(out.took < Duration::from_secs(5), "at once: {:?}", out.took);
+    assert!(is_running(cmd_b), "the new leader's CMD runs on");
+    let still = urls
+        .iter()
+        .filter(|u| value_on(u, NAME).as_deref() == Some(b_value.as_str()))
+        .count();
+    assert!(still >= 3, "B's term is untouched: on {still} nodes");
+
+    kill(pid_of(&b), Signal::SIGTERM).unwrap();
+    let out = finish(b, Instant::now()).await;
+    assert_eq!(out.code(), 128 + 15, "{out:?}");
+}
