@@ -15,22 +15,30 @@ use crate::proxy::Proxy;
 use crate::support::*;
 
 const NAME: &str = "scheduler";
+/// The flags of a leader whose term must end soon after it stops extending it.
+const SHORT: &[&str] = &["--ttl", "2s"];
 /// The library's debug line when a campaign finds another candidate leading (src/election.rs,
 /// `next_attempt_while_held`): the event that says a candidate is standing by.
 const STANDING_BY: &str = "another candidate leads; standing by";
 
-/// `redlock [--nodes URLS] elect --candidate ID --ttl 2s [flags] NAME -- sh -c SCRIPT`, with
-/// the script's CMD writing `"$REDLOCK_CANDIDATE $REDLOCK_TOKEN $REDLOCK_ELECTION"` to
+/// `redlock [--nodes URLS] elect --candidate ID [--ttl 10s] [flags] NAME -- sh -c SCRIPT`,
+/// with the script's CMD writing `"$REDLOCK_CANDIDATE $REDLOCK_TOKEN $REDLOCK_ELECTION"` to
 /// `<dir>/token-<ID>` and its pid to `<dir>/pid-<ID>` before `then`.
+///
+/// A leader that must keep its term through the test (on a box loaded by the whole suite) gets
+/// a 10 s ttl and a 1 s node timeout; one whose term must end soon passes `--ttl 2s`.
 fn elect(mut cmd: Command, id: &str, flags: &[&str], dir: &Path, then: &str) -> Command {
     let script = format!(
         "echo \"$REDLOCK_CANDIDATE $REDLOCK_TOKEN $REDLOCK_ELECTION\" > {d}/token-{id}; \
          echo $$ > {d}/pid-{id}; {then}",
         d = path_str(dir),
     );
-    cmd.args(["elect", "--candidate", id, "--ttl", "2s"])
-        .args(flags)
-        .args([NAME, "--", "sh", "-c", &script]);
+    cmd.env("REDLOCK_NODE_TIMEOUT", "1s")
+        .args(["elect", "--candidate", id]);
+    if !flags.contains(&"--ttl") {
+        cmd.args(["--ttl", "10s"]);
+    }
+    cmd.args(flags).args([NAME, "--", "sh", "-c", &script]);
     cmd
 }
 
@@ -96,9 +104,10 @@ async fn t90_one_leads_the_other_takes_over_when_its_cmd_exits() {
     assert_eq!(out_a.stderr, "", "{out_a:?}");
     let handover = Instant::now();
     let (_, _guard_b) = cmd_in(&d.join("pid-b")).await;
+    // A's ttl is 10 s and B polls every 2.5 s (±25 %): well under either, B was notified.
     assert!(
-        handover.elapsed() < Duration::from_secs(2),
-        "B took over on the resign notice, not after a ttl: {:?}",
+        handover.elapsed() < Duration::from_millis(1500),
+        "B took over on the resign notice, not after a poll or a ttl: {:?}",
         handover.elapsed()
     );
     let token_b = token_of(d, "b").await;
@@ -115,7 +124,7 @@ async fn t91_a_killed_leader_is_replaced_after_its_ttl() {
     let cluster = cluster(5);
     let dir = scratch();
     let d = dir.path();
-    let a = elect(redlock(&cluster), "a", &[], d, "exec sleep 60")
+    let a = elect(redlock(&cluster), "a", SHORT, d, "exec sleep 60")
         .spawn()
         .unwrap();
     let (cmd_a, _guard_a) = cmd_in(&d.join("pid-a")).await;
@@ -164,7 +173,7 @@ async fn t92_a_leader_cut_off_from_its_nodes_stops_cmd_and_the_other_takes_over(
     let via: Vec<String> = proxies.iter().map(Proxy::url).collect();
     let dir = scratch();
     let d = dir.path();
-    let a = elect(redlock_via(&via), "a", &[], d, "exec sleep 60")
+    let a = elect(redlock_via(&via), "a", SHORT, d, "exec sleep 60")
         .spawn()
         .unwrap();
     let (cmd_a, _guard_a) = cmd_in(&d.join("pid-a")).await;
@@ -319,7 +328,7 @@ async fn t97_a_leader_paused_past_its_ttl_is_replaced_and_stops_its_cmd_when_it_
     let urls = cluster.urls();
     let dir = scratch();
     let d = dir.path();
-    let a = elect(redlock(&cluster), "a", &[], d, "exec sleep 60")
+    let a = elect(redlock(&cluster), "a", SHORT, d, "exec sleep 60")
         .spawn()
         .unwrap();
     let (cmd_a, _guard_a) = cmd_in(&d.join("pid-a")).await;
