@@ -101,6 +101,57 @@ impl Floor {
             .await
     }
 
+    /// The acquire round with fencing, without Lua: `SET key value NX PX ttl GET` then `INCR
+    /// fence_key`, pipelined on each node's connection (one write, two replies). A node says yes
+    /// when the `SET` found the key free (nil: no old value) and the `INCR` answered. Unlike the
+    /// script, the `INCR` also runs where the key is held (counters then grow on refusals too),
+    /// and other clients' commands may run between the two. Needs Redis 7 (`NX` with `GET`).
+    /// A prototype for issue 17: what the fenced acquire would cost in Redis without a script.
+    pub(crate) async fn acquire_pipelined(
+        &self,
+        key: &str,
+        fence_key: &str,
+        value: &str,
+        ttl_ms: u64,
+    ) -> bool {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .arg("GET")
+            .cmd("INCR")
+            .arg(fence_key);
+        let pipe = &pipe;
+        let n = self.conns.len();
+        let mut pending: FuturesUnordered<_> = self
+            .conns
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                async move { c.send_packed_commands(pipe, 0, 2).await }
+            })
+            .collect();
+        let (mut ok, mut answered) = (0, 0);
+        while let Some(reply) = pending.next().await {
+            answered += 1;
+            if let Ok([Value::Nil, Value::Int(c)]) = reply.as_deref()
+                && *c > 0
+            {
+                ok += 1;
+            }
+            if ok >= self.quorum {
+                return true;
+            }
+            if ok + (n - answered) < self.quorum {
+                return false;
+            }
+        }
+        false
+    }
+
     /// Conditional delete on every node; true once a quorum deleted.
     pub(crate) async fn release(&self, key: &str, value: &str) -> bool {
         let mut cmd = redis::cmd("EVALSHA");

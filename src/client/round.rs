@@ -86,6 +86,15 @@ impl Tail {
                 .all(|(i, &answered)| answered || self.gate.handed(i))
     }
 
+    /// Collects the answers that have arrived since the round ended, without waiting and
+    /// without registering a waker (the calls still wake the round's task, which ignores it).
+    /// True once every call has answered: nothing is left that must be kept.
+    pub(super) fn collect(&mut self) -> bool {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        while let std::task::Poll::Ready(Some(_)) = self.calls.poll_next_unpin(&mut cx) {}
+        self.calls.is_empty()
+    }
+
     /// Drives the unanswered calls to their answer, bounded by the round's deadline.
     pub(super) async fn drive(self) {
         let mut calls = self.calls;

@@ -20,6 +20,9 @@ pub(crate) enum Client {
     /// The hand-written round with quorumlock's acquire script (SET NX PX + INCR of the
     /// fencing counter): what fencing costs in Redis and on the wire.
     FloorFenced(Floor),
+    /// The hand-written round with a fenced acquire without Lua: `SET NX PX GET` and `INCR`
+    /// pipelined on each node's connection (a prototype for issue 17).
+    FloorPipeFenced(Floor),
     /// `rslock` (async, redis 1.x multiplexed connections; no per-node timeout of its own, so
     /// redis' default 500 ms response timeout applies), one round per attempt.
     Rslock(rslock::LockManager),
@@ -60,6 +63,9 @@ impl Client {
             "floor+fence" => {
                 Client::FloorFenced(Floor::connect(urls).await.expect("floor connects"))
             }
+            "floor+pipefence" => {
+                Client::FloorPipeFenced(Floor::connect(urls).await.expect("floor connects"))
+            }
             "rslock" => {
                 let mut m = rslock::LockManager::new(urls.to_vec());
                 // One attempt per call (its loop runs `retry_count` rounds in total).
@@ -83,7 +89,10 @@ impl Client {
 
     /// Whether it can extend a held lock.
     pub(crate) fn can_extend(&self) -> bool {
-        !matches!(self, Client::Redlock(_) | Client::FloorFenced(_))
+        !matches!(
+            self,
+            Client::Redlock(_) | Client::FloorFenced(_) | Client::FloorPipeFenced(_)
+        )
     }
 
     /// One acquisition attempt (a single round, no retry) on `key` for [`TTL`].
@@ -106,13 +115,18 @@ impl Client {
                     Err(Fail::Busy)
                 }
             }
-            Client::FloorFenced(f) => {
+            Client::FloorFenced(f) | Client::FloorPipeFenced(f) => {
                 // The same key layout as quorumlock's.
                 let (lock_key, fence_key) = crate::floor::fenced_keys(key);
                 let value = Floor::new_value();
-                if f.acquire_fenced(&lock_key, &fence_key, &value, TTL_MS)
-                    .await
-                {
+                let won = if matches!(self, Client::FloorPipeFenced(_)) {
+                    f.acquire_pipelined(&lock_key, &fence_key, &value, TTL_MS)
+                        .await
+                } else {
+                    f.acquire_fenced(&lock_key, &fence_key, &value, TTL_MS)
+                        .await
+                };
+                if won {
                     Ok(Held::Floor {
                         key: lock_key,
                         value,
@@ -142,9 +156,10 @@ impl Client {
     pub(crate) async fn release(&self, held: Held) -> bool {
         match (self, held) {
             (Client::Ours(_), Held::Ours(lock)) => lock.release().await.is_ok(),
-            (Client::Floor(f) | Client::FloorFenced(f), Held::Floor { key, value }) => {
-                f.release(&key, &value).await
-            }
+            (
+                Client::Floor(f) | Client::FloorFenced(f) | Client::FloorPipeFenced(f),
+                Held::Floor { key, value },
+            ) => f.release(&key, &value).await,
             (Client::Rslock(m), Held::Rslock(lock)) => {
                 m.unlock(&lock).await; // best effort, no result
                 true

@@ -28,9 +28,10 @@ use crate::clients::Client;
 use crate::report::{Phase, Row};
 use crate::workload::{Op, Spec};
 
-const IMPLS: [&str; 6] = [
+const IMPLS: [&str; 7] = [
     "floor",
     "floor+fence",
+    "floor+pipefence",
     "quorumlock",
     "quorumlock-nofence",
     "rslock",
@@ -192,16 +193,17 @@ impl Runner {
         let scale = if self.args.quick { 4 } else { 1 };
         let mut rows: Vec<Row> = Vec::new();
         for (name, client) in &self.clients {
-            let skip = if name == "floor+fence" && (phase != Phase::Healthy || s.op == Op::Extend) {
-                Some(None)
-            } else if s.op == Op::Extend && !client.can_extend() {
-                Some(Some("no extend API".to_owned()))
-            } else {
-                self.rows
-                    .iter()
-                    .find(|r| r.phase == phase && &r.imp == name && r.hung > 0)
-                    .map(|r| Some(format!("not run: hung in \"{}\"", r.scenario)))
-            };
+            let skip =
+                if name.starts_with("floor+") && (phase != Phase::Healthy || s.op == Op::Extend) {
+                    Some(None)
+                } else if s.op == Op::Extend && !client.can_extend() {
+                    Some(Some("no extend API".to_owned()))
+                } else {
+                    self.rows
+                        .iter()
+                        .find(|r| r.phase == phase && &r.imp == name && r.hung > 0)
+                        .map(|r| Some(format!("not run: hung in \"{}\"", r.scenario)))
+                };
             match skip {
                 Some(None) => {}
                 Some(Some(note)) => self.rows.push(Row::skipped(phase, s.name, name, note)),
