@@ -10,6 +10,7 @@ mod extend;
 mod release;
 mod repair;
 pub(crate) mod round;
+pub(crate) mod side;
 pub(crate) mod state;
 pub(crate) mod status;
 

@@ -49,7 +49,6 @@ pub(crate) enum Op {
     /// Raising lagging fencing counters after an acquisition.
     Raise,
     /// A command of a feature on top (election records, run-once markers).
-    #[allow(dead_code)] // until election and run-once send through `Node::with_connection`
     Command,
 }
 
@@ -311,7 +310,6 @@ impl Node {
     /// `deadline`: for the commands of features on top (election records, run-once markers),
     /// which ignore the hold-out (they are not votes) but share the connection, its ordering and
     /// its fail-fast while the node is known down. A broken connection is dropped as for any call.
-    #[allow(dead_code)] // until election and run-once send through it (issue 14)
     pub(crate) async fn with_connection<T, F, Fut>(
         self: &Arc<Self>,
         op: F,

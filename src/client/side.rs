@@ -1,0 +1,97 @@
+//! One command on every node, for what the lock client does not say itself: the election's
+//! leader record and announcements, run-once's tick markers.
+//!
+//! Each call goes through the node's one connection ([`Node::with_connection`]): the
+//! certificates, TCP settings, restart guard and one-server check of the lock's own calls, in
+//! order with them, bounded by the node timeout (connecting included).
+//!
+//! [`Node::with_connection`]: crate::node::Node::with_connection
+
+use redis::FromRedisValue;
+use tokio::time::Instant;
+
+use super::Redlock;
+use super::status::LockStatus;
+use crate::core::quorum::HolderView;
+use crate::error::{NodeError, NodeFailure};
+use crate::node::HoldOut;
+
+/// Each node's reply to one command, in node order.
+#[derive(Debug)]
+pub(crate) struct Replies<T> {
+    nodes: Vec<(String, Result<T, NodeError>)>,
+}
+
+impl Redlock {
+    /// Sends `cmd` to every node at once, each call bounded by the node timeout. With
+    /// [`HoldOut::Respect`], the answer of a node that counts toward no quorum (within its
+    /// restart hold-out, a second URL of one server, evicting under the strict guard) is
+    /// replaced by why: it neither confirms nor denies anything. (The command is sent all the
+    /// same: the hold-out is known only once the connect has read the node's run id.)
+    pub(crate) async fn on_every_node<T: FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        hold_out: HoldOut,
+    ) -> Replies<T> {
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let calls = self.inner.nodes.iter().map(|node| async move {
+            let send = |mut conn: redis::aio::MultiplexedConnection| async move {
+                cmd.query_async::<T>(&mut conn).await
+            };
+            let mut reply = node.with_connection(send, deadline).await;
+            if hold_out == HoldOut::Respect
+                && reply.is_ok()
+                && let Some(why) = node.held_out()
+            {
+                reply = Err(why);
+            }
+            (node.name().to_owned(), reply)
+        });
+        Replies {
+            nodes: futures::future::join_all(calls).await,
+        }
+    }
+}
+
+impl<T> Replies<T> {
+    /// How many nodes answered.
+    pub(crate) fn answered(&self) -> usize {
+        self.nodes.iter().filter(|(_, r)| r.is_ok()).count()
+    }
+
+    /// How many nodes were asked.
+    pub(crate) fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The answers, in node order.
+    pub(crate) fn answers(&self) -> impl Iterator<Item = &T> {
+        self.nodes.iter().filter_map(|(_, r)| r.as_ref().ok())
+    }
+
+    /// The nodes that did not answer, and why.
+    pub(crate) fn failures(&self) -> Vec<NodeFailure> {
+        self.nodes
+            .iter()
+            .filter_map(|(node, r)| {
+                r.as_ref().err().map(|cause| NodeFailure {
+                    node: node.clone(),
+                    cause: cause.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
+impl LockStatus {
+    /// The election's split-vote check, after an attempt was refused as held: this read shows
+    /// nobody holding the lock (no value on a quorum, and the nodes that did not answer could
+    /// not complete one), so contenders that tried together split the nodes and a short retry
+    /// can win. The acquisition resolves the splits its refusals prove; this catches those it
+    /// could not prove (a node failed in the round) or that outlast its rounds. A partial view
+    /// ([`HolderView::Unknown`]) is not a split: the holder may stand on the nodes not reached.
+    /// (Run-once retries on a partial view too: a skipped tick has no second chance.)
+    pub(crate) fn is_split_vote(&self) -> bool {
+        self.holder_view() == HolderView::Vacant && self.answered() >= self.quorum
+    }
+}
