@@ -20,7 +20,7 @@ mod metrics;
 #[cfg(test)]
 mod model;
 mod node;
-mod schedule;
+mod run_once;
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
@@ -34,7 +34,9 @@ pub use crate::client::status::{KeyState, LockStatus, NodeStatus};
 pub use crate::core::health::{EvictionGuard, EvictionRisk, RestartGuard};
 pub use crate::core::quorum::HolderView;
 pub use crate::core::token::FencingToken;
-pub use crate::election::{Election, ElectionBuilder, Health, Leader, Leadership, Observation};
+pub use crate::election::{
+    Election, ElectionBuilder, Health, Leader, Leadership, Observation, Observer,
+};
 pub use crate::error::{
     ArgumentError, ConfigError, Error, LostReason, NodeError, NodeFailure, Result,
 };
@@ -42,4 +44,6 @@ pub use crate::fencing::{FenceGate, FencedWrite, StaleToken, fenced_set};
 pub use crate::lock::builder::RedlockBuilder;
 pub use crate::lock::guard::Lock;
 pub use crate::lock::scoped::LockContext;
-pub use crate::schedule::{Outcome, RunOnce, RunOnceBuilder, SkipReason, TickContext, tick_of};
+pub use crate::run_once::{
+    Outcome, RanBy, RunOnce, RunOnceBuilder, RunPolicy, SkipReason, TickContext, tick_of,
+};

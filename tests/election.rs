@@ -767,6 +767,49 @@ async fn t51_observe_reports_vacant_after_a_crash() {
     );
 }
 
+/// An observer needs no candidate id (issue 14): built from the election's builder, it reads
+/// who leads and streams the changes, and never campaigns.
+#[tokio::test]
+async fn t52_an_observer_reads_and_streams_without_a_candidate_id() {
+    let cluster = cluster(5);
+    let ttl = Duration::from_secs(5);
+    let observer = Election::builder(client(&cluster), "e52")
+        .ttl(ttl)
+        .observer()
+        .expect("valid observer");
+    assert_eq!(observer.name(), "e52");
+    assert_eq!(observer.leader().await.unwrap(), None);
+    let mut changes = Box::pin(observer.observe());
+    let mut next = async || {
+        tokio::time::timeout(WAIT, changes.next())
+            .await
+            .expect("an observation within the wait")
+            .expect("the stream does not end")
+    };
+    assert!(matches!(next().await, Observation::Vacant));
+
+    let a = election(&cluster, "e52", "a", ttl);
+    let term = a.campaign().await.unwrap();
+    let seen = loop {
+        match next().await {
+            Observation::Leader(l) if l.candidate.is_some() => break l,
+            Observation::Leader(_) => {} // id not published yet
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(seen.candidate.as_deref(), Some("a"));
+    assert_eq!(seen.token, term.token());
+    let read = observer.leader().await.unwrap().expect("a leader");
+    assert_eq!(read.candidate.as_deref(), Some("a"));
+    // A candidate's own observer shares its subscriptions and reads the same.
+    assert_eq!(
+        a.observer().leader().await.unwrap().map(|l| l.token),
+        Some(term.token())
+    );
+    term.resign().await.unwrap();
+    assert!(matches!(next().await, Observation::Vacant));
+}
+
 /// The health check tells leader, standby and unknown apart.
 #[tokio::test]
 async fn t60_health_reports_leader_standby_unknown() {
@@ -919,8 +962,8 @@ async fn t72_subscription_recovers_from_a_silent_link() {
 }
 
 /// Quorum reads are bounded by the node timeout even when nodes accept connections but never
-/// answer (paused): the side connections to them are given up at the node timeout, not the
-/// (here 5 s) connect timeout, and later reads fail fast on them.
+/// answer (paused): the record reads to them (on the lock's own connections since issue 14) are
+/// given up at the node timeout, not the (here 5 s) connect timeout.
 #[tokio::test]
 async fn t80_reads_are_bounded_by_the_node_timeout() {
     let mut cluster = cluster(5);

@@ -554,9 +554,10 @@ async fn t40_without_fencing_locks_still_exclude_and_hand_out_no_tokens() {
     })
     .await;
     assert!(urls.iter().all(|u| fence_on(u, "plain") == 0));
-    let err = quorumlock::Election::builder(locks, "e")
+    let err: Error = quorumlock::Election::builder(locks, "e")
         .build()
-        .unwrap_err();
+        .unwrap_err()
+        .into();
     assert!(
         matches!(err, Error::Config(quorumlock::ConfigError::FencingRequired)),
         "{err}"

@@ -1,7 +1,8 @@
-//! Item 9: every connection the crate opens to a node (the lock's own, the election's and the
-//! scheduler's side connections, and the election's pub/sub subscriptions) is made by one path
-//! with the client's TLS and TCP settings. Here the TCP part: each of them has keepalive armed,
-//! so a silently dead peer breaks it (TLS is pinned in `tests/tls.rs`, t12 and t13).
+//! Item 9: every connection the crate opens to a node (the lock's own, which also carries the
+//! election's records and the scheduler's markers since issue 14, and the election's pub/sub
+//! subscriptions) is made by one path with the client's TLS and TCP settings. Here the TCP
+//! part: each of them has keepalive armed, so a silently dead peer breaks it (TLS is pinned in
+//! `tests/tls.rs`, t12 and t13).
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -69,13 +70,14 @@ async fn side_connections_carry_the_clients_tcp_keepalive() {
         .await
         .expect("leads within the wait")
         .expect("campaign");
-    // The lock's 3 connections, the job's 3, the election's 3 and its 3 subscriptions; each
+    // The lock's 3 connections (which the job's markers and the election's records share:
+    // there are no side connections since issue 14) and the election's 3 subscriptions; each
     // with its keepalive timer armed once idle (a connection with data in flight shows its
     // retransmit timer for a moment).
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let sockets = client_sockets(&ports);
-        if sockets.len() >= 12 && sockets.iter().all(|&(_, kind)| kind == 2) {
+        if sockets.len() == 6 && sockets.iter().all(|&(_, kind)| kind == 2) {
             break;
         }
         assert!(

@@ -76,7 +76,7 @@ async fn huge_election_intervals_are_config_errors() {
             Election::builder(locks.clone(), "e").ttl(Duration::MAX),
         ),
     ] {
-        let err = b.build().map(|_| ()).unwrap_err();
+        let err: Error = b.build().map(|_| ()).unwrap_err().into();
         assert!(
             matches!(err, Error::Config(ConfigError::TooLong { .. })),
             "{what}: {err}"

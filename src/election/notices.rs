@@ -1,0 +1,255 @@
+//! The election's notices: a pub/sub channel on every node carrying `"elected <token> <id>"`
+//! after a new leader wrote its record and `"resigned <token> <id>"` after a resign released the
+//! lock. Each election subscribes on every node (one pub/sub connection per node, opened by the
+//! node with the lock's certificates and TCP settings, checked with a `PING` every 2 s and made
+//! again with backoff when it breaks or stops answering), so that a standby retries the moment
+//! the leader resigns; the copies of a notice from several nodes are told apart by token.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::client::Redlock;
+use crate::core::token::FencingToken;
+use crate::error::NodeError;
+use crate::node::Node;
+
+/// A message on an election's channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Notice {
+    Elected {
+        token: u64,
+        candidate: String,
+    },
+    Resigned {
+        token: u64,
+        candidate: String,
+    },
+    /// A node's subscription was re-established: notifications may have been missed.
+    Resubscribed,
+}
+
+impl Notice {
+    pub(crate) fn elected(token: FencingToken, candidate: &str) -> String {
+        format!("elected {token} {candidate}")
+    }
+
+    pub(crate) fn resigned(token: FencingToken, candidate: &str) -> String {
+        format!("resigned {token} {candidate}")
+    }
+
+    fn parse(payload: &str) -> Option<Notice> {
+        let mut parts = payload.splitn(3, ' ');
+        let kind = parts.next()?;
+        let token = parts.next()?.parse().ok()?;
+        let candidate = parts.next().unwrap_or_default().to_owned();
+        match kind {
+            "elected" => Some(Notice::Elected { token, candidate }),
+            "resigned" => Some(Notice::Resigned { token, candidate }),
+            _ => None,
+        }
+    }
+}
+
+/// The subscriptions of one [`Election`]: a task per node, fanned into one broadcast channel.
+pub(crate) struct Notifier {
+    tx: broadcast::Sender<Notice>,
+    _tasks: Vec<AbortOnDropHandle<()>>,
+}
+
+impl Notifier {
+    const MIN_PAUSE: Duration = Duration::from_millis(100);
+    const MAX_PAUSE: Duration = Duration::from_secs(2);
+    /// How often a subscription's connection is checked with a `PING`.
+    const KEEPALIVE_EVERY: Duration = Duration::from_secs(2);
+
+    /// Starts one subscription task per node of `locks` on `handle`.
+    pub(crate) fn start(locks: &Redlock, channel: &str, handle: &tokio::runtime::Handle) -> Self {
+        let (tx, _) = broadcast::channel(64);
+        let tasks = locks
+            .inner
+            .nodes
+            .iter()
+            .map(|node| {
+                AbortOnDropHandle::new(handle.spawn(Self::subscribe(
+                    Arc::clone(node),
+                    channel.to_owned(),
+                    tx.clone(),
+                )))
+            })
+            .collect();
+        Notifier { tx, _tasks: tasks }
+    }
+
+    /// A receiver of the notices from now on.
+    pub(crate) fn subscribe_notices(&self) -> broadcast::Receiver<Notice> {
+        self.tx.subscribe()
+    }
+
+    /// Subscribes on one node for as long as the notifier lives, reconnecting with backoff.
+    ///
+    /// A subscription's connection carries nothing while nobody publishes, so a connection
+    /// that died without a FIN or RST (a node paused or cut off by the network) would look
+    /// healthy forever: every [`KEEPALIVE_EVERY`](Self::KEEPALIVE_EVERY) a `PING` must be
+    /// answered within the connect timeout, or the subscription is dropped and made again.
+    async fn subscribe(side: Arc<Node>, channel: String, tx: broadcast::Sender<Notice>) {
+        let node = side.name();
+        let connect_timeout = side.connect_timeout();
+        let mut pause = Self::MIN_PAUSE;
+        let mut subscribed_before = false;
+        loop {
+            let pubsub = tokio::time::timeout(connect_timeout, async {
+                let mut pubsub = side.open_pubsub().await?;
+                pubsub
+                    .subscribe(&channel)
+                    .await
+                    .map_err(NodeError::from_redis)?;
+                Ok::<_, NodeError>(pubsub)
+            })
+            .await;
+            match pubsub {
+                Ok(Ok(pubsub)) => {
+                    tracing::debug!(%node, channel, "subscribed");
+                    if subscribed_before {
+                        let _ = tx.send(Notice::Resubscribed);
+                    }
+                    subscribed_before = true;
+                    pause = Self::MIN_PAUSE;
+                    let (mut sink, mut messages) = pubsub.split();
+                    let keepalive = async {
+                        loop {
+                            tokio::time::sleep(Self::KEEPALIVE_EVERY).await;
+                            match tokio::time::timeout(connect_timeout, sink.ping::<redis::Value>())
+                                .await
+                            {
+                                Ok(Ok(_)) => {}
+                                Ok(Err(e)) => return format!("PING failed: {e}"),
+                                Err(_) => {
+                                    return format!("no answer to PING within {connect_timeout:?}");
+                                }
+                            }
+                        }
+                    };
+                    tokio::pin!(keepalive);
+                    let why = loop {
+                        tokio::select! {
+                            msg = messages.next() => match msg {
+                                Some(msg) => {
+                                    let payload: String = msg.get_payload().unwrap_or_default();
+                                    if let Some(notice) = Notice::parse(&payload) {
+                                        let _ = tx.send(notice);
+                                    }
+                                }
+                                None => break "connection closed".to_owned(),
+                            },
+                            why = &mut keepalive => break why,
+                        }
+                    };
+                    tracing::debug!(%node, channel, reason = %why, "subscription lost; resubscribing");
+                }
+                Ok(Err(e)) => tracing::debug!(%node, error = %e, "subscribe failed"),
+                Err(_) => tracing::debug!(%node, "subscribe timed out"),
+            }
+            let jitter = pause.mul_f64(rand::random::<f64>());
+            tokio::time::sleep(pause + jitter).await;
+            pause = (pause * 2).min(Self::MAX_PAUSE);
+        }
+    }
+}
+
+/// Which notices are news: each is published on every node, so up to N copies arrive (and
+/// copies of consecutive notices may interleave). Terms' tokens grow, so a notice is news when
+/// its token is above the last one of its kind; a re-established subscription always is
+/// (notices may have been missed).
+#[derive(Debug, Default)]
+pub(crate) struct Fresh {
+    elected: u64,
+    resigned: u64,
+}
+
+impl Fresh {
+    /// True for the first copy of a notice.
+    pub(crate) fn first_copy(&mut self, notice: &Notice) -> bool {
+        let seen = match notice {
+            Notice::Elected { token, .. } => (&mut self.elected, *token),
+            Notice::Resigned { token, .. } => (&mut self.resigned, *token),
+            Notice::Resubscribed => return true,
+        };
+        if seen.1 > *seen.0 {
+            *seen.0 = seen.1;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Waits until `until`, or until a notice for which `wake` says yes (or notices were missed).
+pub(crate) async fn wait_for(
+    notices: &mut broadcast::Receiver<Notice>,
+    until: Instant,
+    mut wake: impl FnMut(&Notice) -> bool,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => return,
+            notice = notices.recv() => match notice {
+                Ok(n) if wake(&n) => return,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => return,
+                Err(broadcast::error::RecvError::Closed) => {
+                    tokio::time::sleep_until(until).await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notices_round_trip_and_keep_spaces_in_ids() {
+        let t = FencingToken::new(7);
+        assert_eq!(
+            Notice::parse(&Notice::elected(t, "host a")),
+            Some(Notice::Elected {
+                token: 7,
+                candidate: "host a".to_owned()
+            })
+        );
+        assert_eq!(
+            Notice::parse(&Notice::resigned(t, "")),
+            Some(Notice::Resigned {
+                token: 7,
+                candidate: String::new()
+            })
+        );
+        assert_eq!(Notice::parse("other 7 x"), None);
+        assert_eq!(Notice::parse("elected x"), None);
+    }
+
+    #[test]
+    fn only_the_first_copy_of_a_notice_is_news() {
+        let mut fresh = Fresh::default();
+        let elected = |token| Notice::Elected {
+            token,
+            candidate: String::new(),
+        };
+        assert!(fresh.first_copy(&elected(3)));
+        assert!(!fresh.first_copy(&elected(3)));
+        assert!(!fresh.first_copy(&elected(2)));
+        assert!(fresh.first_copy(&Notice::Resigned {
+            token: 3,
+            candidate: String::new()
+        }));
+        assert!(fresh.first_copy(&Notice::Resubscribed));
+        assert!(fresh.first_copy(&Notice::Resubscribed));
+    }
+}

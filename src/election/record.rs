@@ -1,0 +1,151 @@
+//! The leader record and the election's keys: the one place that writes and reads the record's
+//! format, `"<lock value> <token> <candidate id>"`.
+//!
+//! The record is written by a new leader on every node where its own lock value stands (a
+//! script checks the value and sets the record in one step), read by
+//! [`Observer::leader`](super::Observer::leader), and deleted (only if still exactly ours) by a
+//! resign.
+//! Scripts are sent as `EVAL` with their body: they run once per term, and a body never meets
+//! `NOSCRIPT`.
+
+use crate::core::keys;
+use crate::core::token::FencingToken;
+
+/// Writes the leader record on a node where this term's lock value stands.
+///
+/// - KEYS[1]: lock key, KEYS[2]: leader record
+/// - ARGV[1]: this term's lock value, ARGV[2]: the record
+/// - Reply: 1 when written, 0 when the node does not hold our value (it missed the
+///   acquisition, or the key expired there).
+const WRITE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[2], ARGV[2])
+  return 1
+end
+return 0
+"#;
+
+/// Deletes our leader record (only if it is still exactly ours) and announces the resignation.
+///
+/// - KEYS[1]: leader record
+/// - ARGV[1]: our record (empty when none was written), ARGV[2]: channel, ARGV[3]: message
+/// - Reply: the number of subscribers that received the message.
+const RESIGN: &str = r#"
+if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+end
+return redis.call('PUBLISH', ARGV[2], ARGV[3])
+"#;
+
+/// The keys of one election, all in the lock's hash slot: the lock `quorumlock:{NAME}`, the
+/// leader record `quorumlock:{NAME}:leader` and the notice channel `quorumlock:{NAME}:events`.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    pub(crate) lock: String,
+    pub(crate) record: String,
+    pub(crate) channel: String,
+}
+
+impl Keys {
+    pub(crate) fn new(name: &str) -> Self {
+        let lock = keys::lock_key(name);
+        Keys {
+            record: format!("{lock}:leader"),
+            channel: format!("{lock}:events"),
+            lock,
+        }
+    }
+
+    /// Writes `record` where our lock value stands (reply 1 there, 0 elsewhere).
+    pub(crate) fn write(&self, record: &Record) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(WRITE)
+            .arg(2)
+            .arg(&self.lock)
+            .arg(&self.record)
+            .arg(&record.value)
+            .arg(record.encode());
+        cmd
+    }
+
+    /// Reads the record.
+    pub(crate) fn read(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(&self.record);
+        cmd
+    }
+
+    /// Deletes `record` if it is still there, then publishes `message` (reply: subscribers
+    /// reached).
+    pub(crate) fn resign(&self, record: Option<&Record>, message: &str) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(RESIGN)
+            .arg(1)
+            .arg(&self.record)
+            .arg(record.map(Record::encode).unwrap_or_default())
+            .arg(&self.channel)
+            .arg(message);
+        cmd
+    }
+
+    /// Publishes `message` on the channel (reply: subscribers reached).
+    pub(crate) fn publish(&self, message: &str) -> redis::Cmd {
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(&self.channel).arg(message);
+        cmd
+    }
+}
+
+/// A leader record: the term's lock value (random per acquisition, so the record names the
+/// leader of exactly one term), its token and the leader's candidate id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Record {
+    pub(crate) value: String,
+    pub(crate) token: FencingToken,
+    pub(crate) candidate: String,
+}
+
+impl Record {
+    /// `"<lock value> <token> <candidate id>"` (the id may hold spaces; the value never does).
+    pub(crate) fn encode(&self) -> String {
+        format!("{} {} {}", self.value, self.token, self.candidate)
+    }
+
+    pub(crate) fn parse(text: &str) -> Option<Record> {
+        let mut parts = text.splitn(3, ' ');
+        let value = parts.next()?.to_owned();
+        let token = FencingToken::new(parts.next()?.parse().ok()?);
+        let candidate = parts.next().unwrap_or_default().to_owned();
+        Some(Record {
+            value,
+            token,
+            candidate,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_keep_spaces_in_ids() {
+        let r = Record {
+            value: "v1".to_owned(),
+            token: FencingToken::new(8),
+            candidate: "host b".to_owned(),
+        };
+        assert_eq!(r.encode(), "v1 8 host b");
+        assert_eq!(Record::parse(&r.encode()), Some(r));
+        assert_eq!(Record::parse("v1 x host"), None);
+        assert_eq!(Record::parse("v1"), None);
+    }
+
+    #[test]
+    fn keys_share_the_lock_hash_slot() {
+        let k = Keys::new("e");
+        assert_eq!(k.lock, "quorumlock:{e}");
+        assert_eq!(k.record, "quorumlock:{e}:leader");
+        assert_eq!(k.channel, "quorumlock:{e}:events");
+    }
+}

@@ -1,0 +1,481 @@
+//! Run-once scheduling against real servers: one run per tick across concurrent instances, the
+//! tick marker against late instances (and its expiry), long jobs keeping their lease, and
+//! skipping when too few nodes answer or the lock is lost; what a failed job means under each
+//! run policy.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quorumlock::testkit::LocalCluster;
+use quorumlock::{Error, FencingToken, Outcome, RunOnce, RunPolicy, SkipReason, TickContext};
+use support::*;
+use tokio::sync::Barrier;
+
+fn instance(cluster: &LocalCluster, job: &str, id: &str) -> RunOnce {
+    RunOnce::builder(client(cluster), job)
+        .ttl(Duration::from_secs(2))
+        .marker_ttl(Duration::from_secs(60))
+        .instance(id)
+        .build()
+        .expect("valid job")
+}
+
+/// The job runs with the run's token; the same tick is then skipped as already run (naming the
+/// run that marked it), and the next tick runs again with a larger token.
+#[tokio::test]
+async fn t10_runs_the_job_with_its_token_and_marks_the_tick() {
+    let cluster = cluster(5);
+    let a = instance(&cluster, "s10", "a");
+    let outcome = a
+        .run(1, |ctx| async move {
+            assert_eq!(ctx.job(), "s10");
+            assert_eq!(ctx.tick(), "1");
+            assert!(!ctx.lost().is_cancelled());
+            ctx.token()
+        })
+        .await
+        .unwrap();
+    let Outcome::Ran {
+        token,
+        output,
+        marked,
+        ..
+    } = outcome
+    else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(output, token, "the job saw the run's token");
+    assert!(marked);
+
+    let again = a.run(1, |_| async { unreachable!() }).await.unwrap();
+    match again.skip_reason() {
+        Some(SkipReason::AlreadyRan { by }) => assert_eq!(*by, format!("{token} a")),
+        other => panic!("{other:?}"),
+    }
+    let next = a.run(2, |ctx| async move { ctx.token() }).await.unwrap();
+    assert!(next.output().expect("tick 2 runs") > token);
+}
+
+/// Invariant: each tick runs exactly once. Four instances (each its own client) call the
+/// helper for the same tick at the same moment, tick after tick; then a fifth, late instance
+/// tries every tick again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t20_each_tick_runs_exactly_once_across_four_instances() {
+    const TICKS: u64 = 8;
+    let cluster = cluster(5);
+    let runs: Arc<Mutex<HashMap<u64, usize>>> = Arc::default();
+    let barrier = Arc::new(Barrier::new(4));
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let job = instance(&cluster, "s20", &format!("i{i}"));
+        let (runs, barrier) = (Arc::clone(&runs), Arc::clone(&barrier));
+        tasks.push(tokio::spawn(async move {
+            let mut ran = 0;
+            for tick in 0..TICKS {
+                barrier.wait().await;
+                let runs = Arc::clone(&runs);
+                let outcome = job
+                    .run(tick, |_| async move {
+                        *runs.lock().unwrap().entry(tick).or_default() += 1;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    })
+                    .await
+                    .unwrap();
+                match outcome {
+                    Outcome::Ran { .. } => ran += 1,
+                    Outcome::Skipped {
+                        reason: SkipReason::Running | SkipReason::AlreadyRan { .. },
+                        ..
+                    } => {}
+                    other => panic!("i{i} tick {tick}: {other:?}"),
+                }
+            }
+            ran
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("instances finish")
+            .unwrap();
+    }
+    let runs = runs.lock().unwrap().clone();
+    for tick in 0..TICKS {
+        assert_eq!(
+            runs.get(&tick),
+            Some(&1),
+            "tick {tick} ran {:?} times",
+            runs.get(&tick)
+        );
+    }
+    assert_eq!(total, TICKS as usize);
+
+    let late = instance(&cluster, "s20", "late");
+    for tick in 0..TICKS {
+        let outcome = late.run(tick, |_| async { unreachable!() }).await.unwrap();
+        assert!(
+            matches!(outcome.skip_reason(), Some(SkipReason::AlreadyRan { .. })),
+            "tick {tick}: {outcome:?}"
+        );
+    }
+}
+
+/// The marker is what stops a late instance: without markers the same late call runs the tick
+/// again, and with a short marker expiry it runs again once the marker has expired.
+#[tokio::test]
+async fn t30_marker_blocks_a_late_instance_until_it_expires() {
+    let cluster = cluster(5);
+    let short = |id: &str| {
+        RunOnce::builder(client(&cluster), "s30")
+            .ttl(Duration::from_secs(2))
+            .marker_ttl(Duration::from_millis(1500))
+            .instance(id)
+            .build()
+            .unwrap()
+    };
+    let (a, late) = (short("a"), short("late"));
+    assert!(a.run("T", |_| async {}).await.unwrap().ran());
+    let blocked = late.run("T", |_| async {}).await.unwrap();
+    assert!(matches!(
+        blocked.skip_reason(),
+        Some(SkipReason::AlreadyRan { .. })
+    ));
+
+    let unmarked = RunOnce::builder(client(&cluster), "s30")
+        .without_marker()
+        .build()
+        .unwrap();
+    assert!(
+        unmarked.run("T", |_| async {}).await.unwrap().ran(),
+        "without markers, only the lock keeps instances apart"
+    );
+
+    let runs = AtomicUsize::new(0);
+    wait_until(
+        WAIT,
+        "the marker expires and the late instance runs",
+        || async {
+            late.run("T", |_| async { runs.fetch_add(1, Ordering::SeqCst) })
+                .await
+                .unwrap()
+                .ran()
+        },
+    )
+    .await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A job longer than several ttls keeps its lock: another instance skips as "running" meanwhile
+/// (even for another tick), and the job finishes without its lost signal firing.
+#[tokio::test]
+async fn t40_long_job_keeps_its_lease_and_others_skip_as_running() {
+    let cluster = cluster(5);
+    let ttl = Duration::from_secs(2);
+    let make = |id: &str| {
+        RunOnce::builder(client(&cluster), "s40")
+            .ttl(ttl)
+            .instance(id)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (make("a"), make("b"));
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let long = tokio::spawn(async move {
+        a.run(1, |ctx| async move {
+            started_tx.send(()).unwrap();
+            tokio::select! {
+                _ = ctx.lost().cancelled() => panic!("lost while kept alive"),
+                _ = tokio::time::sleep(ttl * 3) => "done",
+            }
+        })
+        .await
+        .unwrap()
+    });
+    started(started_rx).await;
+    // Not a synchronisation: the point is to be past the lock's original ttl.
+    tokio::time::sleep(ttl + ttl / 2).await;
+    for tick in [1, 2] {
+        let outcome = b.run(tick, |_| async {}).await.unwrap();
+        assert!(
+            matches!(outcome.skip_reason(), Some(SkipReason::Running)),
+            "tick {tick}: {outcome:?}"
+        );
+    }
+    let outcome = tokio::time::timeout(ttl * 3 + WAIT, long)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(outcome.ran(), "{outcome:?}");
+    assert_eq!(outcome.output(), Some("done"));
+}
+
+/// A partial view is retried, not skipped: with node 4 down and two other owners' keys on nodes
+/// 0, 1 and 2 (as instances that split the live nodes leave them), the attempt is refused as
+/// held without proof of a split (node 4 could complete a quorum for the keys on 0 and 1) and
+/// the status read cannot tell either; the instance retries after its pause instead of skipping
+/// the tick as running, and runs it once those keys expire. (The election's narrower split-vote
+/// check would skip here.)
+#[tokio::test]
+async fn t51_a_partial_view_is_retried_not_skipped() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    cluster.kill(4).unwrap();
+    let locks = builder(&cluster)
+        .retry_count(3)
+        .retry_delay(Duration::from_millis(400), Duration::ZERO)
+        .build()
+        .unwrap();
+    let job = RunOnce::builder(locks, "s51")
+        .ttl(Duration::from_secs(2))
+        .instance("a")
+        .build()
+        .unwrap();
+    // Expire between the first retry (~400 ms) and the second (~800 ms).
+    for (u, owner) in urls.iter().zip(["x", "x", "y"]) {
+        set_foreign(u, "s51", owner, Duration::from_millis(600));
+    }
+    let outcome = job.run(1, |ctx| async move { ctx.token() }).await.unwrap();
+    assert!(outcome.ran(), "{outcome:?}");
+}
+
+/// With three of five nodes down every instance skips, with the failed nodes named.
+#[tokio::test]
+async fn t50_too_few_nodes_skips_as_unavailable() {
+    let mut cluster = cluster(5);
+    let a = instance(&cluster, "s50", "a");
+    for i in 0..3 {
+        cluster.kill(i).unwrap();
+    }
+    let outcome = a.run(1, |_| async { unreachable!() }).await.unwrap();
+    match outcome.skip_reason() {
+        Some(SkipReason::Unavailable(Error::NoQuorum { failures, .. })) => {
+            assert!(!failures.is_empty())
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A job whose lock is lost (a quorum of nodes dies mid-run) is stopped: its future is dropped,
+/// the outcome says lost, and no marker is written for the tick.
+#[tokio::test]
+async fn t60_lost_lock_stops_the_job_and_leaves_no_marker() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let ttl = Duration::from_millis(600);
+    let a = RunOnce::builder(client(&cluster), "s60")
+        .ttl(ttl)
+        .instance("a")
+        .build()
+        .unwrap();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let finished = Arc::new(AtomicUsize::new(0));
+    let run = tokio::spawn({
+        let finished = Arc::clone(&finished);
+        async move {
+            a.run(1, |_| async move {
+                started_tx.send(()).unwrap();
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                finished.fetch_add(1, Ordering::SeqCst);
+            })
+            .await
+            .unwrap()
+        }
+    });
+    started(started_rx).await;
+    for i in 0..3 {
+        cluster.kill(i).unwrap();
+    }
+    let outcome = tokio::time::timeout(ttl + WAIT, run)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(outcome, Outcome::Lost { output: None, .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(finished.load(Ordering::SeqCst), 0, "the job was stopped");
+    for url in &urls[3..] {
+        assert_eq!(marker_on(url, "s60", "1").await, None);
+    }
+}
+
+/// A job that completes at the moment its lock is lost (here: it returns as soon as the lost
+/// signal fires) keeps its output, the outcome still says lost, and no marker is written.
+#[tokio::test]
+async fn t61_job_completing_as_the_lock_is_lost_keeps_its_output() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let ttl = Duration::from_millis(1500);
+    let a = RunOnce::builder(client(&cluster), "s61")
+        .ttl(ttl)
+        .instance("a")
+        .build()
+        .unwrap();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let run = tokio::spawn(async move {
+        a.run(1, |ctx| async move {
+            started_tx.send(()).unwrap();
+            ctx.lost().cancelled().await;
+            "finished on loss"
+        })
+        .await
+        .unwrap()
+    });
+    started(started_rx).await;
+    for i in 0..3 {
+        cluster.kill(i).unwrap();
+    }
+    let outcome = tokio::time::timeout(ttl + WAIT, run)
+        .await
+        .unwrap()
+        .unwrap();
+    match &outcome {
+        Outcome::Lost { output, .. } => assert_eq!(*output, Some("finished on loss")),
+        other => panic!("{other:?}"),
+    }
+    assert!(!outcome.ran());
+    assert_eq!(outcome.output(), Some("finished on loss"));
+    for url in &urls[3..] {
+        assert_eq!(marker_on(url, "s61", "1").await, None);
+    }
+}
+
+/// A fallible job for a tick that must be skipped.
+fn must_not_run(_: TickContext) -> std::future::Ready<Result<(), &'static str>> {
+    unreachable!("the tick was to be skipped")
+}
+
+fn with_policy(cluster: &LocalCluster, job: &str, id: &str, policy: RunPolicy) -> RunOnce {
+    RunOnce::builder(client(cluster), job)
+        .ttl(Duration::from_secs(2))
+        .marker_ttl(Duration::from_secs(60))
+        .instance(id)
+        .policy(policy)
+        .build()
+        .expect("valid job")
+}
+
+/// Retry on failure (issue 16): a job that fails on instance A leaves no tick marker, so
+/// instance B, calling for the same tick afterwards, runs it; once B succeeded the tick is done
+/// for A too. (Before the policy existed every failed job marked its tick: B skipped it as
+/// already run.)
+#[tokio::test]
+async fn t70_retry_on_failure_lets_another_instance_run_a_failed_tick() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let a = with_policy(&cluster, "s70", "a", RunPolicy::RetryOnFailure);
+    let b = with_policy(&cluster, "s70", "b", RunPolicy::RetryOnFailure);
+    assert_eq!(a.policy(), RunPolicy::RetryOnFailure);
+
+    let failed = a
+        .try_run(1, |_| async { Err::<FencingToken, _>("boom") })
+        .await
+        .unwrap();
+    let Outcome::Ran {
+        output: Err("boom"),
+        marked: false,
+        token: a_token,
+        ..
+    } = failed
+    else {
+        panic!("{failed:?}")
+    };
+    for url in &urls {
+        assert_eq!(marker_on(url, "s70", "1").await, None, "no marker on {url}");
+    }
+
+    let retried = b
+        .try_run(1, |ctx| async move { Ok::<_, &str>(ctx.token()) })
+        .await
+        .unwrap();
+    let Outcome::Ran {
+        output: Ok(b_token),
+        marked: true,
+        ..
+    } = retried
+    else {
+        panic!("B did not run the failed tick: {retried:?}")
+    };
+    assert!(b_token > a_token);
+
+    let again = a.try_run(1, must_not_run).await.unwrap();
+    match again.skip_reason() {
+        Some(SkipReason::AlreadyRan { by }) => {
+            assert_eq!(by.token, Some(b_token));
+            assert_eq!(by.instance, "b");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// At most once (the default): a job that fails on instance A marks its tick all the same, so
+/// instance B skips it as already run, naming A's run.
+#[tokio::test]
+async fn t71_at_most_once_marks_a_failed_tick_done() {
+    let cluster = cluster(5);
+    let a = instance(&cluster, "s71", "a");
+    assert_eq!(a.policy(), RunPolicy::AtMostOnce);
+    let b = with_policy(&cluster, "s71", "b", RunPolicy::AtMostOnce);
+
+    let failed = a
+        .try_run(1, |_| async { Err::<(), _>("boom") })
+        .await
+        .unwrap();
+    let Outcome::Ran {
+        output: Err("boom"),
+        marked: true,
+        token,
+        ..
+    } = failed
+    else {
+        panic!("{failed:?}")
+    };
+    let skipped = b.try_run(1, must_not_run).await.unwrap();
+    match skipped.skip_reason() {
+        Some(SkipReason::AlreadyRan { by }) => {
+            assert_eq!(by.token, Some(token));
+            assert_eq!(by.instance, "a");
+        }
+        other => panic!("B ran a tick that failed at most once: {other:?}"),
+    }
+
+    // `run` never looks at its job's output: an `Err` there is a completed run, even under
+    // retry on failure.
+    let c = with_policy(&cluster, "s71", "c", RunPolicy::RetryOnFailure);
+    let plain = c.run(2, |_| async { Err::<(), _>("boom") }).await.unwrap();
+    assert!(
+        matches!(plain, Outcome::Ran { marked: true, .. }),
+        "{plain:?}"
+    );
+}
+
+/// Waits until a spawned job says it started.
+async fn started(rx: tokio::sync::oneshot::Receiver<()>) {
+    tokio::time::timeout(WAIT, rx)
+        .await
+        .expect("the job starts")
+        .expect("the job sent its start");
+}
+
+/// The tick marker on one node (an async read: no blocking call inside the test's runtime).
+async fn marker_on(url: &str, job: &str, tick: &str) -> Option<String> {
+    let client = redis::Client::open(url).expect("url");
+    let mut conn = tokio::time::timeout(WAIT, client.get_multiplexed_async_connection())
+        .await
+        .expect("connected within the wait")
+        .expect("connect");
+    tokio::time::timeout(
+        WAIT,
+        redis::cmd("GET")
+            .arg(format!("quorumlock:{{{job}}}:tick:{tick}"))
+            .query_async(&mut conn),
+    )
+    .await
+    .expect("answered within the wait")
+    .expect("GET")
+}
