@@ -33,9 +33,21 @@ impl TickContext {
         self.token
     }
 
-    /// Cancelled when the job's lock is lost (the job's future is then dropped too).
-    pub fn lost(&self) -> &CancellationToken {
-        &self.lost
+    /// Resolves when the job's lock is lost (the job's future is then dropped too), as
+    /// [`Lock::lost`](crate::Lock::lost).
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe; it only waits.
+    pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.lost.clone().cancelled_owned()
+    }
+
+    /// A token cancelled when the job's lock is lost, as
+    /// [`Lock::lost_token`](crate::Lock::lost_token): for `tokio::select!` or `is_cancelled()`
+    /// checks.
+    pub fn lost_token(&self) -> CancellationToken {
+        self.lost.clone()
     }
 }
 
