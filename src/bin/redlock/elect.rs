@@ -27,7 +27,7 @@ pub(crate) async fn elect(locks: Redlock, args: ElectArgs) -> u8 {
         .build()
     {
         Ok(e) => e,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&Error::from(e)),
     };
     let leadership = match win(&election, &args, &mut signals).await {
         Ok(l) => l,

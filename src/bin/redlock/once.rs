@@ -35,7 +35,7 @@ pub(crate) async fn once_per(locks: Redlock, args: RunArgs, period: Duration) ->
         .build()
     {
         Ok(once) => once,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&e.into()),
     };
     let tick = tick_of(SystemTime::now(), period);
     let (started_tx, started_rx) = oneshot::channel::<Started>();
@@ -103,7 +103,7 @@ async fn job(
         argv: &cmd,
         foreground,
     };
-    let spawned = child::spawn(options, &env).map(|running| (running, ctx.lost().clone()));
+    let spawned = child::spawn(options, &env).map(|running| (running, ctx.lost_token()));
     let ok = spawned.is_ok();
     let _ = started.send(spawned);
     if ok && let Ok(code) = exited.await {
