@@ -9,12 +9,14 @@
 //! per-message ids), lets time be a step of its own (clocks that stall, keys that expire on the
 //! node's clock) and lets the trace printer name each step as the library would log it.
 //!
-//! **What is the library's own code.** Every decision the library takes in a pure function is
-//! called here, not copied: [`quorum::quorum`], [`quorum::drift`], [`quorum::validity`],
-//! [`quorum::budget`], [`Tally`] with its [`Verdict`] (early and final), [`quorum::fencing_max`],
-//! [`quorum::retry_delay`] and the restart guard's hold-out arithmetic [`hold_out_for`]. The steps
-//! still tangled with I/O in `redlock.rs`, `node.rs` and `repair.rs` are mirrored here, each marked
-//! `// mirrors <file> <fn>()`, and listed in `docs/verification.md` ("not yet shared code").
+//! **What is the library's own code.** Every decision the library takes in a pure function of
+//! `src/core/` is called here, not copied: quorum size, [`Tally`] and its [`Verdict`] (early and
+//! final), refusal classification and [`quorum::acquisition`]; drift, validity, budget, the
+//! acquire and extend round lengths, [`timing::extension`] and the retry delay; [`fencing_max`]
+//! and [`raised_to_quorum`]; the restart guard's [`hold_out_for`], [`data_survived`] and
+//! [`restart_verdict`]; [`repair_sources_required`]. What is done with each decision (state
+//! changes, sends) is mirrored, marked `// mirrors <file> <fn>()`, and listed in
+//! `docs/verification.md` ("not yet shared code").
 //!
 //! **Time.** One tick is one second of real time. Nodes expire keys on their own clock (real time
 //! plus a forward jump, when that fault is enabled); each client measures time on its own clock,
@@ -29,6 +31,7 @@
 //! so a client may stop anywhere for any time: between its verdict and acting on it, with calls
 //! queued, past its validity).
 
+mod symmetry;
 mod timeline;
 
 #[cfg(test)]
@@ -40,10 +43,11 @@ use std::time::Duration;
 
 use stateright::{Model, Property};
 
-use crate::core::health::hold_out_for;
-use crate::core::quorum::{self, Answer, Refusal, Tally, Verdict};
-use crate::core::timing;
-use crate::core::token::fencing_max;
+use crate::core::health::{Meeting, RestartGuard, data_survived, hold_out_for, restart_verdict};
+use crate::core::quorum::{self, Acquisition, Answer, Refusal, Tally, Verdict};
+use crate::core::repair::repair_sources_required;
+use crate::core::timing::{self, Extension};
+use crate::core::token::{fencing_max, raised_to_quorum};
 
 /// Switches that put a bug of issue 12 back, in the model only (the library is not touched).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -97,8 +101,8 @@ pub(crate) struct Config {
     pub(crate) evictions: u8,
     /// Whether a crashed node may come back empty (else only with its data).
     pub(crate) empty_restarts: bool,
-    /// The restart guard (`RestartGuard::Restarted`) on, or off.
-    pub(crate) guard: bool,
+    /// The restart guard: `Restarted` (the default), `Strict` or `Off`.
+    pub(crate) guard: RestartGuard,
     /// Nodes run with `appendfsync always` (what an empty restart then breaks).
     pub(crate) durable: bool,
     /// Clients meet the nodes for the first time in the run (a CLI, a fresh process); by
@@ -106,11 +110,15 @@ pub(crate) struct Config {
     /// what the `Restarted` guard needs to see a restart.
     pub(crate) fresh_clients: bool,
     pub(crate) mutants: Mutants,
-    /// Liveness: a `Quiet` step may stop the faults, after which time only passes once every
-    /// pending step is taken (messages delivered, due timeouts and retries taken), and within
-    /// `live_within` ticks of it some client must hold a valid lock.
+    /// Liveness: a `Quiet` step may stop the faults, after which the fairness assumption of
+    /// `docs/verification.md` holds (time only passes once every pending step is taken:
+    /// messages delivered, down nodes restarted, due timeouts, retries and repairs taken, held
+    /// locks released by their users), each client gets `live_attempts` more attempts, and
+    /// within `live_within` ticks some client must be granted the lock (an `eventually`
+    /// property; the quiet phase ends there, so every path is finite).
     pub(crate) liveness: bool,
     pub(crate) live_within: u8,
+    pub(crate) live_attempts: u8,
 }
 
 impl Config {
@@ -135,12 +143,13 @@ impl Config {
             jump: 3,
             evictions: 0,
             empty_restarts: true,
-            guard: true,
+            guard: RestartGuard::Restarted,
             durable: false,
             fresh_clients: false,
             mutants: Mutants::default(),
             liveness: false,
             live_within: 0,
+            live_attempts: 0,
         }
     }
 
@@ -162,7 +171,7 @@ fn secs(s: u8) -> Duration {
 }
 
 /// An owner value: which client, which attempt (each attempt draws a fresh one).
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Val {
     client: u8,
     attempt: u8,
@@ -175,7 +184,7 @@ impl fmt::Display for Val {
 }
 
 /// A script call on the wire (`src/scripts.rs`).
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Op {
     Acquire(Val),
     RaiseFence(Val, u8),
@@ -195,13 +204,13 @@ impl fmt::Display for Op {
     }
 }
 
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Req {
     rid: u8,
     op: Op,
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct NodeS {
     up: bool,
     /// The run id: a new one at every restart.
@@ -218,11 +227,10 @@ pub(crate) struct NodeS {
 }
 
 /// One client's view of one node: the connection and the restart guard's state (`node.rs`).
-#[derive(Debug, Clone, Hash, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub(crate) struct ConnS {
     live: bool,
     seen_epoch: Option<u8>,
-    seen_marker: Option<u8>,
     /// Hold-out left, on the client's clock.
     held_until: Option<Duration>,
     repair: bool,
@@ -230,7 +238,7 @@ pub(crate) struct ConnS {
 
 /// One node's answer in a round (the model's hashable twin of [`Answer`], with the counter of a
 /// yes and the holder named by a refusal).
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Ans {
     Yes(u8),
     No(Option<Val>),
@@ -247,7 +255,7 @@ impl Ans {
     }
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Round {
     rid: u8,
     /// Seconds since the round started, on the client's clock (capped at the ttl: no validity
@@ -259,7 +267,7 @@ pub(crate) struct Round {
     answers: Vec<Option<Ans>>,
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Phase {
     /// Not holding, not trying; may start an attempt `wait` seconds from now or later.
     Idle {
@@ -285,7 +293,7 @@ pub(crate) enum Phase {
 }
 
 /// A held lock (`guard.rs` `LockState`).
-#[derive(Debug, Clone, Hash, PartialEq, Eq)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct LockS {
     val: Val,
     token: u8,
@@ -300,17 +308,19 @@ pub(crate) struct LockS {
     extensions: u8,
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct ClientS {
     conns: Vec<ConnS>,
     attempts: u8,
+    /// Attempts this client may make in all (`Config::attempts`, more once faults stop).
+    budget: u8,
     rid: u8,
     phase: Phase,
     lock: Option<LockS>,
 }
 
 /// Safety violations, recorded at the step they happen (properties read them).
-#[derive(Debug, Clone, Default, Hash, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Flags {
     token_not_increasing: bool,
     ok_after_gap: bool,
@@ -319,19 +329,20 @@ pub(crate) struct Flags {
 }
 
 /// What the run has shown so far (for the coverage examples).
-#[derive(Debug, Clone, Default, Hash, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Seen {
     granted: u8,
     extended: u8,
     released: u8,
     repaired: bool,
-    held_in_quiet: bool,
+    /// A client was granted the lock after the faults stopped (liveness).
+    granted_in_quiet: bool,
 }
 
 /// The state. Every time in it is relative to the present (time left, time elapsed, capped
 /// where larger values change nothing), so states that differ only by when they happen are one
 /// state: the space is finite without a horizon, and exploring it covers unbounded time.
-#[derive(Debug, Clone, Hash, PartialEq, Eq)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct State {
     nodes: Vec<NodeS>,
     clients: Vec<ClientS>,
@@ -494,33 +505,42 @@ impl Redlock {
     // ---- connections and the restart guard ----------------------------------------------
 
     /// Connects client `c` to node `n` if its connection is not live: reads the run id, uptime
-    /// and durability.
-    // mirrors node.rs connect() + observe_start(): the restart guard's decision; the marker
-    // check is issue 12 item 2's fix as the issue specifies it (present and unchanged).
+    /// and durability, and takes the restart guard's decision with the library's
+    /// [`data_survived`] and [`restart_verdict`]. The run id is the node's epoch; the marker
+    /// holds the epoch it was written in.
+    // mirrors node.rs connect() + observe_start(): the reads, and what is done with the verdict.
     fn connect(&self, s: &mut State, c: usize, n: usize) {
         if s.clients[c].conns[n].live {
             return;
         }
         let node = s.nodes[n].clone();
         let conn = &mut s.clients[c].conns[n];
-        let restarted = conn.seen_epoch.is_some_and(|e| e != node.epoch);
-        let durable = self.cfg.durable
-            && (!restarted
-                || self.cfg.mutants.trust_durable_empty
-                || match node.marker {
-                    Some(m) => self.cfg.mutants.marker_presence_only || conn.seen_marker == Some(m),
-                    None => false,
-                });
-        let uptime = secs(node.age);
-        if self.cfg.guard && restarted && !durable {
-            conn.held_until = hold_out_for(uptime, self.cfg.ttl());
+        let meeting = match conn.seen_epoch {
+            None => Meeting::First,
+            Some(e) if e == node.epoch => Meeting::Same,
+            Some(_) => Meeting::Restarted,
+        };
+        let run_id = node.epoch.to_string();
+        let marker = node.marker.map(|m| m.to_string());
+        let durable_before = conn.seen_epoch.map(|_| self.cfg.durable);
+        let survived = if self.cfg.mutants.trust_durable_empty {
+            self.cfg.durable
+        } else if self.cfg.mutants.marker_presence_only {
+            self.cfg.durable && marker.is_some()
+        } else {
+            data_survived(self.cfg.durable, marker.as_deref(), &run_id, durable_before)
+        };
+        let (hold_out, repair) = restart_verdict(self.cfg.guard, meeting, survived);
+        if hold_out {
+            conn.held_until = hold_out_for(secs(node.age), self.cfg.ttl());
+        }
+        if repair {
             conn.repair = true;
         }
         conn.live = true;
         conn.seen_epoch = Some(node.epoch);
         // The marker: written at first contact, and again where it is missing.
         let marker = node.marker.unwrap_or(node.epoch);
-        conn.seen_marker = Some(marker);
         s.nodes[n].marker = Some(marker);
     }
 
@@ -585,8 +605,11 @@ impl Redlock {
             attempt: client.attempts,
         };
         client.attempts += 1;
-        let deadline =
-            secs(self.cfg.node_timeout).min(timing::budget(self.cfg.ttl(), self.cfg.drift()));
+        let deadline = timing::acquire_round(
+            secs(self.cfg.node_timeout),
+            self.cfg.ttl(),
+            self.cfg.drift(),
+        );
         let round = self.fan_out(s, c, Op::Acquire(val), deadline);
         s.clients[c].phase = Phase::Acquire { val, round };
         self.progress(s, c, false);
@@ -601,10 +624,13 @@ impl Redlock {
             lock.deadline = budget_end;
         }
         lock.extensions += 1;
-        let mut deadline = secs(self.cfg.node_timeout).min(budget_end);
-        if !self.cfg.mutants.late_extension_ok {
-            deadline = deadline.min(lock.deadline);
-        }
+        // The library's timing::extend_round (item 1's fix: never past the lock's deadline);
+        // the mutant waits the node timeout regardless.
+        let deadline = if self.cfg.mutants.late_extension_ok {
+            secs(self.cfg.node_timeout).min(budget_end)
+        } else {
+            timing::extend_round(secs(self.cfg.node_timeout), budget_end, lock.deadline)
+        };
         let op = Op::Extend(lock.val, lock.token);
         let round = self.fan_out(s, c, op, deadline);
         s.clients[c].phase = Phase::Extend { round };
@@ -651,7 +677,7 @@ impl Redlock {
                         .iter()
                         .filter(|a| matches!(a, Some(Ans::Yes(1))))
                         .count();
-                    if usize::from(at_max) + raised >= self.cfg.quorum() {
+                    if raised_to_quorum(usize::from(at_max), raised, self.cfg.nodes) {
                         self.grant(s, c, val, max, since);
                     } else {
                         self.fail_attempt(s, c, val);
@@ -673,7 +699,9 @@ impl Redlock {
         }
     }
 
-    // mirrors redlock.rs attempt(): the verdict → outcome mapping and the raise decision.
+    /// The outcome of an acquisition round: the library's [`quorum::acquisition`] (with
+    /// [`Self::refusal`] for a refused round).
+    // mirrors client/acquire.rs: what is done with each outcome (token, raise round, undo).
     fn acquire_verdict(
         &self,
         s: &mut State,
@@ -683,8 +711,8 @@ impl Redlock {
         t: &Tally,
         v: Verdict,
     ) {
-        match v {
-            Verdict::Quorum => {
+        match quorum::acquisition(v, || self.refusal(&round.answers, t)) {
+            Acquisition::Won => {
                 let yes: Vec<(usize, u8)> = round
                     .answers
                     .iter()
@@ -734,16 +762,14 @@ impl Redlock {
             }
             // Contenders split the nodes: undo and re-try (the library re-tries at once after a
             // short pause; the model retries later, which only widens the interleavings).
-            Verdict::Refused if self.refusal(&round.answers, t) == Refusal::Contended => {
-                self.fail_attempt(s, c, val);
-            }
-            Verdict::Refused => {
+            Acquisition::Held { contended: true } => self.fail_attempt(s, c, val),
+            Acquisition::Held { contended: false } => {
                 // Error::Held
                 self.check_refused(s, &round.answers, t, true);
                 self.fail_attempt(s, c, val);
             }
             // Error::NoQuorum
-            Verdict::Unreachable => self.fail_attempt(s, c, val),
+            Acquisition::Unreachable => self.fail_attempt(s, c, val),
         }
     }
 
@@ -771,6 +797,9 @@ impl Redlock {
             }
         }
         s.seen.granted |= 1 << c;
+        if self.quiet(s) {
+            s.seen.granted_in_quiet = true;
+        }
         let client = &mut s.clients[c];
         client.lock = Some(LockS {
             val,
@@ -785,8 +814,11 @@ impl Redlock {
         client.phase = Phase::Hold;
     }
 
-    // mirrors redlock.rs extend_state(): the verdict → outcome mapping, with issue 12 item 1's
-    // fix (a quorum reached after the deadline is Lost(Expired)) unless the mutant is on.
+    /// The outcome of an extension round: the library's [`timing::extension`] (item 1's fix: a
+    /// quorum reached after the deadline is `Lost(Expired)`), or, under the mutant, a late
+    /// quorum counted as in time.
+    // mirrors redlock.rs extend_state(): what is done with each outcome (the deadline moved
+    // unless lost, the lost signal).
     fn extend_verdict(&self, s: &mut State, c: usize, round: &Round, t: &Tally, v: Verdict) {
         s.clients[c].phase = Phase::Hold;
         let late = s.clients[c]
@@ -795,38 +827,31 @@ impl Redlock {
             .expect("holding")
             .deadline
             .is_zero();
-        if late && !self.cfg.mutants.late_extension_ok {
-            if v == Verdict::Refused {
-                self.check_refused(s, &round.answers, t, false);
-            }
-            s.clients[c].lock.as_mut().expect("holding").lost = true;
-            return;
-        }
-        match v {
-            Verdict::Quorum => {
-                let elapsed = secs(round.elapsed);
-                if let Some(validity) = timing::validity(self.cfg.ttl(), elapsed, self.cfg.drift())
-                {
-                    let lock = s.clients[c].lock.as_mut().expect("holding");
-                    // LockState::set_deadline: not once lost.
-                    if !lock.lost {
-                        // validity counts from the verdict, the end of the round
-                        lock.deadline = validity;
-                    }
-                    // Ok(validity): no gap allowed.
-                    if lock.ever_lost || lock.others_since {
-                        s.flags.ok_after_gap = true;
-                    }
-                    s.seen.extended |= 1 << c;
+        let in_time = !late || self.cfg.mutants.late_extension_ok;
+        let validity = timing::validity(self.cfg.ttl(), secs(round.elapsed), self.cfg.drift());
+        match timing::extension(v, in_time, validity) {
+            Extension::Extended(validity) => {
+                let lock = s.clients[c].lock.as_mut().expect("holding");
+                // LockState::set_deadline: not once lost.
+                if !lock.lost {
+                    // validity counts from the verdict, the end of the round
+                    lock.deadline = validity;
                 }
+                // Ok(validity): no gap allowed.
+                if lock.ever_lost || lock.others_since {
+                    s.flags.ok_after_gap = true;
+                }
+                s.seen.extended |= 1 << c;
             }
-            Verdict::Refused => {
+            Extension::NotOwner => {
                 // Lost(NotOwner)
                 self.check_refused(s, &round.answers, t, false);
                 s.clients[c].lock.as_mut().expect("holding").lost = true;
             }
-            // NoQuorum: the lock is kept, its deadline unchanged.
-            Verdict::Unreachable => {}
+            Extension::Expired => s.clients[c].lock.as_mut().expect("holding").lost = true,
+            // Too slow to leave any validity, or too few answers: the lock is kept, its
+            // deadline unchanged.
+            Extension::TooSlow | Extension::Unreachable => {}
         }
     }
 
@@ -967,9 +992,6 @@ impl Redlock {
                 l.ever_lost |= lost;
             }
         }
-        if self.quiet(s) && (0..s.clients.len()).any(|c| self.valid(s, c)) {
-            s.seen.held_in_quiet = true;
-        }
     }
 
     /// Steps that must happen before time passes in the quiet phase.
@@ -988,7 +1010,8 @@ impl Redlock {
             }
             match &s.clients[c].phase {
                 Phase::Idle { wait: 0 }
-                    if s.clients[c].lock.is_none() && s.clients[c].attempts < self.cfg.attempts =>
+                    if s.clients[c].lock.is_none()
+                        && s.clients[c].attempts < s.clients[c].budget =>
                 {
                     out.push(Action::Start(c as u8));
                 }
@@ -999,8 +1022,11 @@ impl Redlock {
                 {
                     out.push(Action::Timeout(c as u8));
                 }
-                // A user whose lock is lost lets it go (and tries again).
-                Phase::Hold if !self.valid(s, c) => out.push(Action::Release(c as u8)),
+                // A user whose lock is lost lets it go (and tries again); once faults stop,
+                // every user finishes its work and releases.
+                Phase::Hold if !self.valid(s, c) || self.quiet(s) => {
+                    out.push(Action::Release(c as u8));
+                }
                 _ => {}
             }
         }
@@ -1028,23 +1054,21 @@ impl Redlock {
         if !conns[n].repair || !s.nodes[n].up {
             return false;
         }
-        let needed = nodes - self.cfg.quorum() + 1;
         let clean = (0..nodes).filter(|&j| j != n && !conns[j].repair).count();
         let up_clean = (0..nodes)
             .filter(|&j| j != n && !conns[j].repair && s.nodes[j].up)
             .count();
-        up_clean >= needed.min(clean)
+        up_clean >= repair_sources_required(nodes, clean)
     }
 
     // mirrors repair.rs repair(): the largest counter among N - Q + 1 clean nodes (every clean
     // node when fewer are clean), atomic here.
     fn repair(&self, s: &mut State, c: usize, n: usize) {
         let nodes = self.cfg.nodes;
-        let needed = nodes - self.cfg.quorum() + 1;
         let clean = (0..nodes)
             .filter(|&j| j != n && !s.clients[c].conns[j].repair)
             .count();
-        let required = needed.min(clean);
+        let required = repair_sources_required(nodes, clean);
         let mut answered = 0;
         let mut highest = 0;
         for j in (0..nodes).filter(|&j| j != n) {
@@ -1097,7 +1121,6 @@ impl Model for Redlock {
             ConnS {
                 live: true,
                 seen_epoch: Some(0),
-                seen_marker: Some(0),
                 held_until: None,
                 repair: false,
             }
@@ -1119,6 +1142,7 @@ impl Model for Redlock {
                 ClientS {
                     conns: vec![conn; n],
                     attempts: 0,
+                    budget: self.cfg.attempts,
                     rid: 0,
                     phase: Phase::Idle { wait: 0 },
                     lock: None,
@@ -1140,6 +1164,11 @@ impl Model for Redlock {
 
     fn actions(&self, s: &State, out: &mut Vec<Action>) {
         let cfg = &self.cfg;
+        // Liveness: the quiet phase ends (a terminal state, where the `eventually` property is
+        // judged) at the horizon or once a client was granted the lock.
+        if s.quiet.is_some_and(|q| q > cfg.live_within) || s.seen.granted_in_quiet {
+            return;
+        }
         let before = out.len();
         self.progress_actions(s, out);
         let pending_progress = out.len() > before;
@@ -1147,6 +1176,7 @@ impl Model for Redlock {
         for c in 0..cfg.clients {
             let client = &s.clients[c];
             if let (Phase::Hold, Some(lock)) = (&client.phase, &client.lock)
+                && !quiet
                 && self.valid(s, c)
             {
                 // Lock::extend: refused before any call once the deadline has passed.
@@ -1203,7 +1233,12 @@ impl Model for Redlock {
         let mut s = last.clone();
         match action {
             Action::Tick { stall } => self.tick(&mut s, stall),
-            Action::Quiet => s.quiet = Some(0),
+            Action::Quiet => {
+                s.quiet = Some(0);
+                for client in &mut s.clients {
+                    client.budget = client.attempts + self.cfg.live_attempts;
+                }
+            }
             Action::Start(c) => self.start(&mut s, c.into()),
             Action::Deliver { c, n } | Action::DeliverLoseReply { c, n } => {
                 let (c, n) = (usize::from(c), usize::from(n));
@@ -1309,19 +1344,9 @@ impl Model for Redlock {
             Property::always("held never on a split vote", |_, s: &State| {
                 !s.flags.held_on_split_vote
             }),
-            Property::always(
-                "liveness: after faults stop some client acquires",
-                |m: &Redlock, s: &State| match s.quiet {
-                    Some(ticks) => {
-                        ticks <= m.cfg.live_within
-                            || s.seen.held_in_quiet
-                            // nobody wants the lock any more (attempt budgets spent)
-                            || (0..m.cfg.clients).all(|c| {
-                                s.clients[c].attempts >= m.cfg.attempts && !m.valid(s, c)
-                            })
-                    }
-                    None => true,
-                },
+            Property::eventually(
+                "liveness: after faults stop a client is granted the lock",
+                |m: &Redlock, s: &State| !m.cfg.liveness || s.seen.granted_in_quiet,
             ),
             Property::sometimes("coverage: both clients acquired", |_, s: &State| {
                 s.seen.granted == 0b11
