@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
-# Makes sure `redis-server` is on PATH (sourced by demo.sh and test.sh). Installs Debian's
-# package when it is missing and we can; otherwise prints the exact command and fails.
-if command -v redis-server >/dev/null 2>&1 || [ -n "${REDIS_SERVER_BIN:-}" ]; then
+# Makes sure `redis-server`, `redis-sentinel` and `redis-cli` are on PATH (sourced by demo.sh
+# and test.sh): the suite starts standalone masters, Redis Cluster members (`redis-cli --cluster
+# create`) and Sentinel groups. Installs Debian's packages (redis-server, redis-sentinel,
+# redis-tools) when one is missing and we can; otherwise prints the exact command and fails.
+missing=()
+if ! command -v redis-server >/dev/null 2>&1 && [ -z "${REDIS_SERVER_BIN:-}" ]; then
+  missing+=(redis-server)
+fi
+command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+if [ "${#missing[@]}" = 0 ]; then
   return 0 2>/dev/null || exit 0
 fi
-install="apt-get update -qq && apt-get install -y -qq redis-server"
+install="apt-get update -qq && apt-get install -y -qq ${missing[*]}"
 if command -v apt-get >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
-    echo "redis-server not found; installing Debian's package..." >&2
+    echo "${missing[*]} not found; installing Debian's packages..." >&2
     sh -c "$install" >&2
   elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-    echo "redis-server not found; installing Debian's package with sudo..." >&2
+    echo "${missing[*]} not found; installing Debian's packages with sudo..." >&2
     sudo sh -c "$install" >&2
   fi
 fi
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "redis-server is required. Install it with:" >&2
-  echo "    sudo apt-get update && sudo apt-get install -y redis-server" >&2
+still=()
+if ! command -v redis-server >/dev/null 2>&1 && [ -z "${REDIS_SERVER_BIN:-}" ]; then
+  still+=(redis-server)
+fi
+command -v redis-sentinel >/dev/null 2>&1 || still+=(redis-sentinel)
+command -v redis-cli >/dev/null 2>&1 || still+=(redis-tools)
+if [ "${#still[@]}" != 0 ]; then
+  echo "${still[*]} required (the packages of redis-server, redis-sentinel and redis-cli). Install with:" >&2
+  echo "    sudo apt-get update && sudo apt-get install -y redis-server redis-sentinel redis-tools" >&2
   echo "(or set REDIS_SERVER_BIN to a redis-server binary)" >&2
   exit 1
 fi

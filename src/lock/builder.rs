@@ -10,8 +10,9 @@ use crate::client::config::Config;
 use crate::core::health::{EvictionGuard, RestartGuard};
 use crate::core::timing;
 use crate::error::ConfigError;
-use crate::node::address::node_name;
-use crate::node::connection::{Tls, open_client};
+use crate::node::address::{node_name, redact};
+use crate::node::connection::{Tls, open_client, tcp_settings};
+use crate::node::member::{self, Member};
 use crate::node::{MaxTtl, Node, Peers};
 
 /// Builds a [`Redlock`]. Obtained from [`Redlock::builder`].
@@ -238,14 +239,27 @@ impl RedlockBuilder {
         let mut seen = HashSet::new();
         let mut clients = Vec::with_capacity(self.urls.len());
         for url in &self.urls {
-            let client = open_client(url, &self.tls())?;
-            let info = client.get_connection_info();
-            let identity = format!("{}/{}", info.addr(), info.redis_settings().db());
-            let name = node_name(info);
+            // A Redis Cluster or a Sentinel-managed primary as one member (node/member.rs).
+            let member =
+                member::parse(url, &tcp_settings(), self.connect_timeout).map_err(|source| {
+                    ConfigError::InvalidUrl {
+                        url: redact(url),
+                        source,
+                    }
+                })?;
+            let (name, identity, member) = match member {
+                Some(m) => (m.name, m.identity, m.member),
+                None => {
+                    let client = open_client(url, &self.tls())?;
+                    let info = client.get_connection_info();
+                    let identity = format!("{}/{}", info.addr(), info.redis_settings().db());
+                    (node_name(info), identity, Member::Standalone(client))
+                }
+            };
             if !seen.insert(identity) {
                 return Err(ConfigError::DuplicateNode(name));
             }
-            clients.push((name, client));
+            clients.push((name, member));
         }
         let cfg = self.config();
         let settings = cfg.node_settings();

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::address::redact;
 use super::gate::QUEUE;
 use super::health::{durability_marker, parse_info, read_config};
+use super::member::{self, MemberConn, MemberKind};
 use super::{Connected, Node, RECONNECT_BACKOFF, Slot, scripts};
 use crate::core::health::EvictionRisk;
 use crate::core::lock;
@@ -97,28 +98,78 @@ impl Node {
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(None)
             .set_pipeline_buffer_size(QUEUE);
-        tokio::time::timeout(
-            self.connect_timeout,
-            self.client
-                .get_multiplexed_async_connection_with_config(&config),
-        )
+        tokio::time::timeout(self.connect_timeout, async {
+            self.member
+                .server_client()
+                .await?
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+        })
         .await
         .map_err(|_| NodeError::Timeout(self.connect_timeout))?
         .map_err(|e| self.connect_error(e))
     }
 
-    /// Opens a new pub/sub connection to this node, with the same client (certificates, TCP
-    /// settings) as [`open_connection`](Self::open_connection), bounded by the connect timeout.
-    pub(crate) async fn open_pubsub(&self) -> Result<redis::aio::PubSub, NodeError> {
-        tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub())
+    /// Opens the member's own connection (the one every lock call travels on): as
+    /// [`open_connection`](Self::open_connection) for one server, the cluster client's
+    /// connection for a Cluster member.
+    async fn open_member(&self) -> Result<MemberConn, NodeError> {
+        if self.member.kind() != MemberKind::Cluster {
+            return self.open_connection().await.map(MemberConn::Single);
+        }
+        let config =
+            AsyncConnectionConfig::new().set_connection_timeout(Some(self.connect_timeout));
+        tokio::time::timeout(self.connect_timeout, self.member.connect(&config))
             .await
             .map_err(|_| NodeError::Timeout(self.connect_timeout))?
             .map_err(|e| self.connect_error(e))
     }
 
+    /// Opens a new pub/sub connection to this node, with the same client (certificates, TCP
+    /// settings) as [`open_connection`](Self::open_connection), bounded by the connect timeout.
+    pub(crate) async fn open_pubsub(&self) -> Result<redis::aio::PubSub, NodeError> {
+        tokio::time::timeout(self.connect_timeout, async {
+            self.member.server_client().await?.get_async_pubsub().await
+        })
+        .await
+        .map_err(|_| NodeError::Timeout(self.connect_timeout))?
+        .map_err(|e| self.connect_error(e))
+    }
+
     /// Connects, loads every script and reads `run_id` / `uptime_in_seconds` in one round trip.
-    pub(super) async fn connect(&self) -> Result<MultiplexedConnection, NodeError> {
-        let mut conn = self.open_connection().await?;
+    ///
+    /// A Cluster member reads every master's `INFO server` instead (its identity is their run
+    /// ids, its age its youngest master's) and loads the scripts on every node; `CONFIG` and the
+    /// durability marker are skipped (its shards may not share a configuration; it is never
+    /// taken for durable). A Sentinel member's primary is met like a standalone master, except
+    /// that a new run id counts from now (a promotion does not reset the uptime) and the
+    /// durability marker is not trusted (it arrives by replication).
+    pub(super) async fn connect(&self) -> Result<MemberConn, NodeError> {
+        let mut cluster = match self.open_member().await? {
+            MemberConn::Single(conn) => return self.meet_server(conn).await,
+            MemberConn::Cluster(cluster) => cluster,
+        };
+        let view = member::cluster_view(&mut cluster)
+            .await
+            .map_err(|e| self.connect_error(e))?;
+        for lua in scripts::all() {
+            // Routed to every node by the cluster client; a failure only costs an EVAL later.
+            let _: redis::RedisResult<redis::Value> = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(lua.code())
+                .query_async(&mut cluster)
+                .await;
+        }
+        let (run_id, uptime) = (view.run_id(), view.uptime);
+        *lock(&self.cluster) = view;
+        self.peers.record(self.index, &run_id);
+        self.observe_start(run_id, uptime, false, None);
+        tracing::debug!(node = %self.name, "connected to the cluster");
+        Ok(MemberConn::Cluster(cluster))
+    }
+
+    /// The connect of a standalone master or a Sentinel member's primary.
+    async fn meet_server(&self, mut conn: MultiplexedConnection) -> Result<MemberConn, NodeError> {
         let mut pipe = redis::pipe();
         pipe.cmd("INFO").arg("server");
         pipe.cmd("INFO").arg("persistence");
@@ -151,9 +202,13 @@ impl Node {
             config.maxmemory.as_deref(),
             config.policy.as_deref(),
         ));
-        self.observe_start(run_id, uptime, fsync_always, marker);
+        if self.member.kind() == MemberKind::Sentinel {
+            self.observe_start(run_id, Duration::ZERO, false, None);
+        } else {
+            self.observe_start(run_id, uptime, fsync_always, marker);
+        }
         tracing::debug!(node = %self.name, "connected");
-        Ok(conn)
+        Ok(MemberConn::Single(conn))
     }
 
     /// A connect-time error; a timeout there is the connect timeout.
@@ -207,7 +262,7 @@ pub(crate) fn open_client(url: &str, tls: &Tls) -> Result<redis::Client, ConfigE
 /// partition) must break it: keepalive probes find an idle dead peer within about 16 s, and
 /// `TCP_USER_TIMEOUT` drops a connection whose sent data has gone unacknowledged for 10 s.
 /// A paused Redis process is not affected: its kernel still acknowledges what it receives.
-fn tcp_settings() -> redis::io::tcp::TcpSettings {
+pub(crate) fn tcp_settings() -> redis::io::tcp::TcpSettings {
     use redis::io::tcp::{TcpSettings, socket2::TcpKeepalive};
     let keepalive = TcpKeepalive::new()
         .with_time(Duration::from_secs(10))

@@ -17,6 +17,7 @@ pub(crate) mod address;
 pub(crate) mod connection;
 pub(crate) mod gate;
 pub(crate) mod health;
+pub(crate) mod member;
 mod repair;
 pub(crate) mod scripts;
 
@@ -37,6 +38,7 @@ use crate::metrics;
 pub(crate) use self::gate::RoundGate;
 use self::health::{Health, NOT_STARTED};
 pub(crate) use self::health::{HoldOut, MaxTtl, Peers};
+use self::member::{ClusterView, Member, MemberConn};
 use self::scripts::ScriptCall;
 
 /// What a call is for: its label in metrics and log lines.
@@ -74,7 +76,7 @@ pub(crate) struct NodeSettings {
     pub(crate) eviction_guard: EvictionGuard,
 }
 
-type Connected = Result<(MultiplexedConnection, u64), NodeError>;
+type Connected = Result<(MemberConn, u64), NodeError>;
 
 /// How long calls fail fast with the last connect error before the next connect is tried, so a
 /// dead node costs no connect attempt (and no task) per call.
@@ -85,13 +87,17 @@ enum Slot {
     /// The last connect failed: calls fail fast with its error until the instant passes.
     Failed(NodeError, Instant),
     Connecting(Shared<BoxFuture<'static, Connected>>),
-    Ready(MultiplexedConnection, u64),
+    Ready(MemberConn, u64),
 }
 
 /// One Redis master.
 pub(crate) struct Node {
     name: String,
-    client: redis::Client,
+    /// A standalone master, a Redis Cluster or a Sentinel-managed primary ([`member`]).
+    member: Member,
+    /// A Cluster member's masters as last read (their run ids, checked on every call, and their
+    /// addresses, for a repair's `SCAN`).
+    cluster: Mutex<ClusterView>,
     connect_timeout: Duration,
     guard: RestartGuard,
     eviction_guard: EvictionGuard,
@@ -134,14 +140,15 @@ impl std::fmt::Debug for Node {
 impl Node {
     pub(crate) fn new(
         name: String,
-        client: redis::Client,
+        member: Member,
         settings: NodeSettings,
         max_ttl: Arc<MaxTtl>,
         (index, peers): (usize, Arc<Peers>),
     ) -> Self {
         Node {
             name,
-            client,
+            member,
+            cluster: Mutex::new(ClusterView::default()),
             connect_timeout: settings.connect_timeout,
             guard: settings.restart_guard,
             eviction_guard: settings.eviction_guard,
@@ -264,7 +271,7 @@ impl Node {
         hold_out: HoldOut,
         gate: Option<(RoundGate, usize)>,
     ) -> Result<Option<Value>, NodeError> {
-        let (mut conn, generation) = self.connection().await?;
+        let (conn, generation) = self.connection().await?;
         // Checked after connecting: a (re)connect is what reads the node's run id and uptime.
         if hold_out == HoldOut::Respect
             && let Some(reason) = self.held_out()
@@ -278,6 +285,15 @@ impl Node {
         {
             return Ok(None);
         }
+        let mut conn = match conn {
+            MemberConn::Single(conn) => conn,
+            MemberConn::Cluster(mut cluster) => {
+                return self
+                    .run_on_cluster(&mut cluster, call, generation)
+                    .await
+                    .map(Some);
+            }
+        };
         // A server error comes back as a value; `extract_error` turns it into an error.
         let reply = match conn
             .send_packed_command(call.evalsha())
@@ -322,6 +338,9 @@ impl Node {
         let start = Instant::now();
         let call = async {
             let (conn, generation) = self.connection().await?;
+            let MemberConn::Single(conn) = conn else {
+                return Err(NodeError::Redis(member::cluster_serves_locks_only()));
+            };
             op(conn).await.map_err(|e| self.call_error(e, generation))
         };
         let result = match tokio::time::timeout_at(deadline, call).await {
@@ -338,8 +357,14 @@ impl Node {
     }
 
     /// Classifies a call's error; a broken connection is dropped so the next call reconnects.
+    /// So is one whose server turned read-only: a Sentinel member's old primary, demoted by a
+    /// failover (the reconnect asks the sentinels for the new one).
     fn call_error(&self, e: redis::RedisError, generation: u64) -> NodeError {
-        if e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error() {
+        if e.is_unrecoverable_error()
+            || e.is_connection_dropped()
+            || e.is_io_error()
+            || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        {
             self.invalidate(generation);
         }
         NodeError::from_redis(e)

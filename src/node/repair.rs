@@ -8,6 +8,7 @@ use std::time::Duration;
 use redis::Value;
 
 use super::Node;
+use super::member::{self, MemberConn};
 use super::scripts;
 use crate::core::keys::FENCE_PATTERN;
 use crate::error::NodeError;
@@ -24,15 +25,27 @@ impl Node {
     ) -> Result<(u64, Vec<(Vec<u8>, u64)>), NodeError> {
         let read = async {
             let (mut conn, generation) = self.connection().await?;
-            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(FENCE_PATTERN)
-                .arg("COUNT")
-                .arg(count)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.call_error(e, generation))?;
+            let (next, keys): (u64, Vec<Vec<u8>>) = match &mut conn {
+                // Master by master, each page checked against the run ids met on connect.
+                MemberConn::Cluster(cluster) => {
+                    let masters = crate::core::lock(&self.cluster).masters.clone();
+                    let (next, keys, run_id) =
+                        member::cluster_scan_page(cluster, &masters, cursor, FENCE_PATTERN, count)
+                            .await
+                            .map_err(|e| self.call_error(e, generation))?;
+                    self.check_cluster_run_ids([run_id], generation)?;
+                    (next, keys)
+                }
+                MemberConn::Single(_) => redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(FENCE_PATTERN)
+                    .arg("COUNT")
+                    .arg(count)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| self.call_error(e, generation))?,
+            };
             let mut counters = Vec::with_capacity(keys.len());
             if !keys.is_empty() {
                 let values: Vec<Option<String>> = redis::cmd("MGET")
@@ -72,6 +85,9 @@ impl Node {
         }
         let write = async {
             let (mut conn, generation) = self.connection().await?;
+            if let MemberConn::Cluster(cluster) = &conn {
+                return self.raise_on_cluster(cluster, counters, generation).await;
+            }
             let mut loaded = false;
             loop {
                 let replies: Vec<Value> = pipe

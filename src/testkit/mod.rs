@@ -6,6 +6,12 @@
 //!
 //! The binary is `redis-server` from `PATH`, or the path in `REDIS_SERVER_BIN`.
 //!
+//! Beside N standalone masters ([`LocalCluster`]) it starts the other deployment shapes a
+//! quorum member can take: a Redis Cluster ([`RedisClusterMember`], three masters joined with
+//! `redis-cli --cluster create`) and a Sentinel-managed primary ([`SentinelGroup`], a primary, a
+//! replica and three sentinels). `redis-cli` comes from `PATH` or `REDIS_CLI_BIN`; sentinels
+//! run as `redis-server --sentinel`.
+//!
 //! ```no_run
 //! use quorumlock::testkit::LocalCluster;
 //! let mut cluster = LocalCluster::start(5)?;
@@ -24,6 +30,12 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+
+mod cluster;
+mod sentinel;
+
+pub use cluster::RedisClusterMember;
+pub use sentinel::SentinelGroup;
 
 /// How long a server may take to answer its first PING.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -52,6 +64,24 @@ pub enum TestkitError {
         reason: String,
         /// The server's log file.
         log: String,
+    },
+    /// A Cluster or Sentinel group did not reach the state waited for in time.
+    #[error("{what} not reached within {timeout:?}: {last}")]
+    Timeout {
+        /// The state waited for.
+        what: String,
+        /// The bound.
+        timeout: Duration,
+        /// The last thing observed.
+        last: String,
+    },
+    /// A helper command (`redis-cli --cluster create`, say) failed.
+    #[error("{what} failed: {output}")]
+    Command {
+        /// The command.
+        what: String,
+        /// Its output.
+        output: String,
     },
     /// An index beyond the cluster's size.
     #[error("no node {0} in this cluster")]
@@ -90,6 +120,11 @@ pub struct ServerOptions {
     pub maxmemory: Option<(u64, String)>,
     /// Disable the `CONFIG` command (`rename-command CONFIG ""`), as managed services do.
     pub config_disabled: bool,
+    /// Run as a Redis Cluster node (`cluster-enabled yes`, its `nodes.conf` in the server's
+    /// directory, a 1 s node timeout); see [`RedisClusterMember`].
+    pub cluster: bool,
+    /// Start as a replica of the master on this loopback port (`replicaof 127.0.0.1 PORT`).
+    pub replica_of: Option<u16>,
 }
 
 /// PEM files for a server's TLS port (see [`ServerOptions::tls`]).
@@ -133,6 +168,18 @@ impl ServerOptions {
     /// With the `CONFIG` command disabled.
     pub fn config_disabled(mut self) -> Self {
         self.config_disabled = true;
+        self
+    }
+
+    /// As a Redis Cluster node (see [`ServerOptions::cluster`]).
+    pub fn cluster(mut self) -> Self {
+        self.cluster = true;
+        self
+    }
+
+    /// As a replica of the master on this loopback port.
+    pub fn replica_of(mut self, port: u16) -> Self {
+        self.replica_of = Some(port);
         self
     }
 
@@ -251,6 +298,18 @@ impl RedisServer {
         }
         if self.options.config_disabled {
             cmd.args(["--rename-command", "CONFIG", ""]);
+        }
+        if self.options.cluster {
+            cmd.args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+            ])
+            .args(["--cluster-node-timeout", "1000"]);
+        }
+        if let Some(port) = self.options.replica_of {
+            cmd.args(["--replicaof", "127.0.0.1"]).arg(port.to_string());
         }
         if self.options.aof_always {
             cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
@@ -543,6 +602,38 @@ impl LocalCluster {
     /// As [`RedisServer::restart_empty`].
     pub fn restart_empty(&mut self, i: usize) -> Result<(), TestkitError> {
         self.server(i)?.restart_empty()
+    }
+}
+
+/// Runs one command on the server at `127.0.0.1:port` (a short-lived connection, bounded by
+/// one second to connect and to answer).
+fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
+    conn.set_read_timeout(Some(Duration::from_secs(1)))?;
+    cmd.query(&mut conn)
+}
+
+/// Polls `check` every 20 ms until it returns `Ok`, for at most `timeout`; the error holds the
+/// last thing `check` reported.
+fn wait_until<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> Result<T, TestkitError> {
+    let start = Instant::now();
+    loop {
+        match check() {
+            Ok(value) => return Ok(value),
+            Err(last) if start.elapsed() > timeout => {
+                return Err(TestkitError::Timeout {
+                    what: what.to_owned(),
+                    timeout,
+                    last,
+                });
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
     }
 }
 

@@ -1,0 +1,530 @@
+//! What one quorum member is: a standalone master (`redis://`, `rediss://`, `unix://`), a Redis
+//! Cluster (`redis+cluster://`), or a Sentinel-managed primary (`redis+sentinel://`), and the
+//! connection the node layer holds to it.
+//!
+//! # Member URLs
+//!
+//! - `redis+cluster://[user:password@]host1:port1,host2:port2,...`: seed nodes of one Redis
+//!   Cluster; the redis crate's async cluster client discovers the slots and follows
+//!   redirections. Every key the crate uses for one lock name shares a hash tag (the name, see
+//!   `scripts::lock_key`), so each script runs on one shard. Credentials apply to every node.
+//! - `redis+sentinel://host1:port1,host2:port2,.../master-name`: the sentinels of one monitored
+//!   primary; the primary is resolved through them (`SENTINEL get-master-addr-by-name`, then
+//!   `ROLE` checked) on every connect, so a failover is followed by reconnecting. Credentials
+//!   (`redis+sentinel://[user:password@]...`) apply to the primary, not to the sentinels.
+//!
+//! Both are plain TCP in this version (no `rediss+...`).
+//!
+//! # The restart guard on these members
+//!
+//! A Cluster member's identity is the set of its masters' run ids (sorted, joined): any shard
+//! restarted or failed over changes it, and the member is then held out for the max ttl
+//! (counted from its youngest master) and repaired, like a restarted standalone node. Because
+//! the cluster client reconnects to a shard by itself, every script call also reads the run id
+//! of the shard that ran it (`INFO server` in the same pipeline, one round trip): a run id this
+//! client has not met makes the call count as failed and the member reconnect, which applies
+//! the guard.
+//!
+//! A Sentinel member's identity is the run id of its current primary. A failover changes it:
+//! the member is held out for the max ttl counted from the moment the client met the new
+//! primary (its uptime says nothing about when it was promoted), and repaired, because
+//! asynchronous replication may have lost the last writes. The durability marker is not
+//! trusted on these members (a replica receives it by replication, so it proves nothing about
+//! the writes that did not arrive).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
+use redis::io::tcp::TcpSettings;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
+
+use super::Node;
+use super::health::parse_info;
+use super::scripts::{self, ScriptCall};
+use crate::core::lock;
+use crate::error::NodeError;
+
+/// The scheme of a Redis Cluster member URL.
+pub(crate) const CLUSTER_SCHEME: &str = "redis+cluster://";
+/// The scheme of a Sentinel member URL.
+pub(crate) const SENTINEL_SCHEME: &str = "redis+sentinel://";
+
+/// What kind of deployment a member is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MemberKind {
+    /// One master.
+    Standalone,
+    /// A Redis Cluster.
+    Cluster,
+    /// A Sentinel-managed primary.
+    Sentinel,
+}
+
+/// How the node layer reaches one member.
+pub(crate) enum Member {
+    /// One master.
+    Standalone(redis::Client),
+    /// A Redis Cluster.
+    Cluster(ClusterClient),
+    /// A Sentinel-managed primary: the sentinel client caches its sentinel connections, hence
+    /// the mutex (held only while resolving the primary).
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Member").field(&self.kind()).finish()
+    }
+}
+
+/// A member URL parsed: its display name (no password), its identity (for duplicate
+/// detection) and the member.
+pub(crate) struct Parsed {
+    pub(crate) name: String,
+    pub(crate) identity: String,
+    pub(crate) member: Member,
+}
+
+/// `Ok(None)` when `url` is not a Cluster or Sentinel member URL (the caller parses it as a
+/// standalone node).
+pub(crate) fn parse(
+    url: &str,
+    tcp: &TcpSettings,
+    connect_timeout: Duration,
+) -> redis::RedisResult<Option<Parsed>> {
+    if let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) {
+        let (auth, hosts) = split_auth(rest);
+        let hosts = hosts.trim_end_matches('/');
+        let seeds = hosts_of(hosts)?;
+        let client = ClusterClient::builder(
+            seeds
+                .iter()
+                .map(|h| format!("redis://{auth}{h}"))
+                .collect::<Vec<_>>(),
+        )
+        .tcp_settings(tcp.clone())
+        .connection_timeout(connect_timeout)
+        // Redirections and a slot refresh; the round's deadline bounds the rest.
+        .retries(3)
+        .min_retry_wait(5)
+        .max_retry_wait(50)
+        .build()?;
+        return Ok(Some(Parsed {
+            name: format!("{CLUSTER_SCHEME}{}", seeds.join(",")),
+            identity: format!("cluster:{}", sorted(&seeds)),
+            member: Member::Cluster(client),
+        }));
+    }
+    if let Some(rest) = url.strip_prefix(SENTINEL_SCHEME) {
+        let (auth, rest) = split_auth(rest);
+        let (hosts, master) = rest.split_once('/').ok_or_else(|| {
+            invalid("a Sentinel member URL ends in /<master-name>: redis+sentinel://h1:p1,h2:p2/mymaster")
+        })?;
+        let master = master.trim_end_matches('/');
+        if master.is_empty() || master.contains('/') {
+            return Err(invalid(
+                "the master name after the sentinels is missing or has a '/'",
+            ));
+        }
+        let sentinels = hosts_of(hosts)?;
+        // The primary's credentials and db come from the userinfo, parsed as a redis:// URL.
+        let primary = format!("redis://{auth}127.0.0.1").into_connection_info()?;
+        let node_info = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(primary.redis_settings().clone())
+            .set_tcp_settings(tcp.clone());
+        // A `String` for the build without `tls`; `impl AsRef<str>` with it.
+        let service: String = master.to_owned();
+        let client = SentinelClient::build(
+            sentinels
+                .iter()
+                .map(|h| format!("redis://{h}"))
+                .collect::<Vec<_>>(),
+            service,
+            Some(node_info),
+            SentinelServerType::Master,
+        )?;
+        return Ok(Some(Parsed {
+            name: format!("{SENTINEL_SCHEME}{}/{master}", sentinels.join(",")),
+            identity: format!("sentinel:{}/{master}", sorted(&sentinels)),
+            member: Member::Sentinel(tokio::sync::Mutex::new(client)),
+        }));
+    }
+    Ok(None)
+}
+
+/// Why a Cluster member has no single-server connection for a feature's commands.
+pub(crate) fn cluster_serves_locks_only() -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::InvalidClientConfig,
+        "a Redis Cluster member serves locks only: elections and run-once jobs need standalone \
+         or Sentinel members",
+    ))
+}
+
+fn invalid(what: &'static str) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, what))
+}
+
+/// `user:password@` (kept with its `@`) and the rest.
+fn split_auth(rest: &str) -> (&str, &str) {
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    match authority.rfind('@') {
+        Some(at) => rest.split_at(at + 1),
+        None => ("", rest),
+    }
+}
+
+/// `host:port,host:port` checked: each has a host and a numeric port.
+fn hosts_of(hosts: &str) -> redis::RedisResult<Vec<String>> {
+    let list: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if list.is_empty() {
+        return Err(invalid("no host:port listed"));
+    }
+    for h in &list {
+        match h.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+            _ => return Err(invalid("every host is written host:port")),
+        }
+    }
+    Ok(list)
+}
+
+fn sorted(hosts: &[String]) -> String {
+    hosts
+        .iter()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl Member {
+    /// The kind of deployment.
+    pub(crate) fn kind(&self) -> MemberKind {
+        match self {
+            Member::Standalone(_) => MemberKind::Standalone,
+            Member::Cluster(_) => MemberKind::Cluster,
+            Member::Sentinel(_) => MemberKind::Sentinel,
+        }
+    }
+
+    /// A client for the one server behind the member: the standalone master, or the primary
+    /// the sentinels name now. A Cluster member has none (side connections of elections and
+    /// run-once jobs need one server).
+    pub(crate) async fn server_client(&self) -> redis::RedisResult<redis::Client> {
+        match self {
+            Member::Standalone(client) => Ok(client.clone()),
+            Member::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await,
+            Member::Cluster(_) => Err(cluster_serves_locks_only()),
+        }
+    }
+
+    /// Opens the member's connection: a multiplexed connection to the one server, or the
+    /// cluster client's connection.
+    pub(crate) async fn connect(
+        &self,
+        config: &AsyncConnectionConfig,
+    ) -> redis::RedisResult<MemberConn> {
+        match self {
+            Member::Cluster(client) => client.get_async_connection().await.map(MemberConn::Cluster),
+            _ => self
+                .server_client()
+                .await?
+                .get_multiplexed_async_connection_with_config(config)
+                .await
+                .map(MemberConn::Single),
+        }
+    }
+}
+
+/// The node layer's connection to a member.
+#[derive(Clone)]
+pub(crate) enum MemberConn {
+    /// To one server.
+    Single(MultiplexedConnection),
+    /// To a Redis Cluster.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for MemberConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            MemberConn::Single(c) => c.req_packed_command(cmd),
+            MemberConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            MemberConn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            MemberConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            MemberConn::Single(c) => c.get_db(),
+            MemberConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// What a connect learns of a Cluster member's masters.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ClusterView {
+    /// Each master's `(host, port)`, sorted: the order of a repair's `SCAN` over them.
+    pub(crate) masters: Vec<(String, u16)>,
+    /// Each master's run id.
+    pub(crate) run_ids: BTreeSet<String>,
+    /// The smallest uptime among them.
+    pub(crate) uptime: Duration,
+}
+
+impl ClusterView {
+    /// The member's identity for the restart guard: every master's run id, sorted.
+    pub(crate) fn run_id(&self) -> String {
+        self.run_ids.iter().cloned().collect::<Vec<_>>().join(",")
+    }
+}
+
+/// Reads `INFO server` from every master of the cluster.
+pub(crate) async fn cluster_view(conn: &mut ClusterConnection) -> redis::RedisResult<ClusterView> {
+    let mut info = redis::cmd("INFO");
+    info.arg("server");
+    let reply = conn
+        .route_command(
+            info,
+            RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+        )
+        .await?;
+    let Value::Map(per_node) = reply else {
+        return Err(bad("INFO server from every master: not a map of replies"));
+    };
+    let mut view = ClusterView {
+        uptime: Duration::MAX,
+        ..ClusterView::default()
+    };
+    for (addr, text) in per_node {
+        let addr: String = redis::from_redis_value(addr)?;
+        let text: String = redis::from_redis_value(text)?;
+        let (run_id, uptime) =
+            parse_info(&text).ok_or_else(|| bad("INFO server lacks run_id or uptime"))?;
+        let (host, port) = addr
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h.to_owned(), p.parse().ok()?)))
+            .ok_or_else(|| bad("a master address without a port"))?;
+        view.masters.push((host, port));
+        view.run_ids.insert(run_id);
+        view.uptime = view.uptime.min(uptime);
+    }
+    if view.masters.is_empty() {
+        return Err(bad("no master answered INFO"));
+    }
+    view.masters.sort();
+    Ok(view)
+}
+
+fn bad(what: &'static str) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Parse, what))
+}
+
+/// Bits of a repair cursor over a Cluster member that hold the master's index; the rest hold
+/// that master's own `SCAN` cursor.
+const MASTER_SHIFT: u32 = 56;
+
+/// One page of a `SCAN ... MATCH pattern COUNT count` over a Cluster member's masters, one
+/// after the other: the cursor carries the master's index (top 8 bits) and its own cursor. 0
+/// when every master was scanned. With the page, the run id of the master scanned, read after
+/// the page (`INFO server` on the same master): the caller checks it is one it met, since the
+/// cluster client reconnects to a restarted master without a word, and a cursor means nothing
+/// to a new process.
+pub(crate) async fn cluster_scan_page(
+    conn: &mut ClusterConnection,
+    masters: &[(String, u16)],
+    cursor: u64,
+    pattern: &str,
+    count: usize,
+) -> redis::RedisResult<(u64, Vec<Vec<u8>>, String)> {
+    let index = usize::try_from(cursor >> MASTER_SHIFT).unwrap_or(usize::MAX);
+    let own = cursor & ((1 << MASTER_SHIFT) - 1);
+    let Some((host, port)) = masters.get(index) else {
+        return Err(bad("a repair cursor past the cluster's masters"));
+    };
+    let mut scan = redis::cmd("SCAN");
+    scan.arg(own)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(count);
+    let route = || {
+        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+            host: host.clone(),
+            port: *port,
+        })
+    };
+    let reply = conn.route_command(scan, route()).await?;
+    let (next, keys): (u64, Vec<Vec<u8>>) = redis::from_redis_value(reply)?;
+    let mut info = redis::cmd("INFO");
+    info.arg("server");
+    let info: String = redis::from_redis_value(conn.route_command(info, route()).await?)?;
+    let (run_id, _) = parse_info(&info).ok_or_else(|| bad("INFO server lacks run_id"))?;
+    if next >> MASTER_SHIFT != 0 {
+        return Err(bad("a SCAN cursor too large to carry a master index"));
+    }
+    let next = match next {
+        0 if index + 1 < masters.len() => u64::try_from(index + 1).unwrap_or(0) << MASTER_SHIFT,
+        0 => 0,
+        own => (u64::try_from(index).unwrap_or(0) << MASTER_SHIFT) | own,
+    };
+    Ok((next, keys, run_id))
+}
+
+impl Node {
+    /// One script call on a Cluster member, with `INFO server` in the same pipeline (one round
+    /// trip, one shard: the pipeline follows the script's key): a run id of that shard this
+    /// client has not met means the shard restarted or failed over since the connect, behind
+    /// the cluster client's own reconnect. The call then counts as failed and the connection is
+    /// dropped: the next call reconnects, reads every master's run id, and the restart guard
+    /// holds the member out and repairs it. The script is sent as `EVAL` (the shard may be new
+    /// to its script cache); its body is a few hundred bytes.
+    pub(super) async fn run_on_cluster(
+        &self,
+        conn: &mut ClusterConnection,
+        call: &ScriptCall,
+        generation: u64,
+    ) -> Result<Value, NodeError> {
+        let mut pipe = redis::pipe();
+        match call.eval() {
+            Some(eval) => pipe.add_command(eval),
+            None => pipe.add_command(call.evalsha().clone()),
+        };
+        pipe.cmd("INFO").arg("server");
+        let replies: Vec<Value> = pipe
+            .query_async(conn)
+            .await
+            .map_err(|e| self.call_error(e, generation))?;
+        let [reply, info] = <[Value; 2]>::try_from(replies)
+            .map_err(|_| NodeError::BadReply("a pipeline of two gave another count".to_owned()))?;
+        let info: String = redis::from_redis_value(info)
+            .map_err(|e| NodeError::BadReply(format!("INFO server: {e}")))?;
+        let (run_id, _) = parse_info(&info)
+            .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id".to_owned()))?;
+        self.check_cluster_run_ids([run_id], generation)?;
+        reply
+            .extract_error()
+            .map_err(|e| self.call_error(e, generation))
+    }
+
+    /// Raises counters on a Cluster member: one `EVAL` per key (counters of different names live
+    /// in different slots, and a pipeline must stay in one), all in flight at once; then every
+    /// master's run id is checked, since a shard restarted meanwhile lost what was raised there
+    /// and the repair must not end on it (the reconnect this forces makes a repair of its own).
+    pub(super) async fn raise_on_cluster(
+        &self,
+        cluster: &ClusterConnection,
+        counters: &[(Vec<u8>, u64)],
+        generation: u64,
+    ) -> Result<(), NodeError> {
+        let raises = counters.iter().map(|(key, value)| {
+            let mut conn = cluster.clone();
+            async move {
+                redis::cmd("EVAL")
+                    .arg(scripts::RAISE_COUNTER.code())
+                    .arg(1)
+                    .arg(key)
+                    .arg(*value)
+                    .query_async::<Value>(&mut conn)
+                    .await
+            }
+        });
+        for reply in futures::future::join_all(raises).await {
+            reply.map_err(|e| self.call_error(e, generation))?;
+        }
+        let view = cluster_view(&mut cluster.clone())
+            .await
+            .map_err(|e| self.call_error(e, generation))?;
+        self.check_cluster_run_ids(view.run_ids, generation)
+    }
+
+    /// Checks that each run id read from a Cluster member's masters is one the last connect
+    /// met; otherwise drops the connection (the next call reconnects and the restart guard
+    /// sees the change) and fails.
+    pub(super) fn check_cluster_run_ids(
+        &self,
+        run_ids: impl IntoIterator<Item = String>,
+        generation: u64,
+    ) -> Result<(), NodeError> {
+        let known = lock(&self.cluster);
+        if run_ids.into_iter().all(|id| known.run_ids.contains(&id)) {
+            return Ok(());
+        }
+        drop(known);
+        self.invalidate(generation);
+        Err(NodeError::Dropped(redis::RedisError::from(
+            std::io::Error::other(
+                "a shard of this cluster member restarted or failed over (a run id not met before); reconnecting",
+            ),
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tcp() -> TcpSettings {
+        TcpSettings::default()
+    }
+
+    #[test]
+    fn member_urls_parse_and_never_show_the_password() {
+        let t = Duration::from_secs(1);
+        let c = parse("redis+cluster://:pw@h1:7000,h2:7001", &tcp(), t)
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.name, "redis+cluster://h1:7000,h2:7001");
+        assert_eq!(c.member.kind(), MemberKind::Cluster);
+        let s = parse("redis+sentinel://h1:26379,h2:26380/mymaster", &tcp(), t)
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.name, "redis+sentinel://h1:26379,h2:26380/mymaster");
+        assert_eq!(s.member.kind(), MemberKind::Sentinel);
+        // The same hosts in another order are the same member.
+        let s2 = parse("redis+sentinel://h2:26380,h1:26379/mymaster", &tcp(), t)
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.identity, s2.identity);
+        assert!(parse("redis://h1:6379", &tcp(), t).unwrap().is_none());
+    }
+
+    #[test]
+    fn bad_member_urls_are_errors() {
+        let t = Duration::from_secs(1);
+        for url in [
+            "redis+cluster://",
+            "redis+cluster://h1",
+            "redis+cluster://h1:notaport",
+            "redis+sentinel://h1:26379",
+            "redis+sentinel://h1:26379/",
+            "redis+sentinel://h1:26379/a/b",
+        ] {
+            assert!(parse(url, &tcp(), t).is_err(), "{url}");
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! A local Redis Cluster used as one quorum member.
+
+use std::process::Command;
+use std::time::Duration;
+
+use super::{RedisServer, ServerOptions, TestkitError, query, wait_until};
+
+/// How long a cluster may take to agree on its slots (`cluster_state:ok` on every node), after
+/// its creation or a shard's restart.
+const CLUSTER_READY: Duration = Duration::from_secs(30);
+
+/// A Redis Cluster of three masters (no replicas) on free loopback ports, joined with
+/// `redis-cli --cluster create`: one quorum member whose lock keys are spread over its shards.
+/// [`url`](Self::url) is its member URL (`redis+cluster://127.0.0.1:P1,127.0.0.1:P2,...`).
+/// A shard can be killed and restarted (empty, on its port, keeping its `nodes.conf`, so it
+/// rejoins with its slots). Dropping the member kills every shard.
+///
+/// ```no_run
+/// use quorumlock::testkit::RedisClusterMember;
+/// let mut cluster = RedisClusterMember::start()?;
+/// let url = cluster.url(); // redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3
+/// cluster.kill_shard(1)?;  // its slots fail until it is back
+/// cluster.restart_shard(1)?; // back, empty, cluster_state:ok again
+/// # Ok::<(), quorumlock::testkit::TestkitError>(())
+/// ```
+#[derive(Debug)]
+pub struct RedisClusterMember {
+    shards: Vec<RedisServer>,
+}
+
+impl RedisClusterMember {
+    /// How many masters a member has.
+    pub const SHARDS: usize = 3;
+
+    /// Starts three cluster-enabled servers, creates the cluster (`redis-cli --cluster create
+    /// ... --cluster-replicas 0 --cluster-yes`) and waits (bounded) until every node reports
+    /// `cluster_state:ok`.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::start`]; [`TestkitError::Command`] when `redis-cli` fails (or is
+    /// missing: install `redis-tools`, or set `REDIS_CLI_BIN`); [`TestkitError::Timeout`] when
+    /// the cluster does not become ready.
+    pub fn start() -> Result<Self, TestkitError> {
+        let options = ServerOptions::new().cluster();
+        let shards = (0..Self::SHARDS)
+            .map(|_| RedisServer::start(&options))
+            .collect::<Result<Vec<_>, _>>()?;
+        let member = RedisClusterMember { shards };
+        let cli = std::env::var("REDIS_CLI_BIN").unwrap_or_else(|_| "redis-cli".to_owned());
+        let mut cmd = Command::new(&cli);
+        cmd.args(["--cluster", "create"])
+            .args(member.addresses())
+            .args(["--cluster-replicas", "0", "--cluster-yes"]);
+        let what = format!("{cli} --cluster create");
+        let output = cmd.output().map_err(|e| TestkitError::Command {
+            what: what.clone(),
+            output: format!("{e} (install redis-tools, or set REDIS_CLI_BIN)"),
+        })?;
+        if !output.status.success() {
+            return Err(TestkitError::Command {
+                what,
+                output: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                ),
+            });
+        }
+        member.wait_ok()?;
+        Ok(member)
+    }
+
+    /// `127.0.0.1:PORT` of every shard, in order.
+    pub fn addresses(&self) -> Vec<String> {
+        self.shards
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect()
+    }
+
+    /// The member URL: `redis+cluster://` and every shard's address, comma-separated.
+    pub fn url(&self) -> String {
+        format!("redis+cluster://{}", self.addresses().join(","))
+    }
+
+    /// Shard `i`.
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::NoSuchNode`].
+    pub fn shard(&mut self, i: usize) -> Result<&mut RedisServer, TestkitError> {
+        self.shards.get_mut(i).ok_or(TestkitError::NoSuchNode(i))
+    }
+
+    /// The shard whose slots hold `key` (`CLUSTER KEYSLOT`, then the shard serving that slot).
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::Timeout`] when no live shard answers.
+    pub fn shard_of(&self, key: &str) -> Result<usize, TestkitError> {
+        wait_until(
+            &format!("the shard of {key:?}"),
+            Duration::from_secs(5),
+            || {
+                let mut last = "no shard running".to_owned();
+                for shard in self.shards.iter().filter(|s| s.is_running()) {
+                    let reply: redis::RedisResult<(i64, String)> =
+                        query(shard.port(), redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
+                            .and_then(|slot| {
+                                Ok((
+                                    slot,
+                                    query(
+                                        shard.port(),
+                                        &redis::cmd("CLUSTER").arg("NODES").clone(),
+                                    )?,
+                                ))
+                            });
+                    match reply {
+                        Ok((slot, nodes)) => match owner_port(&nodes, slot) {
+                            Some(port) => {
+                                return self
+                                    .shards
+                                    .iter()
+                                    .position(|s| s.port() == port)
+                                    .ok_or_else(|| format!("slot {slot} served by port {port}"));
+                            }
+                            None => last = format!("slot {slot} unassigned"),
+                        },
+                        Err(e) => last = e.to_string(),
+                    }
+                }
+                Err(last)
+            },
+        )
+    }
+
+    /// SIGKILL shard `i`: its slots fail (no replicas) until it is back.
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::NoSuchNode`].
+    pub fn kill_shard(&mut self, i: usize) -> Result<(), TestkitError> {
+        self.shard(i)?.kill();
+        Ok(())
+    }
+
+    /// Restarts shard `i` on its port, empty (no persistence) but with its `nodes.conf`, and
+    /// waits (bounded) until the whole cluster reports `cluster_state:ok` again.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::restart`], and [`TestkitError::Timeout`].
+    pub fn restart_shard(&mut self, i: usize) -> Result<(), TestkitError> {
+        self.shard(i)?.restart()?;
+        self.wait_ok()
+    }
+
+    /// Waits until every running shard reports `cluster_state:ok` and knows all
+    /// [`SHARDS`](Self::SHARDS) masters.
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::Timeout`].
+    pub fn wait_ok(&self) -> Result<(), TestkitError> {
+        wait_until("cluster_state:ok on every shard", CLUSTER_READY, || {
+            for shard in self.shards.iter().filter(|s| s.is_running()) {
+                let info: String = query(shard.port(), redis::cmd("CLUSTER").arg("INFO"))
+                    .map_err(|e| format!("port {}: {e}", shard.port()))?;
+                let ok = info.lines().any(|l| l.trim() == "cluster_state:ok");
+                let known = info
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix("cluster_size:"))
+                    .and_then(|v| v.parse::<usize>().ok());
+                if !ok || known != Some(Self::SHARDS) {
+                    return Err(format!(
+                        "port {}: state ok {ok}, cluster_size {known:?}",
+                        shard.port()
+                    ));
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The port of the master serving `slot` in a `CLUSTER NODES` reply.
+fn owner_port(nodes: &str, slot: i64) -> Option<u16> {
+    nodes.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if !fields.get(2)?.contains("master") {
+            return None;
+        }
+        let serves = fields.iter().skip(8).any(|range| {
+            let mut bounds = range.split('-').map(str::parse::<i64>);
+            match (bounds.next(), bounds.next()) {
+                (Some(Ok(lo)), Some(Ok(hi))) => (lo..=hi).contains(&slot),
+                (Some(Ok(one)), None) => one == slot,
+                _ => false,
+            }
+        });
+        if !serves {
+            return None;
+        }
+        // 127.0.0.1:PORT@BUSPORT
+        let addr = fields.get(1)?.split('@').next()?;
+        addr.rsplit(':').next()?.parse().ok()
+    })
+}

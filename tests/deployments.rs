@@ -1,0 +1,354 @@
+//! Deployment shapes as quorum members (issue 15, items 2 and 3), against real processes the
+//! testkit starts: a Redis Cluster (three `redis-server --cluster-enabled yes` joined with
+//! `redis-cli --cluster create`) and a Sentinel-managed primary (a primary, a replica, three
+//! sentinels), beside standalone masters.
+
+mod support;
+
+use std::time::Duration;
+
+use quorumlock::testkit::{RedisClusterMember, SentinelGroup};
+use quorumlock::{Error, NodeError, Redlock};
+use support::*;
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(10);
+/// The max ttl the restart guard holds a restarted or failed-over member out for: short, so the
+/// tests see the member come back.
+const MAX_TTL: Duration = Duration::from_secs(3);
+/// A lock held across a failover: the sentinels demote a live old primary only on their next
+/// check of it (several seconds), so it must outlast that without a keep-alive.
+const LONG: Duration = Duration::from_secs(60);
+
+fn cluster_member() -> RedisClusterMember {
+    init_tracing();
+    RedisClusterMember::start().unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn sentinel_group() -> SentinelGroup {
+    init_tracing();
+    SentinelGroup::start().unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn client_for(urls: Vec<String>) -> Redlock {
+    Redlock::builder(urls)
+        .node_timeout(NODE_TIMEOUT)
+        .connect_timeout(Duration::from_secs(2))
+        .retry_delay(Duration::from_millis(5), Duration::from_millis(20))
+        .max_ttl(MAX_TTL)
+        .build()
+        .expect("valid config")
+}
+
+/// The URL of the shard of `member` that holds `key`'s lock (and counter).
+fn shard_url(member: &mut RedisClusterMember, key: &str) -> String {
+    let i = member.shard_of(&lock_key(key)).expect("shard of the key");
+    format!(
+        "redis://127.0.0.1:{}",
+        member.shard(i).expect("shard").port()
+    )
+}
+
+/// Keys among `probe-0..` whose lock lands on shard `shard` of `member`, `n` of them.
+fn keys_on_shard(member: &RedisClusterMember, shard: usize, n: usize) -> Vec<String> {
+    (0..10_000)
+        .map(|i| format!("probe-{i}"))
+        .filter(|k| member.shard_of(&lock_key(k)).expect("slot") == shard)
+        .take(n)
+        .collect()
+}
+
+/// Probes until the member (the last URL) counts toward a quorum again, and returns how long
+/// after `since` that was, and whether a probe was refused because the member was held out or
+/// being repaired. Each probe key is held by a foreign owner on the first standalone master, so
+/// a probe succeeds only with the second one *and* the member: a write the member received but
+/// did not count (a shard met with an unknown run id) is no success. Bounded.
+async fn first_counted(
+    locks: &Redlock,
+    foreign_on: &str,
+    keys: &[String],
+    since: Instant,
+) -> (Duration, bool) {
+    let mut held_out = false;
+    let deadline = Instant::now() + WAIT + MAX_TTL;
+    for key in keys.iter().cycle() {
+        assert!(Instant::now() < deadline, "the member never counted again");
+        set_foreign(foreign_on, key, "someone-else", TTL);
+        match locks.try_acquire(key, TTL).await {
+            Ok(probe) => {
+                let at = since.elapsed();
+                probe.release().await.expect("release");
+                return (at, held_out);
+            }
+            Err(Error::NoQuorum { failures, .. }) => {
+                held_out |= failures
+                    .iter()
+                    .any(|f| matches!(f.cause, NodeError::HeldOut { .. } | NodeError::Repairing));
+            }
+            Err(e) => panic!("a probe failed otherwise: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    unreachable!("keys is not empty")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d1_lock_extend_release_and_fencing_with_a_cluster_member() {
+    let standalone = cluster(2);
+    let mut member = cluster_member();
+    let mut urls = standalone.urls();
+    urls.push(member.url());
+    let locks = client_for(urls.clone());
+    warm(&locks).await;
+
+    let mut last = 0;
+    for round in 0..5 {
+        let lock = locks.try_acquire("job", TTL).await.expect("acquire");
+        assert!(lock.token().get() > last, "round {round}: tokens increase");
+        last = lock.token().get();
+        // The key and its counter live on one shard of the cluster member.
+        let url = shard_url(&mut member, "job");
+        spread(&lock, &[urls[0].clone(), urls[1].clone(), url.clone()]).await;
+        assert_eq!(fence_on(&url, "job"), last, "the counter sits with the key");
+        assert!(lock.extend(TTL).await.expect("extend") > Duration::ZERO);
+        let other = client_for(urls.clone());
+        assert!(
+            other.try_acquire("job", TTL).await.unwrap_err().is_held(),
+            "held while locked"
+        );
+        lock.release().await.expect("release");
+        wait_until(WAIT, "released on the shard", || async {
+            value_on(&url, "job").is_none()
+        })
+        .await;
+    }
+    // Names spread over every shard.
+    for i in 0..30 {
+        let key = format!("spread-{i}");
+        let lock = locks.try_acquire(&key, TTL).await.expect("acquire");
+        lock.release().await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d2_every_member_a_cluster() {
+    let members: Vec<RedisClusterMember> = (0..3).map(|_| cluster_member()).collect();
+    let urls: Vec<String> = members.iter().map(RedisClusterMember::url).collect();
+    let a = client_for(urls.clone());
+    let b = client_for(urls.clone());
+    warm(&a).await;
+    let mut tokens = std::collections::HashMap::new();
+    for round in 0..3 {
+        for i in 0..10 {
+            let key = format!("entity-{i}");
+            let lock = a.try_acquire(&key, TTL).await.expect("acquire");
+            let before = tokens.insert(key.clone(), lock.token().get()).unwrap_or(0);
+            assert!(lock.token().get() > before, "round {round}, {key}");
+            assert!(b.try_acquire(&key, TTL).await.unwrap_err().is_held());
+            lock.extend(TTL).await.expect("extend");
+            lock.release().await.expect("release");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d3_a_shard_killed_then_restarted_empty_never_lets_two_hold_the_lock() {
+    let standalone = cluster(2);
+    let mut member = cluster_member();
+    let mut urls = standalone.urls();
+    urls.push(member.url());
+    let a = client_for(urls.clone());
+    let b = client_for(urls.clone());
+    warm(&a).await;
+    warm(&b).await;
+
+    let lock = a.try_acquire("job", TTL).await.expect("acquire");
+    let token = lock.token().get();
+    let shard_url = shard_url(&mut member, "job");
+    spread(
+        &lock,
+        &[urls[0].clone(), urls[1].clone(), shard_url.clone()],
+    )
+    .await;
+    let shard = member.shard_of(&lock_key("job")).expect("shard");
+
+    // The shard holding the key dies: the member fails for that key; the two standalone
+    // masters still refuse every other client.
+    member.kill_shard(shard).expect("kill");
+    match b.try_acquire("job", TTL).await {
+        Err(e) => assert!(e.is_held() || e.is_no_quorum(), "{e}"),
+        Ok(_) => panic!("two holders while a shard is down"),
+    }
+    // A lock on the two standalone masters still works.
+    let other = a
+        .try_acquire("elsewhere", TTL)
+        .await
+        .expect("2 of 3 members");
+    other.release().await.expect("release");
+
+    // Back empty: the shard lost the key and the counter. The member is held out for the max
+    // ttl (its youngest master is new) and repaired before it counts again.
+    let back = Instant::now();
+    member.restart_shard(shard).expect("restart");
+    assert!(value_on(&shard_url, "job").is_none(), "restarted empty");
+    match b.try_acquire("job", TTL).await {
+        Err(e) => assert!(e.is_held() || e.is_no_quorum(), "{e}"),
+        Ok(_) => panic!("two holders after the shard came back empty"),
+    }
+    // The member counts again only once the hold-out is over.
+    let probes = keys_on_shard(&member, shard, 20);
+    let (landed, held_out) = first_counted(&a, &urls[0], &probes, back).await;
+    assert!(
+        held_out,
+        "a probe was refused with the member held out or repairing"
+    );
+    // The shard started after `back`: the hold-out ends no earlier than the max ttl after it.
+    assert!(
+        landed >= MAX_TTL,
+        "the restarted shard counted {landed:?} after its restart, before the max ttl {MAX_TTL:?}"
+    );
+    // Repaired: the counter the shard lost is back (at least the held lock's token).
+    wait_until(WAIT, "the shard's counter restored", || async {
+        fence_on(&shard_url, "job") >= token
+    })
+    .await;
+    lock.release().await.expect("release");
+    let again = b.try_acquire("job", TTL).await.expect("free");
+    assert!(again.token().get() > token, "tokens never go backwards");
+    again.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d4_a_sentinel_failover_during_a_held_lock_is_held_out_then_repaired() {
+    let standalone = cluster(2);
+    let group = sentinel_group();
+    let mut urls = standalone.urls();
+    urls.push(group.url());
+    let a = client_for(urls.clone());
+    warm(&a).await;
+
+    let old = group.primary_port().expect("primary");
+    let old_url = format!("redis://127.0.0.1:{old}");
+    let lock = a.try_acquire("job", LONG).await.expect("acquire");
+    spread(&lock, &[urls[0].clone(), urls[1].clone(), old_url.clone()]).await;
+    let token = lock.token().get();
+
+    // A real failover; then the writes the replica may not have received are lost: here the
+    // counter is deleted on the new primary, as asynchronous replication can leave it.
+    group.failover().expect("failover");
+    let new = group.wait_for_new_primary(old).expect("new primary");
+    let promoted = Instant::now();
+    let new_url = format!("redis://127.0.0.1:{new}");
+    let _: () = redis::cmd("DEL")
+        .arg(fence_key("job"))
+        .query(&mut conn(&new_url))
+        .expect("DEL");
+
+    // Nobody else gets the lock meanwhile.
+    let b = client_for(urls.clone());
+    match b.try_acquire("job", TTL).await {
+        Err(e) => assert!(e.is_held() || e.is_no_quorum(), "{e}"),
+        Ok(_) => panic!("two holders across a failover"),
+    }
+
+    // The client meets the new primary (a new run id) and holds the member out until the max
+    // ttl has passed since it met it (after `promoted`).
+    let probes: Vec<String> = (0..20).map(|i| format!("probe-{i}")).collect();
+    let (landed, held_out) = first_counted(&a, &urls[0], &probes, promoted).await;
+    assert!(
+        held_out,
+        "a probe was refused with the member held out or repairing"
+    );
+    assert!(
+        landed >= MAX_TTL,
+        "the new primary counted {landed:?} after the failover, before the max ttl {MAX_TTL:?}"
+    );
+    // Repaired: the lost counter is back on the new primary, so tokens never go backwards.
+    wait_until(WAIT, "the new primary's counter restored", || async {
+        fence_on(&new_url, "job") >= token
+    })
+    .await;
+    assert!(
+        lock.extend(LONG).await.is_ok(),
+        "the held lock survives the failover"
+    );
+    lock.release().await.expect("release");
+    let next = a.try_acquire("job", TTL).await.expect("free");
+    assert!(next.token().get() > token, "tokens never go backwards");
+    next.release().await.expect("release");
+}
+
+#[test]
+fn d5_member_urls_are_checked_at_build() {
+    for url in [
+        "redis+cluster://",
+        "redis+cluster://127.0.0.1",
+        "redis+sentinel://127.0.0.1:26379",
+    ] {
+        let err = Redlock::builder([url]).build().unwrap_err();
+        assert!(err.to_string().contains("invalid node URL"), "{url}: {err}");
+    }
+    let same = Redlock::builder([
+        "redis+sentinel://127.0.0.1:1,127.0.0.1:2/m",
+        "redis+sentinel://127.0.0.1:2,127.0.0.1:1/m",
+    ])
+    .build()
+    .unwrap_err();
+    assert!(same.to_string().contains("redis+sentinel://"), "{same}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d6_a_cluster_member_restored_from_other_cluster_members() {
+    let mut members: Vec<RedisClusterMember> = (0..3).map(|_| cluster_member()).collect();
+    let urls: Vec<String> = members.iter().map(RedisClusterMember::url).collect();
+    let a = client_for(urls.clone());
+    warm(&a).await;
+    let lock = a.try_acquire("job", TTL).await.expect("acquire");
+    let token = lock.token().get();
+    lock.release().await.expect("release");
+    let shard_url = shard_url(&mut members[0], "job");
+    let shard = members[0].shard_of(&lock_key("job")).expect("shard");
+    assert_eq!(fence_on(&shard_url, "job"), token);
+
+    // Member 0 loses the shard's counters; its repair reads members 1 and 2 master by master.
+    members[0].restart_shard(shard).expect("restart");
+    assert_eq!(fence_on(&shard_url, "job"), 0, "restarted empty");
+    let deadline = Instant::now() + WAIT + MAX_TTL;
+    let mut i = 0;
+    while fence_on(&shard_url, "job") < token {
+        assert!(Instant::now() < deadline, "member 0 never repaired");
+        i += 1;
+        if let Ok(probe) = a.try_acquire(&format!("probe-{i}"), TTL).await {
+            probe.release().await.expect("release");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let next = a.try_acquire("job", TTL).await.expect("acquire");
+    assert!(next.token().get() > token, "tokens never go backwards");
+    next.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d7_two_urls_of_one_cluster_count_as_one_vote() {
+    let standalone = cluster(1);
+    let member = cluster_member();
+    let seeds = member.addresses();
+    let urls = vec![
+        standalone.urls()[0].clone(),
+        format!("redis+cluster://{}", seeds[0]),
+        format!("redis+cluster://{}", seeds[1]),
+    ];
+    let locks = client_for(urls);
+    wait_until(WAIT, "both cluster URLs report the same server", || async {
+        locks.status("job").await.is_ok_and(|s| {
+            s.nodes[1..]
+                .iter()
+                .all(|n| matches!(n.state, Err(NodeError::SameServer { .. })))
+        })
+    })
+    .await;
+    match locks.try_acquire("job", TTL).await {
+        Err(e) => assert!(e.is_no_quorum(), "{e}"),
+        Ok(_) => panic!("one cluster counted as two members"),
+    }
+}
