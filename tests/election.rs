@@ -610,6 +610,14 @@ async fn t40_survives_two_nodes_down_steps_down_with_three() {
     let a = election(&cluster, "e40", "a", ttl);
     let b = election(&cluster, "e40", "b", ttl);
     let leadership = a.campaign().await.unwrap();
+    // A campaign returns once a quorum holds the term; the other nodes get the key from the
+    // next extension. "Survives two nodes down" needs it on the three that stay up: wait for
+    // every node, so the kills below cannot leave a surviving node free for the standby.
+    let urls = cluster.urls();
+    wait_until(WAIT, "the leader's term on every node", || async {
+        holders(&urls, "e40") == urls.len()
+    })
+    .await;
     let standby = tokio::spawn({
         let b = b.clone();
         async move { b.campaign().await }

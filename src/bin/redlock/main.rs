@@ -67,7 +67,7 @@ struct Cli {
 struct NodeArgs {
     /// The Redis masters (`redis://`, `rediss://` or `unix://` URLs; see the help text).
     #[arg(
-        help = "The Redis masters: redis://[user:pass@]host:port[/db], rediss://..., unix:///path.sock",
+        help = "The quorum members: redis://[user:pass@]host:port[/db], rediss://..., unix:///path.sock, redis+cluster://h1:p1,h2:p2 (a Redis Cluster), redis+sentinel://h1:p1,h2:p2/name (a Sentinel-managed primary)",
         long,
         global = true,
         env = "REDLOCK_NODES",
@@ -455,18 +455,34 @@ fn usage_error(e: &clap::Error) -> u8 {
     }
 }
 
-/// Builds the client from the node options. Empty entries (a trailing comma) are ignored.
+/// The node URLs from `--nodes` pieces split at commas: a piece without `://` continues the
+/// member URL before it (`redis+cluster://h1:p1,h2:p2` lists its seeds with commas). Empty
+/// pieces (a trailing comma) are ignored.
+fn member_urls(pieces: &[String]) -> Vec<String> {
+    let mut urls: Vec<String> = Vec::new();
+    for piece in pieces.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
+        match urls.last_mut() {
+            Some(last)
+                if !piece.contains("://")
+                    && (last.starts_with("redis+cluster://")
+                        || last.starts_with("redis+sentinel://")) =>
+            {
+                last.push(',');
+                last.push_str(piece);
+            }
+            _ => urls.push(piece.to_owned()),
+        }
+    }
+    urls
+}
+
+/// Builds the client from the node options.
 ///
 /// The max ttl (how long a fresh node is held out) is `--max-ttl`, raised to this run's `ttl`.
 /// It is fixed here rather than learnt from the first acquisition because the strict guard
 /// judges each node when it first connects.
 fn client(args: &NodeArgs, ttl: Option<Duration>) -> Result<Redlock, Error> {
-    let urls: Vec<&str> = args
-        .nodes
-        .iter()
-        .map(|u| u.trim())
-        .filter(|u| !u.is_empty())
-        .collect();
+    let urls = member_urls(&args.nodes);
     let guard = match args.restart_guard {
         Guard::Off => RestartGuard::Off,
         Guard::Restarted => RestartGuard::Restarted,
@@ -500,6 +516,34 @@ fn init_logging() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn comma_lists_inside_member_urls_stay_whole() {
+        let pieces: Vec<String> = [
+            "redis://a:1",
+            "redis+cluster://h1:1",
+            "h2:2",
+            "h3:3",
+            "redis+sentinel://s1:1",
+            "s2:2/mymaster",
+            "unix:///tmp/r.sock",
+            "",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        assert_eq!(
+            member_urls(&pieces),
+            [
+                "redis://a:1",
+                "redis+cluster://h1:1,h2:2,h3:3",
+                "redis+sentinel://s1:1,s2:2/mymaster",
+                "unix:///tmp/r.sock"
+            ]
+        );
+        // A piece without a scheme after a single-server URL stays its own (and fails to parse).
+        let pieces = ["redis://a:1", "b:2"].map(str::to_owned).to_vec();
+        assert_eq!(member_urls(&pieces), ["redis://a:1", "b:2"]);
+    }
     use clap::CommandFactory;
 
     #[test]
