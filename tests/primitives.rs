@@ -45,9 +45,9 @@ impl Occupancy {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn p10_overlapping_sets_in_opposite_orders_complete_without_deadlock_or_overlap() {
-    let cluster = cluster(5);
+/// Three clients, each taking its set `ROUNDS` times (sets overlap, in opposite orders); every
+/// acquisition must succeed within the patience, and the whole within the bound.
+async fn opposite_orders(cluster: &quorumlock::testkit::LocalCluster) {
     let sets: [&[&str]; 3] = [&["a", "b", "c"], &["c", "b", "a"], &["b", "d", "a"]];
     let occupancy = Arc::new(Occupancy::default());
     let done = Arc::new(AtomicUsize::new(0));
@@ -55,7 +55,7 @@ async fn p10_overlapping_sets_in_opposite_orders_complete_without_deadlock_or_ov
     let mut tasks = Vec::new();
     for (who, set) in sets.into_iter().enumerate() {
         // One client each: nothing shared but the nodes.
-        let locks = client(&cluster);
+        let locks = client(cluster);
         let (occupancy, done) = (Arc::clone(&occupancy), Arc::clone(&done));
         tasks.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
@@ -65,7 +65,6 @@ async fn p10_overlapping_sets_in_opposite_orders_complete_without_deadlock_or_ov
                     .unwrap_or_else(|e| panic!("client {who} ({set:?}): {e}"));
                 assert_eq!(all.locks().len(), set.len());
                 occupancy.enter(who, set);
-                tokio::task::yield_now().await;
                 tokio::time::sleep(Duration::from_millis(5)).await; // the work
                 assert!(
                     !all.is_lost(),
@@ -73,7 +72,12 @@ async fn p10_overlapping_sets_in_opposite_orders_complete_without_deadlock_or_ov
                     all.lost_reason()
                 );
                 occupancy.leave(set);
-                all.release().await.expect("release");
+                // Under node faults a release may miss a quorum (the rest expires): not a loss.
+                match all.release().await {
+                    Ok(()) => {}
+                    Err(e) if e.is_no_quorum() => {}
+                    Err(e) => panic!("client {who}: release: {e}"),
+                }
                 done.fetch_add(1, Ordering::SeqCst);
             }
         }));
@@ -90,6 +94,21 @@ async fn p10_overlapping_sets_in_opposite_orders_complete_without_deadlock_or_ov
         })
         .expect("no task panicked");
     assert_eq!(done.load(Ordering::SeqCst), 3 * ROUNDS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p10_overlapping_sets_in_opposite_orders_complete_without_deadlock_or_overlap() {
+    let cluster = cluster(5);
+    opposite_orders(&cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p13_opposite_orders_with_a_node_killed_and_a_node_stopped() {
+    let mut cluster = cluster(5);
+    cluster.kill(3).unwrap();
+    cluster.pause(4).unwrap();
+    opposite_orders(&cluster).await;
+    cluster.resume(4).unwrap();
 }
 
 #[tokio::test]
