@@ -19,8 +19,10 @@ mod lock;
 mod metrics;
 #[cfg(test)]
 mod model;
+mod multi;
 mod node;
 mod run_once;
+mod semaphore;
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
@@ -44,6 +46,8 @@ pub use crate::fencing::{FenceGate, FencedWrite, StaleToken, fenced_set};
 pub use crate::lock::builder::RedlockBuilder;
 pub use crate::lock::guard::Lock;
 pub use crate::lock::scoped::LockContext;
+pub use crate::multi::MultiLock;
 pub use crate::run_once::{
     Outcome, RanBy, RunOnce, RunOnceBuilder, RunPolicy, SkipReason, TickContext, tick_of,
 };
+pub use crate::semaphore::{Permit, Semaphore};

@@ -24,6 +24,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("schedule", 4),
     ("run_once", 4),
     ("blocking", 4),
+    ("multi", 4),
+    ("semaphore", 4),
     ("testkit", 5),
     // Test-only: the model checker and the fencing model call the pure core.
     ("model", 6),

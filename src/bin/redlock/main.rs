@@ -175,6 +175,11 @@ struct RunArgs {
     #[arg(long, value_name = "PERIOD", conflicts_with = "wait",
           value_parser = duration_up_to(MAX_PERIOD, MAX_PERIOD_TEXT))]
     once_per: Option<Duration>,
+    /// Treat KEY as a semaphore of N permits: run CMD when one of the N is free (at most N
+    /// CMDs at once across hosts), under that permit's lock. Not with --once-per.
+    #[arg(short = 'n', long = "permits", value_name = "N", conflicts_with = "once_per",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
     /// The lock's name.
     key: String,
     /// The command to run (directly, no shell) and its arguments.

@@ -9,10 +9,23 @@ use std::time::Duration;
 
 use futures::FutureExt as _;
 use nix::sys::signal::Signal;
-use quorumlock::{Error, Lock, LostReason, Redlock};
+use quorumlock::{Error, Lock, LostReason, Permit, Redlock};
 
 use crate::child::{self, Ended, GroupEnd, Termination, signal_exit_code};
 use crate::{EXIT_LOST, EXIT_OS_ERROR, RunArgs, exit_code, fail_with, report};
+
+/// The lock CMD runs under: KEY itself, or with `-n N` a free permit of the semaphore KEY (at
+/// most N holders at once).
+async fn acquire(locks: &Redlock, args: &RunArgs) -> Result<Lock, Error> {
+    match args.permits {
+        None => locks.acquire_timeout(&args.key, args.ttl, args.wait).await,
+        Some(n) => locks
+            .semaphore(&args.key, n)?
+            .acquire_timeout(args.ttl, args.wait)
+            .await
+            .map(Permit::into_lock),
+    }
+}
 
 /// Runs `redlock run`; returns the process exit code. Every path that holds the lock releases
 /// it (or, once lost, leaves nothing of ours behind) before returning.
@@ -23,7 +36,7 @@ pub(crate) async fn run(locks: Redlock, args: RunArgs) -> u8 {
     };
     // `acquire_timeout` makes at least the rounds `acquire` makes: `--wait 0` is one try with the
     // usual short randomized retries, and a small wait never means fewer rounds.
-    let acquire = locks.acquire_timeout(&args.key, args.ttl, args.wait);
+    let acquire = acquire(&locks, &args);
     // A signal while acquiring abandons the attempt: the library releases whatever the
     // attempt had set, in the background (drained before exit).
     let lock = tokio::select! {
@@ -48,7 +61,7 @@ pub(crate) async fn run(locks: Redlock, args: RunArgs) -> u8 {
     }
     lock.keep_alive();
     let env = [
-        ("REDLOCK_KEY", args.key.clone()),
+        ("REDLOCK_KEY", lock.key().to_owned()),
         ("REDLOCK_TOKEN", lock.token().get().to_string()),
         (
             "REDLOCK_VALIDITY_MS",
