@@ -285,6 +285,43 @@ pub enum ArgumentError {
     },
 }
 
+/// A duration setting named in a [`ConfigError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Setting {
+    /// `RedlockBuilder::node_timeout`.
+    NodeTimeout,
+    /// `RedlockBuilder::connect_timeout`.
+    ConnectTimeout,
+    /// The fixed part of `RedlockBuilder::retry_delay`.
+    RetryDelay,
+    /// The random part of `RedlockBuilder::retry_delay`.
+    RetryJitter,
+    /// `RedlockBuilder::max_ttl`.
+    MaxTtl,
+    /// `ElectionBuilder::ttl`.
+    ElectionTtl,
+    /// `ElectionBuilder::poll_interval`.
+    ElectionPollInterval,
+    /// `RunOnceBuilder::marker_ttl`.
+    TickMarkerTtl,
+}
+
+impl fmt::Display for Setting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Setting::NodeTimeout => "node timeout",
+            Setting::ConnectTimeout => "connect timeout",
+            Setting::RetryDelay => "retry delay",
+            Setting::RetryJitter => "retry jitter",
+            Setting::MaxTtl => "max ttl",
+            Setting::ElectionTtl => "election ttl",
+            Setting::ElectionPollInterval => "election poll interval",
+            Setting::TickMarkerTtl => "tick marker ttl",
+        })
+    }
+}
+
 /// Why a client could not be built.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -329,12 +366,12 @@ pub enum ConfigError {
     Runtime(String),
     /// A timeout that must be positive is zero.
     #[error("{0} must be greater than zero")]
-    ZeroDuration(&'static str),
+    ZeroDuration(Setting),
     /// A duration is beyond what the setting can sensibly take.
     #[error("{name} {value:?} is too long (at most {max:?})")]
     TooLong {
         /// The setting.
-        name: &'static str,
+        name: Setting,
         /// The value given.
         value: Duration,
         /// The largest accepted value.

@@ -40,7 +40,7 @@ pub use crate::election::{
     Election, ElectionBuilder, Health, Leader, Leadership, Observation, Observer,
 };
 pub use crate::error::{
-    ArgumentError, ConfigError, Error, LostReason, NodeError, NodeFailure, Result,
+    ArgumentError, ConfigError, Error, LostReason, NodeError, NodeFailure, Result, Setting,
 };
 pub use crate::fencing::{FenceGate, FencedWrite, StaleToken, fenced_set};
 pub use crate::lock::builder::RedlockBuilder;

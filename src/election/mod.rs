@@ -59,7 +59,7 @@ pub use observe::{Leader, Observation, Observer};
 use crate::client::Redlock;
 use crate::core::lock;
 use crate::core::token::FencingToken;
-use crate::error::{ConfigError, Error};
+use crate::error::{ConfigError, Error, Setting};
 use crate::lock::builder::RedlockBuilder;
 use crate::lock::guard::Lock;
 
@@ -222,22 +222,22 @@ impl ElectionBuilder {
 
     fn validated(&self) -> Result<(Observer, Duration), ConfigError> {
         if self.ttl.is_zero() {
-            return Err(ConfigError::ZeroDuration("election ttl"));
+            return Err(ConfigError::ZeroDuration(Setting::ElectionTtl));
         }
         if self.ttl > RedlockBuilder::MAX_TTL {
             return Err(ConfigError::TooLong {
-                name: "election ttl",
+                name: Setting::ElectionTtl,
                 value: self.ttl,
                 max: RedlockBuilder::MAX_TTL,
             });
         }
         let poll = self.poll.unwrap_or(self.ttl / 4);
         if poll.is_zero() {
-            return Err(ConfigError::ZeroDuration("election poll interval"));
+            return Err(ConfigError::ZeroDuration(Setting::ElectionPollInterval));
         }
         if poll > RedlockBuilder::MAX_TIMING {
             return Err(ConfigError::TooLong {
-                name: "election poll interval",
+                name: Setting::ElectionPollInterval,
                 value: poll,
                 max: RedlockBuilder::MAX_TIMING,
             });

@@ -9,7 +9,7 @@ use crate::client::Redlock;
 use crate::client::config::Config;
 use crate::core::health::{EvictionGuard, RestartGuard};
 use crate::core::timing;
-use crate::error::ConfigError;
+use crate::error::{ConfigError, Setting};
 use crate::node::address::{node_name, redact};
 use crate::node::connection::{Tls, open_client, tcp_settings};
 use crate::node::member::{self, Member};
@@ -219,17 +219,25 @@ impl RedlockBuilder {
             return Err(ConfigError::DriftFactor(self.drift_factor));
         }
         if self.node_timeout.is_zero() {
-            return Err(ConfigError::ZeroDuration("node timeout"));
+            return Err(ConfigError::ZeroDuration(Setting::NodeTimeout));
         }
         if self.connect_timeout.is_zero() {
-            return Err(ConfigError::ZeroDuration("connect timeout"));
+            return Err(ConfigError::ZeroDuration(Setting::ConnectTimeout));
         }
         for (name, value, max) in [
-            ("node timeout", self.node_timeout, Self::MAX_TIMING),
-            ("connect timeout", self.connect_timeout, Self::MAX_TIMING),
-            ("retry delay", self.retry_delay, Self::MAX_TIMING),
-            ("retry jitter", self.retry_jitter, Self::MAX_TIMING),
-            ("max ttl", self.max_ttl.unwrap_or_default(), Self::MAX_TTL),
+            (Setting::NodeTimeout, self.node_timeout, Self::MAX_TIMING),
+            (
+                Setting::ConnectTimeout,
+                self.connect_timeout,
+                Self::MAX_TIMING,
+            ),
+            (Setting::RetryDelay, self.retry_delay, Self::MAX_TIMING),
+            (Setting::RetryJitter, self.retry_jitter, Self::MAX_TIMING),
+            (
+                Setting::MaxTtl,
+                self.max_ttl.unwrap_or_default(),
+                Self::MAX_TTL,
+            ),
         ] {
             if value > max {
                 return Err(ConfigError::TooLong { name, value, max });

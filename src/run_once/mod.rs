@@ -42,7 +42,7 @@ use std::time::{Duration, SystemTime};
 use crate::client::Redlock;
 use crate::core::keys;
 use crate::core::token::FencingToken;
-use crate::error::{ConfigError, Error, FailureList, LostReason};
+use crate::error::{ConfigError, Error, FailureList, LostReason, Setting};
 use crate::lock::guard::Lock;
 use crate::node::HoldOut;
 
@@ -193,7 +193,7 @@ impl RunOnceBuilder {
     /// [`run`](RunOnce::run) as [`Error::InvalidArgument`].
     pub fn build(self) -> Result<RunOnce, ConfigError> {
         if self.marker_ttl.is_some_and(|t| t.as_millis() == 0) {
-            return Err(ConfigError::ZeroDuration("tick marker ttl"));
+            return Err(ConfigError::ZeroDuration(Setting::TickMarkerTtl));
         }
         if !self.locks.inner.cfg.fencing {
             return Err(ConfigError::FencingRequired);

@@ -580,7 +580,7 @@ mod tests {
         assert_eq!(exit_code(&lost), 79);
         assert_eq!(exit_code(&Error::Config(ConfigError::NoNodes)), 64);
         let too_long = ConfigError::TooLong {
-            name: "node timeout",
+            name: quorumlock::Setting::NodeTimeout,
             value: Duration::from_secs(7200),
             max: Duration::from_secs(3600),
         };
