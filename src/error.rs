@@ -355,15 +355,24 @@ pub enum ConfigError {
     #[error("drift factor {0} must be at least 0 and below 0.5")]
     DriftFactor(f64),
     /// Leader election and run-once scheduling need fencing tokens, and the client was built
-    /// with `fencing(false)`.
+    /// with `fencing(false)` or `compat(true)`.
     #[error(
-        "elections and run-once jobs need fencing tokens; build the client without .fencing(false)"
+        "elections and run-once jobs need fencing tokens; build the client without .fencing(false) or .compat(true)"
     )]
     FencingRequired,
     /// (Feature `blocking`.) The blocking client's runtime could not start, or a blocking call
     /// was made from inside an async runtime (use the async client there).
     #[error("blocking client: {0}")]
     Runtime(String),
+    /// The key prefix given to [`RedlockBuilder::key_prefix`](crate::RedlockBuilder::key_prefix)
+    /// cannot be used.
+    #[error("invalid key prefix {prefix:?}: {reason}")]
+    InvalidPrefix {
+        /// The prefix given.
+        prefix: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// A timeout that must be positive is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(Setting),

@@ -13,7 +13,7 @@ use super::Redlock;
 use super::round::{Round, Tail, int_reply, positive};
 use super::state::LockState;
 use crate::core::clock::{self, Stamp};
-use crate::core::keys::{fence_key, lock_key, new_value};
+use crate::core::keys::new_value;
 use crate::core::quorum::{self, Acquisition};
 use crate::core::timing;
 use crate::core::token::{self, FencingToken};
@@ -47,8 +47,8 @@ impl Redlock {
         let drift = self.check(key, ttl)?;
         self.inner.max_ttl.observe(ttl);
         let called = Instant::now();
-        let lock_key = lock_key(key);
-        let fence_key = fence_key(key);
+        let lock_key = self.keys().lock_key(key);
+        let fence_key = self.keys().fence_key(key);
         let mut round_no = 0u32;
         let mut contention_rounds = 0u32;
         loop {
@@ -160,7 +160,13 @@ impl Redlock {
         let budget_end = start + timing::budget(sent, drift);
         let deadline = start + timing::acquire_round(self.inner.cfg.node_timeout, sent, drift);
         let fencing = self.inner.cfg.fencing;
-        let call = acquire_call(fencing, lock_key, fence_key, value, ttl_ms);
+        let legacy = self.keys().legacy_fence_key(key);
+        let call = acquire_call(
+            fencing,
+            (lock_key, fence_key, legacy.as_deref()),
+            value,
+            ttl_ms,
+        );
         let round = self
             .round(
                 Arc::new(call),
@@ -327,17 +333,18 @@ impl Redlock {
 }
 
 /// The acquire call: the acquire-and-fence script, or a plain `SET NX PX` with fencing off.
+/// With fencing on, the script is also given the lock's per-name counter of the layout before
+/// buckets (`legacy`), which it folds into the bucket.
 fn acquire_call(
     fencing: bool,
-    lock_key: &str,
-    fence_key: &str,
+    (lock_key, fence_key, legacy): (&str, &str, Option<&str>),
     value: &str,
     ttl_ms: u64,
 ) -> ScriptCall {
     let ttl_ms = ttl_ms.to_string();
-    if fencing {
+    if fencing && let Some(legacy) = legacy {
         scripts::ACQUIRE.call(
-            &[lock_key.as_bytes(), fence_key.as_bytes()],
+            &[lock_key.as_bytes(), fence_key.as_bytes(), legacy.as_bytes()],
             &[value.as_bytes(), ttl_ms.as_bytes()],
         )
     } else {

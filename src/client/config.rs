@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::core::health::{EvictionGuard, RestartGuard};
+use crate::core::keys::KeyLayout;
 use crate::node::NodeSettings;
 
 /// A validated configuration (see `RedlockBuilder` for what each setting means and its
@@ -18,7 +19,10 @@ pub(crate) struct Config {
     pub(crate) retry_jitter: Duration,
     pub(crate) restart_guard: RestartGuard,
     pub(crate) eviction_guard: EvictionGuard,
+    /// Fencing tokens on; always off in compat mode.
     pub(crate) fencing: bool,
+    /// The key prefix and compat mode.
+    pub(crate) keys: KeyLayout,
 }
 
 impl Config {

@@ -173,6 +173,11 @@ impl Redlock {
         self.inner.tasks.spawn(tail.drive());
     }
 
+    /// Where this client's keys live (prefix, compat mode).
+    pub(crate) fn keys(&self) -> &crate::core::keys::KeyLayout {
+        &self.inner.cfg.keys
+    }
+
     /// Checks a key and a ttl before any round; returns the ttl's drift allowance.
     pub(crate) fn check(&self, key: &str, ttl: Duration) -> Result<Duration, Error> {
         check_key(key)?;

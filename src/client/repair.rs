@@ -265,6 +265,8 @@ async fn read_sources(
     claim: &Claim,
 ) -> Option<Read> {
     let n = sources.len() + 1;
+    let keys = client.upgrade()?.cfg.keys.clone();
+    let keys = &keys;
     let timeout = target.connect_timeout();
     let mut highest = Highest::new();
     let mut pages = 0u64;
@@ -308,7 +310,7 @@ async fn read_sources(
                 // Nothing read in this pass yet: it starts from what the node is now.
                 s.begin_pass();
             }
-            let read = s.node.fence_counters_page(s.cursor, s.page, timeout).await;
+            let read = s.node.fence_counters_page(keys, s.cursor, s.page, timeout).await;
             tracing::trace!(node = %s.node.name(), cursor = s.cursor, page = s.page, ok = read.is_ok(), "repair page");
             (s, read)
         }))

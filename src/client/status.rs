@@ -9,7 +9,6 @@ use tokio::time::Instant;
 
 use super::Redlock;
 use crate::core::health::EvictionRisk;
-use crate::core::keys::{fence_key, lock_key};
 use crate::core::quorum::{self, HolderView};
 use crate::error::{Error, NodeError, NodeFailure};
 use crate::node::scripts;
@@ -119,7 +118,8 @@ impl LockStatus {
         }
     }
 
-    /// The highest fencing counter any node reports.
+    /// The highest fencing counter any node reports. The counter is shared by the lock keys of
+    /// one Redis Cluster hash slot, so it may stand above this key's last token.
     pub fn max_fence(&self) -> u64 {
         self.nodes
             .iter()
@@ -142,7 +142,7 @@ impl Redlock {
     /// Cancel-safe: it only reads.
     pub async fn status(&self, key: &str) -> Result<LockStatus, Error> {
         self.check(key, Duration::from_secs(1))?;
-        let (lock_key, fence_key) = (lock_key(key), fence_key(key));
+        let (lock_key, fence_key) = (self.keys().lock_key(key), self.keys().fence_key(key));
         let call =
             Arc::new(scripts::STATUS.call(&[lock_key.as_bytes(), fence_key.as_bytes()], &[]));
         let deadline = Instant::now() + self.inner.cfg.node_timeout;

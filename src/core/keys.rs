@@ -1,21 +1,185 @@
-//! Key layout and lock identity: the Redis keys of a user key (the lock and its fencing
-//! counter, sharing one hash tag so they live in one Redis Cluster slot), the check that a user
-//! key can be laid out, and the random value that identifies one acquisition. Pure: see
-//! [`crate::core`].
+//! Key layout and lock identity: the Redis keys of a user key (the lock, and the fencing counter
+//! bucket it shares with the other lock keys of its Redis Cluster hash slot), the check that a
+//! user key and a key prefix can be laid out, and the random value that identifies one
+//! acquisition. Pure: see [`crate::core`].
+//!
+//! # Layout (prefix `P`, `quorumlock` by default)
+//!
+//! | key | what |
+//! | --- | --- |
+//! | `P:{K}` | the lock on user key `K` (in compat mode: `K` itself, as other Redlock clients) |
+//! | `P:fence:{T}` | the fencing counter of every lock key in Cluster slot `s`, where `T` = [`slot_tag`]`(s)` |
+//! | `P:{K}:fence` | the per-name counter of builds before the slot layout (legacy): folded into the bucket by the acquire script |
+//!
+//! A lock key and its counter are in one hash slot (the tag `T` hashes to the lock key's
+//! slot), so the scripts that touch both run on a Redis Cluster too, and a node holds at most
+//! 16384 counters however many names are locked.
 
-use crate::error::ArgumentError;
+use std::sync::{Arc, LazyLock};
 
-/// A `SCAN MATCH` pattern for every fencing counter (braces are not special in Redis globs).
-pub(crate) const FENCE_PATTERN: &str = "quorumlock:{*}:fence";
+use crate::error::{ArgumentError, ConfigError};
 
-/// The lock key for a user key.
-pub(crate) fn lock_key(key: &str) -> String {
-    format!("quorumlock:{{{key}}}")
+/// The number of Redis Cluster hash slots: the bound on fencing counters per node.
+pub(crate) const SLOTS: u16 = 16384;
+
+/// The default key prefix.
+pub(crate) const DEFAULT_PREFIX: &str = "quorumlock";
+
+/// The longest key prefix accepted.
+pub(crate) const MAX_PREFIX_LEN: usize = 64;
+
+/// The characters of slot tags, in enumeration order.
+const TAG_ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+/// The Redis Cluster hash slot of a key: CRC16 (XMODEM) of its hash tag (the part between the
+/// first `{` and the next `}` when non-empty), else of the whole key, modulo 16384.
+pub(crate) fn slot(key: &[u8]) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key)) % SLOTS
 }
 
-/// The fencing counter key for a user key (same hash slot as the lock key).
-pub(crate) fn fence_key(key: &str) -> String {
-    format!("quorumlock:{{{key}}}:fence")
+/// Redis Cluster's hash tag rule.
+fn hash_tag(key: &[u8]) -> &[u8] {
+    if let Some(open) = key.iter().position(|&b| b == b'{')
+        && let Some(len) = key[open + 1..].iter().position(|&b| b == b'}')
+        && len > 0
+    {
+        return &key[open + 1..open + 1 + len];
+    }
+    key
+}
+
+/// The tag of every slot, computed once: for slot `s`, the first string in the order (length
+/// 1, 2, 3, then 4; within a length, lexicographic over [`TAG_ALPHABET`]) whose CRC16 modulo
+/// 16384 is `s`. This order is part of the key layout: every client of a namespace must pick
+/// the same counter for a lock key, so it never changes.
+static TAGS: LazyLock<Vec<String>> = LazyLock::new(|| {
+    let mut tags: Vec<Option<String>> = vec![None; usize::from(SLOTS)];
+    let mut missing = usize::from(SLOTS);
+    let n = TAG_ALPHABET.len();
+    'lengths: for len in 1..=4u32 {
+        let mut buf = vec![0u8; len as usize];
+        for index in 0..n.pow(len) {
+            let mut rest = index;
+            for b in buf.iter_mut().rev() {
+                *b = TAG_ALPHABET[rest % n];
+                rest /= n;
+            }
+            let s = usize::from(slot(&buf));
+            if tags[s].is_none() {
+                tags[s] = Some(String::from_utf8_lossy(&buf).into_owned());
+                missing -= 1;
+                if missing == 0 {
+                    break 'lengths;
+                }
+            }
+        }
+    }
+    // Length 3 already covers every slot (checked by a test); 4 is a margin.
+    tags.into_iter().map(Option::unwrap_or_default).collect()
+});
+
+/// The short tag whose hash slot is `slot` (see [`TAGS`] for how it is chosen).
+pub(crate) fn slot_tag(slot: u16) -> &'static str {
+    &TAGS[usize::from(slot % SLOTS)]
+}
+
+/// Where a client's keys live: its prefix, and whether it locks plain resource names
+/// (compat mode).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeyLayout {
+    prefix: Arc<str>,
+    compat: bool,
+}
+
+impl Default for KeyLayout {
+    fn default() -> Self {
+        KeyLayout {
+            prefix: DEFAULT_PREFIX.into(),
+            compat: false,
+        }
+    }
+}
+
+impl KeyLayout {
+    /// A layout with a checked prefix (see [`check_prefix`]).
+    pub(crate) fn new(prefix: &str, compat: bool) -> Result<Self, ConfigError> {
+        check_prefix(prefix)?;
+        Ok(KeyLayout {
+            prefix: prefix.into(),
+            compat,
+        })
+    }
+
+    /// The lock key for a user key: `P:{K}`, or `K` in compat mode.
+    pub(crate) fn lock_key(&self, key: &str) -> String {
+        if self.compat {
+            key.to_owned()
+        } else {
+            format!("{}:{{{key}}}", self.prefix)
+        }
+    }
+
+    /// The fencing counter for a user key: the bucket of its lock key's hash slot.
+    pub(crate) fn fence_key(&self, key: &str) -> String {
+        let tag = slot_tag(slot(self.lock_key(key).as_bytes()));
+        format!("{}:fence:{{{tag}}}", self.prefix)
+    }
+
+    /// The per-name counter of the layout before buckets (same hash slot as the lock key).
+    /// `None` in compat mode, which never had one.
+    pub(crate) fn legacy_fence_key(&self, key: &str) -> Option<String> {
+        (!self.compat).then(|| format!("{}:{{{key}}}:fence", self.prefix))
+    }
+
+    /// A `SCAN MATCH` glob that covers both counter layouts (and possibly other keys: filter
+    /// with [`Self::is_counter`]).
+    pub(crate) fn counter_glob(&self) -> String {
+        format!("{}:*fence*", self.prefix)
+    }
+
+    /// Whether a key is a fencing counter of this namespace: a bucket (`P:fence:{T}`, `T` a
+    /// slot tag) or a legacy per-name counter (`P:{K}:fence`). Lock keys end with `}`, so
+    /// neither shape can be a lock key of this namespace.
+    pub(crate) fn is_counter(&self, key: &[u8]) -> bool {
+        let Some(rest) = key
+            .strip_prefix(self.prefix.as_bytes())
+            .and_then(|r| r.strip_prefix(b":"))
+        else {
+            return false;
+        };
+        if let Some(tag) = rest
+            .strip_prefix(b"fence:{")
+            .and_then(|t| t.strip_suffix(b"}"))
+        {
+            return !tag.is_empty()
+                && tag.len() <= 4
+                && tag.iter().all(|b| TAG_ALPHABET.contains(b))
+                && slot_tag(slot(tag)).as_bytes() == tag;
+        }
+        rest.len() > b"{}:fence".len() && rest.starts_with(b"{") && rest.ends_with(b"}:fence")
+    }
+}
+
+/// Checks a key prefix: 1 to 64 characters among ASCII letters, digits, `-`, `_` and `.`. No
+/// `:` (so one namespace's keys can never be another's), no braces (hash tags) and no glob
+/// characters (the repair's `SCAN MATCH`).
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
+    let reason = if prefix.is_empty() {
+        "it is empty"
+    } else if prefix.len() > MAX_PREFIX_LEN {
+        "it is longer than 64 characters"
+    } else if !prefix
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        "only ASCII letters, digits, '-', '_' and '.' are allowed"
+    } else {
+        return Ok(());
+    };
+    Err(ConfigError::InvalidPrefix {
+        prefix: prefix.to_owned(),
+        reason,
+    })
 }
 
 /// Checks that `key` can be laid out: not empty, and not starting with `}` (which would break
@@ -43,25 +207,94 @@ pub(crate) fn new_value() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
-    fn lock_and_fence_keys_share_a_hash_tag_even_with_braces_in_the_key() {
-        for key in ["job", "a}b", "{x}", "x{}", "a{b}c"] {
-            let (l, f) = (lock_key(key), fence_key(key));
-            assert!(f.starts_with(&l), "{l} / {f}");
-            assert_eq!(hash_tag(&l), hash_tag(&f), "{key}");
+    fn every_slot_has_a_tag_of_at_most_three_characters_that_hashes_to_it() {
+        for s in 0..SLOTS {
+            let tag = slot_tag(s);
+            assert!(!tag.is_empty() && tag.len() <= 3, "slot {s}: {tag:?}");
+            assert_eq!(slot(tag.as_bytes()), s, "{tag}");
         }
     }
 
-    /// Redis Cluster's rule: the part between the first `{` and the next `}` if non-empty.
-    fn hash_tag(k: &str) -> &str {
-        if let Some(open) = k.find('{')
-            && let Some(close) = k[open + 1..].find('}')
-            && close > 0
-        {
-            return &k[open + 1..open + 1 + close];
+    #[test]
+    fn crc16_and_tags_match_redis() {
+        // `CLUSTER KEYSLOT` of a Redis 7 node (and the specification's check value).
+        assert_eq!(slot(b"123456789"), 0x31C3 % SLOTS);
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"somekey"), 11058);
+        assert_eq!(slot(b"foo{hash_tag}"), 2515);
+        assert_eq!(slot(b"{user1000}.following"), 3443);
+        assert_eq!(slot(b"quorumlock:{job}"), 2906);
+        assert_eq!(slot(b"foo{}{bar}"), 8363); // an empty tag: the whole key is hashed
+        // The layout is pinned: a change would split one name's counter in two.
+        assert_eq!(slot_tag(slot(b"0")), "0");
+        let tags: Vec<&str> = [0, 1, 12182, 16383].into_iter().map(slot_tag).collect();
+        assert_eq!(tags, PINNED_TAGS);
+    }
+
+    const PINNED_TAGS: [&str; 4] = ["06S", "Qi", "9Le", "6ZJ"];
+
+    #[test]
+    fn lock_and_fence_keys_share_a_hash_slot_even_with_braces_in_the_key() {
+        for compat in [false, true] {
+            let layout = KeyLayout::new("app.locks", compat).unwrap();
+            for key in ["job", "a}b", "{x}", "x{}", "a{b}c", "payout-42"] {
+                let (l, f) = (layout.lock_key(key), layout.fence_key(key));
+                assert_eq!(slot(l.as_bytes()), slot(f.as_bytes()), "{l} / {f}");
+                assert!(layout.is_counter(f.as_bytes()), "{f}");
+                assert!(!layout.is_counter(l.as_bytes()) || compat, "{l}");
+                if let Some(legacy) = layout.legacy_fence_key(key) {
+                    assert_eq!(slot(l.as_bytes()), slot(legacy.as_bytes()), "{legacy}");
+                    assert!(layout.is_counter(legacy.as_bytes()), "{legacy}");
+                }
+            }
         }
-        k
+        let default = KeyLayout::default();
+        assert_eq!(default.lock_key("job"), "quorumlock:{job}");
+        assert_eq!(
+            default.legacy_fence_key("job").as_deref(),
+            Some("quorumlock:{job}:fence")
+        );
+        assert_eq!(KeyLayout::new("x", true).unwrap().lock_key("job"), "job");
+    }
+
+    proptest! {
+        #[test]
+        fn a_lock_key_is_never_a_counter(key in "[^}].{0,20}") {
+            let layout = KeyLayout::default();
+            prop_assert!(!layout.is_counter(layout.lock_key(&key).as_bytes()));
+            let f = layout.fence_key(&key);
+            prop_assert_eq!(slot(layout.lock_key(&key).as_bytes()), slot(f.as_bytes()));
+        }
+    }
+
+    #[test]
+    fn other_keys_of_the_namespace_are_not_counters() {
+        let layout = KeyLayout::default();
+        for key in [
+            "quorumlock:{job}",
+            "quorumlock:{job}:leader",
+            "quorumlock:{job}:tick:7",
+            "quorumlock:fence:{zzzz}",
+            "quorumlock:fence:{}",
+            "quorumlock:{}:fence",
+            "other:{job}:fence",
+            "quorumlock:durability-marker",
+        ] {
+            assert!(!layout.is_counter(key.as_bytes()), "{key}");
+        }
+    }
+
+    #[test]
+    fn prefixes_are_checked() {
+        for ok in ["quorumlock", "app-1", "a.b_c", &"x".repeat(64)] {
+            assert!(check_prefix(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a:b", "a{b", "a*", "a b", "é", &"x".repeat(65)] {
+            assert!(check_prefix(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

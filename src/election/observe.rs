@@ -94,7 +94,7 @@ impl Observer {
     pub(crate) fn new(locks: Redlock, name: String, poll: Duration) -> Self {
         Observer {
             shared: Arc::new(Shared {
-                keys: Keys::new(&name),
+                keys: Keys::new(locks.keys(), &name),
                 locks,
                 name,
                 poll,

@@ -8,7 +8,7 @@
 //! Scripts are sent as `EVAL` with their body: they run once per term, and a body never meets
 //! `NOSCRIPT`.
 
-use crate::core::keys;
+use crate::core::keys::KeyLayout;
 use crate::core::token::FencingToken;
 
 /// Writes the leader record on a node where this term's lock value stands.
@@ -38,7 +38,8 @@ return redis.call('PUBLISH', ARGV[2], ARGV[3])
 "#;
 
 /// The keys of one election, all in the lock's hash slot: the lock `quorumlock:{NAME}`, the
-/// leader record `quorumlock:{NAME}:leader` and the notice channel `quorumlock:{NAME}:events`.
+/// leader record `quorumlock:{NAME}:leader` and the notice channel `quorumlock:{NAME}:events`
+/// (under the client's key prefix).
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     pub(crate) lock: String,
@@ -47,8 +48,8 @@ pub(crate) struct Keys {
 }
 
 impl Keys {
-    pub(crate) fn new(name: &str) -> Self {
-        let lock = keys::lock_key(name);
+    pub(crate) fn new(layout: &KeyLayout, name: &str) -> Self {
+        let lock = layout.lock_key(name);
         Keys {
             record: format!("{lock}:leader"),
             channel: format!("{lock}:events"),
@@ -143,7 +144,7 @@ mod tests {
 
     #[test]
     fn keys_share_the_lock_hash_slot() {
-        let k = Keys::new("e");
+        let k = Keys::new(&KeyLayout::default(), "e");
         assert_eq!(k.lock, "quorumlock:{e}");
         assert_eq!(k.record, "quorumlock:{e}:leader");
         assert_eq!(k.channel, "quorumlock:{e}:events");

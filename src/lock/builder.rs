@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::client::Redlock;
 use crate::client::config::Config;
 use crate::core::health::{EvictionGuard, RestartGuard};
+use crate::core::keys::{self, KeyLayout};
 use crate::core::timing;
 use crate::error::{ConfigError, Setting};
 use crate::node::address::{node_name, redact};
@@ -30,6 +31,8 @@ use crate::node::{MaxTtl, Node, Peers};
 /// | eviction guard | [`EvictionGuard::Warn`] |
 /// | max ttl | the largest ttl this client has used |
 /// | fencing tokens | on |
+/// | key prefix | [`DEFAULT_KEY_PREFIX`](Self::DEFAULT_KEY_PREFIX) (`quorumlock`) |
+/// | compat mode (plain resource names, as other Redlock clients) | off |
 ///
 /// ```
 /// use std::time::Duration;
@@ -55,6 +58,8 @@ pub struct RedlockBuilder {
     eviction_guard: EvictionGuard,
     max_ttl: Option<Duration>,
     fencing: bool,
+    key_prefix: String,
+    compat: bool,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
 }
@@ -80,6 +85,8 @@ impl RedlockBuilder {
     /// The longest max ttl [`build`](Self::build) accepts (the longest ttl Redis' `PX` takes in
     /// practice, 49 days).
     pub const MAX_TTL: Duration = timing::MAX_TTL;
+    /// The prefix of every key the client writes (`quorumlock:{K}` for user key `K`).
+    pub const DEFAULT_KEY_PREFIX: &'static str = keys::DEFAULT_PREFIX;
 
     pub(crate) fn new<I, S>(urls: I) -> Self
     where
@@ -98,6 +105,8 @@ impl RedlockBuilder {
             eviction_guard: EvictionGuard::default(),
             max_ttl: None,
             fencing: true,
+            key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
+            compat: false,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -155,6 +164,53 @@ impl RedlockBuilder {
         self
     }
 
+    /// The prefix of every key this client writes: the lock on `K` is `PREFIX:{K}`, the fencing
+    /// counters `PREFIX:fence:{T}` (default [`DEFAULT_KEY_PREFIX`](Self::DEFAULT_KEY_PREFIX)).
+    /// Clients that lock the same names must use the same prefix; different prefixes are
+    /// separate namespaces on shared nodes. 1 to 64 ASCII letters, digits, `-`, `_` or `.`
+    /// ([`build`](Self::build) returns [`ConfigError::InvalidPrefix`] otherwise).
+    ///
+    /// ```
+    /// use quorumlock::{ConfigError, Redlock};
+    ///
+    /// let nodes = ["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"];
+    /// let locks = Redlock::builder(nodes).key_prefix("billing").build()?;
+    /// assert!(matches!(
+    ///     Redlock::builder(nodes).key_prefix("a:b").build(),
+    ///     Err(ConfigError::InvalidPrefix { .. })
+    /// ));
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Compat mode (default: off): lock the plain resource name the way other Redlock clients
+    /// do, so that this client and services on redsync (Go), node-redlock, pottery (Python) or
+    /// rslock exclude each other on the same nodes, for example during a migration.
+    ///
+    /// The lock on `K` is the key `K` itself (no prefix, no hash tag), set with
+    /// `SET K value NX PX ttl` (`value`: 128 random bits); release is compare-and-delete,
+    /// extension compare-and-`PEXPIRE` (an extension never re-sets a key a node lost). There are
+    /// no fencing counters: tokens are [`FencingToken`](crate::FencingToken) 0, and elections and
+    /// run-once jobs refuse the client ([`ConfigError::FencingRequired`]), as with
+    /// [`fencing(false)`](Self::fencing). Every client of a resource must use the same nodes,
+    /// in any order, and the same quorum (a majority).
+    ///
+    /// ```
+    /// use quorumlock::Redlock;
+    ///
+    /// let locks = Redlock::builder(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .compat(true) // the lock on "orders" is the Redis key "orders", as in redsync
+    ///     .build()?;
+    /// # Ok::<(), quorumlock::ConfigError>(())
+    /// ```
+    pub fn compat(mut self, enabled: bool) -> Self {
+        self.compat = enabled;
+        self
+    }
+
     /// Whether acquisitions hand out fencing tokens (default: yes).
     ///
     /// With `false`, each node runs a plain `SET NX PX` instead of the acquire-and-fence script
@@ -208,7 +264,7 @@ impl RedlockBuilder {
     /// # Errors
     ///
     /// [`ConfigError`] for no nodes, an invalid or duplicate URL, a drift factor outside `[0, 0.5)`,
-    /// a zero timeout, or a timing above [`MAX_TIMING`](Self::MAX_TIMING) (a max ttl above
+    /// an invalid key prefix, a zero timeout, or a timing above [`MAX_TIMING`](Self::MAX_TIMING) (a max ttl above
     /// [`MAX_TTL`](Self::MAX_TTL)). An even node count is accepted with a warning: its quorum
     /// tolerates no more failures than one node fewer.
     pub fn build(self) -> Result<Redlock, ConfigError> {
@@ -218,6 +274,7 @@ impl RedlockBuilder {
         if !(0.0..0.5).contains(&self.drift_factor) {
             return Err(ConfigError::DriftFactor(self.drift_factor));
         }
+        let keys = KeyLayout::new(&self.key_prefix, self.compat)?;
         if self.node_timeout.is_zero() {
             return Err(ConfigError::ZeroDuration(Setting::NodeTimeout));
         }
@@ -269,7 +326,7 @@ impl RedlockBuilder {
             }
             clients.push((name, member));
         }
-        let cfg = self.config();
+        let cfg = self.config(keys);
         let settings = cfg.node_settings();
         // URLs that differ can still reach one server: the nodes compare run ids on connect.
         let peers = Arc::new(Peers::new(clients.iter().map(|(name, _)| name.clone())));
@@ -297,7 +354,7 @@ impl RedlockBuilder {
     }
 
     /// The checked settings as the engine's plain values.
-    fn config(&self) -> Config {
+    fn config(&self, keys: KeyLayout) -> Config {
         Config {
             node_timeout: self.node_timeout,
             connect_timeout: self.connect_timeout,
@@ -307,7 +364,8 @@ impl RedlockBuilder {
             retry_jitter: self.retry_jitter,
             restart_guard: self.restart_guard,
             eviction_guard: self.eviction_guard,
-            fencing: self.fencing,
+            fencing: self.fencing && !self.compat,
+            keys,
         }
     }
 

@@ -10,51 +10,57 @@ use redis::Value;
 use super::Node;
 use super::member::{self, MemberConn};
 use super::scripts;
-use crate::core::keys::FENCE_PATTERN;
+use crate::core::keys::KeyLayout;
 use crate::error::NodeError;
 
 impl Node {
     /// One page of a `SCAN` for fencing counters, from `cursor`: the next cursor (0 when the
     /// scan is complete) and the page's counters, `(counter key, value)` (`SCAN ... COUNT
-    /// count` then one `MGET`), bounded by `timeout`.
+    /// count` then one `MGET`), bounded by `timeout`. Both layouts are read (the slot buckets and
+    /// the legacy per-name counters, see [`crate::core::keys`]): one glob covers both, and keys of
+    /// other shapes it matches are dropped before the `MGET`.
     pub(crate) async fn fence_counters_page(
         self: &Arc<Self>,
+        keys: &KeyLayout,
         cursor: u64,
         count: usize,
         timeout: Duration,
     ) -> Result<(u64, Vec<(Vec<u8>, u64)>), NodeError> {
         let read = async {
             let (mut conn, generation) = self.connection().await?;
-            let (next, keys): (u64, Vec<Vec<u8>>) = match &mut conn {
+            let glob = keys.counter_glob();
+            let (next, found): (u64, Vec<Vec<u8>>) = match &mut conn {
                 // Master by master, each page checked against the run ids met on connect.
                 MemberConn::Cluster(cluster) => {
                     let masters = crate::core::lock(&self.cluster).masters.clone();
-                    let (next, keys, run_id) =
-                        member::cluster_scan_page(cluster, &masters, cursor, FENCE_PATTERN, count)
+                    let (next, found, run_id) =
+                        member::cluster_scan_page(cluster, &masters, cursor, &glob, count)
                             .await
                             .map_err(|e| self.call_error(e, generation))?;
                     self.check_cluster_run_ids([run_id], generation)?;
-                    (next, keys)
+                    (next, found)
                 }
                 MemberConn::Single(_) => redis::cmd("SCAN")
                     .arg(cursor)
                     .arg("MATCH")
-                    .arg(FENCE_PATTERN)
+                    .arg(&glob)
                     .arg("COUNT")
                     .arg(count)
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| self.call_error(e, generation))?,
             };
-            let mut counters = Vec::with_capacity(keys.len());
-            if !keys.is_empty() {
+            let found: Vec<Vec<u8>> = found.into_iter().filter(|k| keys.is_counter(k)).collect();
+            let mut counters = Vec::with_capacity(found.len());
+            if !found.is_empty() {
                 let values: Vec<Option<String>> = redis::cmd("MGET")
-                    .arg(&keys)
+                    .arg(&found)
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| self.call_error(e, generation))?;
                 counters.extend(
-                    keys.into_iter()
+                    found
+                        .into_iter()
                         .zip(values)
                         .filter_map(|(k, v)| Some((k, v?.parse().ok()?))),
                 );

@@ -97,13 +97,20 @@ pub(crate) fn all() -> [&'static Lua; 7] {
 
 /// Acquire and fence in one atomic step.
 ///
-/// - KEYS[1]: lock key, KEYS[2]: fencing counter (never expires)
+/// - KEYS[1]: lock key, KEYS[2]: fencing counter (the bucket of the lock key's hash slot, shared
+///   with the other lock keys of that slot; never expires), KEYS[3]: the lock's per-name counter
+///   of the layout before buckets (legacy; same hash slot)
 /// - ARGV[1]: our unique value, ARGV[2]: ttl in milliseconds
 /// - Reply: the counter after `INCR` (>= 1) when the key was set; the value that holds the key
 ///   (a bulk string) when another value holds it, so that a refused round can tell a holder on
 ///   a quorum from contenders that split the nodes. The success path is unchanged; a refusal
 ///   costs one `GET` inside the script. (`0` if the key vanished in between, which a script's
 ///   frozen clock rules out; it counts as a refusal whose value is unknown.)
+///
+/// Migration: when the key was set and a legacy counter exists, the bucket is first raised to
+/// at least it and the legacy counter deleted, so a name's first token in the bucket layout
+/// exceeds every token it had before (see `CHANGELOG.md`). Absent (the usual case), it costs
+/// one `GET`.
 ///
 /// With fencing off, the plain `SET NX PX` answers nil on refusal, without the value (`SET ...
 /// NX GET` needs Redis 7): such refusals count as unknown values, and contention is then never
@@ -112,6 +119,13 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local legacy = redis.call('GET', KEYS[3])
+  if legacy then
+    if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(legacy) then
+      redis.call('SET', KEYS[2], legacy)
+    end
+    redis.call('DEL', KEYS[3])
+  end
   return redis.call('INCR', KEYS[2])
 end
 return redis.call('GET', KEYS[1]) or 0
@@ -120,6 +134,8 @@ return redis.call('GET', KEYS[1]) or 0
 });
 
 /// Raise a node's fencing counter to the round's token, only while we still own the key there.
+/// (The counter is shared with the other lock keys of its slot: raising it only makes their
+/// later tokens larger.)
 ///
 /// - KEYS[1]: lock key, KEYS[2]: fencing counter
 /// - ARGV[1]: our value, ARGV[2]: the token
@@ -168,9 +184,9 @@ return 0
 /// re-set it there): so once someone else acquired after us, an extension collects fewer than
 /// a quorum of yes, however late its calls land (`docs/safety.md`, "Late extensions"). A
 /// counter above our token on a node where our key is absent may also come from a contender's
-/// failed attempt there; the node is then not re-set, and the lock stands on the nodes that
-/// hold it. A token of 0 (fencing off: no counters) never re-sets an absent key, for the same
-/// reason.
+/// failed attempt there, or from another lock key sharing the counter (its bucket); the node is
+/// then not re-set, and the lock stands on the nodes that hold it. A token of 0 (fencing off: no
+/// counters) never re-sets an absent key, for the same reason.
 ///
 /// - KEYS[1]: lock key, KEYS[2]: fencing counter
 /// - ARGV[1]: our value, ARGV[2]: new ttl in milliseconds, ARGV[3]: our token (0: fencing off)

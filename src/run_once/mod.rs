@@ -40,7 +40,6 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use crate::client::Redlock;
-use crate::core::keys;
 use crate::core::token::FencingToken;
 use crate::error::{ConfigError, Error, FailureList, LostReason, Setting};
 use crate::lock::guard::Lock;
@@ -487,7 +486,7 @@ impl RunOnce {
     }
 
     fn marker_key(&self, tick: &str) -> String {
-        format!("{}:tick:{tick}", keys::lock_key(&self.job))
+        format!("{}:tick:{tick}", self.locks.keys().lock_key(&self.job))
     }
 
     /// Reads the tick marker from every node: present anywhere means the tick ran (markers are

@@ -83,8 +83,51 @@ pub fn lock_key(key: &str) -> String {
     format!("quorumlock:{{{key}}}")
 }
 
+/// The fencing counter of a user key (the library's documented layout, written here again as
+/// an independent check of it): the bucket `quorumlock:fence:{T}` of the lock key's Cluster
+/// slot, `T` the first of `0-9A-Za-z` strings by length then order whose slot it is.
 pub fn fence_key(key: &str) -> String {
+    format!(
+        "quorumlock:fence:{{{}}}",
+        slot_tag(slot(lock_key(key).as_bytes()))
+    )
+}
+
+/// The per-name counter of the layout before buckets.
+pub fn legacy_fence_key(key: &str) -> String {
     format!("quorumlock:{{{key}}}:fence")
+}
+
+/// Redis Cluster's hash slot of a key.
+pub fn slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let len = key[open + 1..].iter().position(|&b| b == b'}')?;
+        (len > 0).then(|| &key[open + 1..open + 1 + len])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16384
+}
+
+fn slot_tag(s: u16) -> String {
+    static TAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+        let mut tags = vec![String::new(); 16384];
+        let mut strings: Vec<Vec<u8>> = vec![Vec::new()];
+        for _ in 0..3 {
+            strings = strings
+                .iter()
+                .flat_map(|p| ALPHABET.iter().map(move |&c| [p.as_slice(), &[c]].concat()))
+                .collect();
+            for t in &strings {
+                let slot = usize::from(slot(t));
+                if tags[slot].is_empty() {
+                    tags[slot] = String::from_utf8(t.clone()).expect("ascii");
+                }
+            }
+        }
+        tags
+    });
+    tags[usize::from(s)].clone()
 }
 
 /// A direct connection to one node, bounded both ways: a paused node fails the test instead of
