@@ -350,31 +350,38 @@ impl Redlock {
         }
         let deadline = now + self.inner.cfg.node_timeout;
         let ttl_ms = MARKER_TTL.as_millis() as u64;
-        let sets = self.inner.nodes.iter().map(|node| {
-            let node = Arc::clone(node);
-            let channel = channel.to_owned();
-            let id = self.inner.waiting.hub.id.clone();
-            async move {
-                let _ = node
-                    .with_connection(
-                        |mut conn| async move {
-                            redis::pipe()
-                                .cmd("SADD")
-                                .arg(&channel)
-                                .arg(&id)
-                                .ignore()
-                                .cmd("PEXPIRE")
-                                .arg(&channel)
-                                .arg(ttl_ms)
-                                .ignore()
-                                .query_async::<()>(&mut conn)
-                                .await
-                        },
-                        deadline,
-                    )
-                    .await;
-            }
-        });
+        // A Cluster member serves lock rounds only: no marker there, so its releases publish
+        // nothing and its waiters hear of them from the other members (or their poll timer).
+        let sets = self
+            .inner
+            .nodes
+            .iter()
+            .filter(|n| !n.is_cluster())
+            .map(|node| {
+                let node = Arc::clone(node);
+                let channel = channel.to_owned();
+                let id = self.inner.waiting.hub.id.clone();
+                async move {
+                    let _ = node
+                        .with_connection(
+                            |mut conn| async move {
+                                redis::pipe()
+                                    .cmd("SADD")
+                                    .arg(&channel)
+                                    .arg(&id)
+                                    .ignore()
+                                    .cmd("PEXPIRE")
+                                    .arg(&channel)
+                                    .arg(ttl_ms)
+                                    .ignore()
+                                    .query_async::<()>(&mut conn)
+                                    .await
+                            },
+                            deadline,
+                        )
+                        .await;
+                }
+            });
         let all = futures::future::join_all(sets);
         if wait {
             all.await;
