@@ -218,7 +218,7 @@ impl Runner {
                 self.rows
                     .iter()
                     .find(|r| r.phase == phase && &r.imp == name && r.hung > 0)
-                    .map(|r| Some(format!("not run: hung in "{}"", r.scenario)))
+                    .map(|r| Some(format!("not run: hung in \"{}\"", r.scenario)))
             };
             match skip {
                 Some(None) => {}
