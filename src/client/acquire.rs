@@ -12,8 +12,9 @@ use tokio::time::Instant;
 use super::Redlock;
 use super::round::{Round, Tail, int_reply, positive};
 use super::state::LockState;
+use super::wait::{KeyWait, MARKER_REFRESH, Ticket, Woken};
 use crate::core::clock::{self, Stamp};
-use crate::core::keys::new_value;
+use crate::core::keys::{new_value, waiters_key_of};
 use crate::core::quorum::{self, Acquisition};
 use crate::core::timing;
 use crate::core::token::{self, FencingToken};
@@ -27,6 +28,10 @@ use crate::node::{HoldOut, Op};
 /// the nodes). Each undoes its partial acquisition first, then pauses at random.
 const CONTENTION_ROUNDS: u32 = 6;
 
+/// After this many rounds in a row lost after a notice, a waiter tries at once on the next
+/// notice instead of deferring to other clients (`wait::defer`): no waiter starves.
+const MAX_DEFERRED_LOSSES: u32 = 2;
+
 /// How long an acquisition keeps trying: it gives up once it has made `rounds` attempt rounds
 /// *and* the next one would start more than `wait` after the call.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +43,12 @@ pub(crate) struct Patience {
 impl Redlock {
     /// Acquires `key` with this patience: the engine behind the public `try_acquire`,
     /// `acquire` and `acquire_timeout` (`crate::lock::acquire`), which wrap the state in a guard.
+    ///
+    /// With a `wait` (`acquire_timeout`), a refused acquisition *waits* (`wait.rs`): it joins
+    /// this client's queue for the key, subscribes to release notices and marks the key as
+    /// waited on, and makes its next round when a release is announced (or this client released
+    /// it), or when its timer fires (the crate's backoff: the fallback for lost notices).
+    /// Without one (`try_acquire`, `acquire`) it pauses between rounds after the same policy.
     pub(crate) async fn acquire_held(
         &self,
         key: &str,
@@ -47,12 +58,33 @@ impl Redlock {
         let drift = self.check(key, ttl)?;
         self.inner.max_ttl.observe(ttl);
         let called = Instant::now();
+        let give_up_at = called + patience.wait;
+        let waits = !patience.wait.is_zero();
         let lock_key = self.keys().lock_key(key);
         let fence_key = self.keys().fence_key(key);
+        // A waiter queues behind this client's waiters for the key instead of trying first.
+        let mut waiter: Option<(Arc<KeyWait>, Ticket)> = None;
+        if waits && self.inner.waiting.queued(&lock_key).is_some() {
+            waiter = Some(self.wait_for(&lock_key).await);
+        }
         let mut round_no = 0u32;
         let mut contention_rounds = 0u32;
+        // Consecutive retries that the timer started (no notice): the backoff's attempt number.
+        let mut polls = 0u32;
+        let mut last_err: Option<Error> = None;
+        // Consecutive rounds lost after a notice: past a few, this waiter stops deferring.
+        let mut losses = 0u32;
         loop {
+            if let Some((kw, ticket)) = &waiter
+                && self.wait_turn(kw, ticket, give_up_at, &mut polls).await
+                && round_no >= patience.rounds
+                && let Some(err) = last_err.take()
+            {
+                metrics::acquire(super::outcome_label(&err), called.elapsed());
+                return Err(err);
+            }
             round_no += 1;
+            let epoch = waiter.as_ref().map_or(0, |(kw, _)| kw.epoch());
             let value = new_value();
             // Armed before the first await: a cancelled or failed round is released everywhere.
             let undo = UndoRelease::arm(self, &lock_key, &fence_key, &value);
@@ -72,6 +104,10 @@ impl Redlock {
             let err = match result {
                 Ok((token, measured, validity, tail)) => {
                     undo.disarm();
+                    if let Some((_, ticket)) = &mut waiter {
+                        ticket.won(epoch);
+                    }
+                    drop(waiter);
                     metrics::acquire("acquired", called.elapsed());
                     let state = Arc::new(LockState::new(
                         key.to_owned(),
@@ -95,37 +131,137 @@ impl Redlock {
                     (&lock_key, &fence_key, &value),
                     round_start.elapsed(),
                     contention_rounds,
+                    waiter.is_some(),
                 )
                 .await;
                 undo.disarm();
                 continue;
             }
             drop(undo);
-            let delay = self.retry_pause();
+            let delay = self.retry_pause_after(polls);
+            let now = Instant::now();
             let give_up = !err.is_retryable()
                 || (round_no >= patience.rounds
-                    && called.elapsed().saturating_add(delay) > patience.wait);
+                    && if waits {
+                        now >= give_up_at
+                    } else {
+                        called.elapsed().saturating_add(delay) > patience.wait
+                    });
             if give_up {
                 metrics::acquire(super::outcome_label(&err), called.elapsed());
                 return Err(err);
             }
+            let held = err.is_held();
             tracing::debug!(key, round = round_no, ?delay, error = %err, "retrying acquisition");
-            tokio::time::sleep(delay).await;
+            last_err = Some(err);
+            // The last rounds of a wait: none starts after it.
+            let until = if waits && round_no >= patience.rounds {
+                (now + delay).min(give_up_at)
+            } else {
+                now + delay
+            };
+            match &waiter {
+                // The first refusal of a wait: join the queue, then try once more at once (the
+                // lock may have been released before the marker stood).
+                None if waits && held => {
+                    waiter = Some(self.wait_for(&lock_key).await);
+                    polls = 0;
+                }
+                Some((kw, _)) if held => {
+                    match self.await_release(kw, &lock_key, epoch, until).await {
+                        Woken::Notice => {
+                            polls = 0;
+                            // Other clients wait too: take turns with them (`wait::defer`),
+                            // unless this waiter has already lost twice in a row.
+                            losses += 1;
+                            let defer = kw.deferral();
+                            if losses <= MAX_DEFERRED_LOSSES && !defer.is_zero() {
+                                tokio::time::sleep(defer).await;
+                            }
+                        }
+                        Woken::Timer => polls = polls.saturating_add(1),
+                    }
+                }
+                _ => {
+                    polls = polls.saturating_add(1);
+                    tokio::time::sleep_until(until).await;
+                }
+            }
+        }
+    }
+
+    /// Before a queued waiter's round: waits for its turn (it is the oldest of this client's
+    /// waiters for the key, and the lock its predecessor won has been released since), for at
+    /// most `give_up_at`; the head waiting for that release polls after the backoff. Returns
+    /// true when the wait is over (the caller then makes its remaining rounds out of turn).
+    async fn wait_turn(
+        &self,
+        kw: &KeyWait,
+        ticket: &Ticket,
+        give_up_at: Instant,
+        polls: &mut u32,
+    ) -> bool {
+        loop {
+            let poll = Instant::now() + self.retry_pause_after(*polls);
+            let epoch = kw.epoch();
+            if kw.turn(ticket, Some(poll.min(give_up_at))).await {
+                // Woken by a notice: take turns with other clients' waiters (`wait::defer`).
+                let defer = kw.deferral();
+                if kw.epoch() != epoch && !defer.is_zero() {
+                    tokio::time::sleep(defer).await;
+                }
+                return false;
+            }
+            if Instant::now() >= give_up_at {
+                return true;
+            }
+            if kw.is_head(ticket) {
+                *polls = polls.saturating_add(1);
+                return false;
+            }
+        }
+    }
+
+    /// Waits for a release notice after `epoch` or until `until`, refreshing the waiters
+    /// marker while it waits.
+    async fn await_release(
+        &self,
+        kw: &KeyWait,
+        lock_key: &str,
+        epoch: u64,
+        until: Instant,
+    ) -> Woken {
+        let channel = waiters_key_of(lock_key);
+        loop {
+            self.set_marker(kw, &channel, false).await;
+            let slice = (Instant::now() + MARKER_REFRESH).min(until);
+            match kw.released_after(epoch, slice).await {
+                Woken::Timer if slice < until => {}
+                woken => return woken,
+            }
         }
     }
 
     /// Nobody won a split vote: undo our part before anyone re-tries (awaited, so it has landed
     /// by the time our own pause starts), then pause at random for several round trips, so that
-    /// one contender re-tries alone and finds the nodes free.
+    /// one contender re-tries alone and finds the nodes free. Waiters woken by a release
+    /// spread over four round trips only: they met at the notice, and a pause of the retry
+    /// jitter (100 ms by default) would leave the lock to a client that defers
+    /// (`wait::defer`) instead of to them.
     async fn undo_split_vote(
         &self,
         key: &str,
         (lock_key, fence_key, value): (&str, &str, &str),
         round_trip: Duration,
         contention_round: u32,
+        woken: bool,
     ) {
         self.release_everywhere(lock_key, fence_key, value, 0).await;
-        let spread = self.inner.cfg.retry_jitter.max(round_trip * 4);
+        let spread = if woken {
+            round_trip * 4
+        } else {
+            self.inner.cfg.retry_jitter.max(round_trip * 4)
+        };
         let delay = timing::retry_delay(round_trip, spread, rand::random::<f64>());
         tracing::debug!(
             key,

@@ -13,6 +13,7 @@ pub(crate) mod round;
 pub(crate) mod side;
 pub(crate) mod state;
 pub(crate) mod status;
+pub(crate) mod wait;
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
@@ -79,6 +80,8 @@ pub(crate) struct Inner {
     /// Set by an acquisition round that could not reach a quorum for lack of answers, cleared
     /// by one that reached it: the client warns once per outage, not once per round.
     pub(crate) outage: AtomicBool,
+    /// Waiters for held locks and the subscriptions that wake them (`wait.rs`).
+    pub(crate) waiting: wait::Waiting,
 }
 
 /// How many finished rounds may be parked at once; beyond, a round's calls get a task of their
@@ -96,6 +99,7 @@ impl Redlock {
                 tasks: TaskTracker::new(),
                 parked: Mutex::new(VecDeque::new()),
                 outage: AtomicBool::new(false),
+                waiting: wait::Waiting::default(),
             }),
         }
     }
@@ -192,13 +196,21 @@ impl Redlock {
     }
 
     /// The pause before another round, for every retry in the crate (acquisitions, extensions
-    /// that could not reach a quorum, contending elections and run-once jobs): the configured
-    /// retry delay plus a uniform random part up to the jitter, so that competitors
-    /// desynchronise.
+    /// that could not reach a quorum, contending elections and run-once jobs): the first pause
+    /// of [`retry_pause_after`](Self::retry_pause_after).
     pub(crate) fn retry_pause(&self) -> Duration {
-        timing::retry_delay(
+        self.retry_pause_after(0)
+    }
+
+    /// The crate's one retry policy: the pause before retry number `attempt` (0-based) of a
+    /// series, capped exponential with jitter (`core::timing::backoff`): the configured retry
+    /// delay doubled per attempt up to 1 s (or the delay itself when longer), plus a uniform
+    /// random part up to the configured jitter, so that competitors desynchronise.
+    pub(crate) fn retry_pause_after(&self, attempt: u32) -> Duration {
+        timing::backoff(
             self.inner.cfg.retry_delay,
             self.inner.cfg.retry_jitter,
+            attempt,
             rand::random::<f64>(),
         )
     }

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::Redlock;
 use super::state::LockState;
 use crate::core::clock;
+use crate::core::keys::waiters_key_of;
 use crate::core::quorum::Verdict;
 use crate::error::{Error, LostReason};
 use crate::node::scripts;
@@ -26,10 +27,19 @@ impl Redlock {
         // Lost before the release (its signal fired): that is what the release reports.
         let lost = state.reason();
         let token = state.token().get().to_string();
+        let waiters = waiters_key_of(state.lock_key());
         let call = scripts::RELEASE.call(
-            &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
+            &[
+                state.lock_key().as_bytes(),
+                state.fence_key().as_bytes(),
+                waiters.as_bytes(),
+            ],
             &[state.value().as_bytes(), token.as_bytes()],
         );
+        // Before the round: its notices may arrive before its answers.
+        self.inner
+            .waiting
+            .released_by_us(state.lock_key(), state.value());
         let deadline = Instant::now() + self.inner.cfg.node_timeout;
         // Deleted (1) or absent (0) both leave nothing of ours; only another owner's value
         // (-1) is a refusal.
@@ -130,8 +140,13 @@ impl Redlock {
         token: u64,
     ) -> impl Future<Output = ()> + Send + 'static {
         let token = token.to_string();
+        let waiters = waiters_key_of(lock_key);
         let call = Arc::new(scripts::RELEASE.call(
-            &[lock_key.as_bytes(), fence_key.as_bytes()],
+            &[
+                lock_key.as_bytes(),
+                fence_key.as_bytes(),
+                waiters.as_bytes(),
+            ],
             &[value.as_bytes(), token.as_bytes()],
         ));
         let deadline = Instant::now() + self.inner.cfg.node_timeout;

@@ -182,6 +182,16 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
     })
 }
 
+/// The waiters marker of a lock key (`quorumlock:{K}:waiters`, same hash slot), which is also
+/// the name of its pub/sub channel: present (with a short expiry) while some client waits for
+/// the lock, so that a release publishes a notice on that channel only then.
+pub(crate) fn waiters_key_of(lock_key: &str) -> String {
+    format!("{lock_key}{WAITERS_SUFFIX}")
+}
+
+/// What [`waiters_key_of`] appends to a lock key.
+pub(crate) const WAITERS_SUFFIX: &str = ":waiters";
+
 /// Checks that `key` can be laid out: not empty, and not starting with `}` (which would break
 /// the hash tag shared with its fencing counter).
 pub(crate) fn check_key(key: &str) -> Result<(), ArgumentError> {

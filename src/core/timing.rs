@@ -83,15 +83,59 @@ pub(crate) fn extension(verdict: Verdict, in_time: bool, validity: Option<Durati
     }
 }
 
-/// The delay before retry number `attempt` (0-based): `base + jitter * unit`, where `unit` is a
-/// uniform random number in `[0, 1)`. Random so that competing clients desynchronise.
+/// A pause of `base + jitter * unit`, where `unit` is a uniform random number in `[0, 1)`.
+/// Random so that competing clients desynchronise.
 pub(crate) fn retry_delay(base: Duration, jitter: Duration, unit: f64) -> Duration {
     base + jitter.mul_f64(unit.clamp(0.0, 1.0))
+}
+
+/// The longest the exponential part of [`backoff`] grows to, unless the base is longer.
+pub(crate) const BACKOFF_CAP: Duration = Duration::from_secs(1);
+
+/// The crate's one retry policy: the pause before retry number `attempt` (0-based) is
+/// `min(max(base, BACKOFF_CAP), base * 2^attempt) + jitter * unit` (`unit` uniform in
+/// `[0, 1)`). Capped exponential, so a retry series that keeps failing (nodes down, notices of
+/// release lost) costs ever fewer rounds, with random jitter so that competitors desynchronise.
+/// Attempt 0 is the configured pause, `base + jitter * unit`.
+pub(crate) fn backoff(base: Duration, jitter: Duration, attempt: u32, unit: f64) -> Duration {
+    let cap = base.max(BACKOFF_CAP);
+    let grown = base.saturating_mul(1u32 << attempt.min(16)).min(cap);
+    retry_delay(grown, jitter, unit)
 }
 
 #[cfg(test)]
 mod timing_tests {
     use super::*;
+
+    #[test]
+    fn the_backoff_doubles_up_to_its_cap_and_adds_the_jitter() {
+        let ms = Duration::from_millis;
+        assert_eq!(backoff(ms(50), ms(100), 0, 0.0), ms(50));
+        assert_eq!(backoff(ms(50), ms(100), 0, 0.5), ms(100));
+        assert_eq!(backoff(ms(50), ms(100), 1, 0.0), ms(100));
+        assert_eq!(backoff(ms(50), ms(100), 4, 0.0), ms(800));
+        assert_eq!(backoff(ms(50), ms(100), 5, 0.0), BACKOFF_CAP);
+        assert_eq!(
+            backoff(ms(50), ms(100), u32::MAX, 1.0),
+            BACKOFF_CAP + ms(100)
+        );
+        // A base above the cap is never shortened, never grown.
+        let hour = Duration::from_secs(3600);
+        assert_eq!(backoff(hour, Duration::ZERO, 9, 0.3), hour);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_backoff_never_shrinks_and_stays_bounded(
+            base_ms in 0u64..5_000, jitter_ms in 0u64..5_000, attempt in 0u32..64, unit in 0.0f64..1.0,
+        ) {
+            let (base, jitter) = (Duration::from_millis(base_ms), Duration::from_millis(jitter_ms));
+            let d = backoff(base, jitter, attempt, unit);
+            let next = backoff(base, jitter, attempt.saturating_add(1), unit);
+            proptest::prop_assert!(d >= base && d <= base.max(BACKOFF_CAP) + jitter);
+            proptest::prop_assert!(next >= d);
+        }
+    }
 
     #[test]
     fn the_sent_ttl_is_whole_milliseconds_rounded_down() {

@@ -52,8 +52,8 @@ impl Redlock {
         ))
     }
 
-    /// Acquires with the configured retries: up to `1 + retry_count` rounds, a random pause
-    /// (`retry_delay + uniform(0, jitter)`) between them.
+    /// Acquires with the configured retries: up to `1 + retry_count` rounds, a pause after the
+    /// retry policy between them (see [`RedlockBuilder::retry_delay`]).
     ///
     /// # Errors
     ///
@@ -66,11 +66,21 @@ impl Redlock {
         self.acquire_timeout(key, ttl, Duration::ZERO).await
     }
 
-    /// As [`acquire`](Self::acquire), and keeps trying (rounds separated by the configured random
-    /// pause) until `wait` has passed since the call, then gives up with the last round's error.
-    /// It always makes at least the rounds [`acquire`](Self::acquire) makes, so `wait = 0` is
-    /// `acquire`. No round starts after `wait` (rounds resolving contention excepted, see
-    /// [`try_acquire`](Self::try_acquire)); the last one may end up to one node timeout later.
+    /// As [`acquire`](Self::acquire), and keeps trying until `wait` has passed since the call,
+    /// then gives up with the last round's error. It always makes at least the rounds
+    /// [`acquire`](Self::acquire) makes, so `wait = 0` is `acquire`. No round starts after
+    /// `wait` (rounds resolving contention excepted, see [`try_acquire`](Self::try_acquire));
+    /// the last one starts at `wait` at the latest and may end up to one node timeout later.
+    ///
+    /// While the lock is held by someone else it *waits* rather than polls: the release (by any
+    /// client) announces itself on every node, and the next round starts then. Between
+    /// announcements it retries after the retry policy (see
+    /// [`RedlockBuilder::retry_delay`]), which is what acquires when an announcement is lost
+    /// or the holder crashed and its lock expired. The waiters of one client take turns
+    /// (first come, first served); waiters in different clients get an equal chance at each
+    /// release, and one that lost twice in a row goes first at the next. Waiting costs the
+    /// client one pub/sub connection per node (opened at its first wait) and the nodes a small
+    /// marker key per waited-for lock; a release that nobody waits for publishes nothing.
     ///
     /// # Errors
     ///

@@ -137,7 +137,10 @@ impl RedlockBuilder {
         self
     }
 
-    /// The pause between attempt rounds: `delay + uniform(0, jitter)`.
+    /// The crate's retry policy: the pause before retry `n` (0-based) of a series (attempt
+    /// rounds, lease extensions that could not reach a quorum) is
+    /// `min(delay * 2^n, max(delay, 1 s)) + uniform(0, jitter)`. A waiting
+    /// [`Redlock::acquire_timeout`] is woken by release notices and uses this only as its poll.
     pub fn retry_delay(mut self, delay: Duration, jitter: Duration) -> Self {
         self.retry_delay = delay;
         self.retry_jitter = jitter;

@@ -89,7 +89,11 @@ async fn extend_once(client: &Redlock, state: &Arc<LockState>, outage: &mut bool
                 return false;
             }
         };
-        let pause = client.retry_pause();
+        // The crate's one retry policy, but never a pause that would skip the last chance
+        // before the deadline.
+        let pause = client
+            .retry_pause_after(round - 1)
+            .min(state.deadline().remaining() / 2);
         if clock::now().saturating_add(pause) >= state.deadline() {
             state.lose(LostReason::Unreachable { failures });
             return false;

@@ -168,6 +168,12 @@ impl Node {
         }
     }
 
+    /// Whether this member is a Redis Cluster (it serves lock rounds only, not
+    /// [`with_connection`](Self::with_connection)).
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.member.kind() == member::MemberKind::Cluster
+    }
+
     /// The node's address, password redacted.
     pub(crate) fn name(&self) -> &str {
         &self.name

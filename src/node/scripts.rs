@@ -222,7 +222,13 @@ return r
 /// that answered stands at or above the token: a later loss of a minority's data cannot make
 /// tokens go backwards (see `docs/safety.md`).
 ///
-/// - KEYS[1]: lock key, KEYS[2]: fencing counter
+/// When it deletes the key and the waiters marker (a set of the ids of the clients that wait
+/// for this lock) is not empty, it publishes `"<our value> <waiting clients>"` on the marker's
+/// channel, so that the waiters try at once. Without a waiter the release pays one `SCARD` and
+/// publishes nothing (`client/wait.rs`).
+///
+/// - KEYS[1]: lock key, KEYS[2]: fencing counter, KEYS[3] (optional): waiters marker, also the
+///   channel
 /// - ARGV[1]: our value, ARGV[2]: our token (`0` when the attempt failed before it had one)
 /// - Reply: `1` deleted, `0` the key is absent, `-1` another value holds it (left alone).
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
@@ -234,7 +240,14 @@ if t > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') < t then
 end
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1])
+  if KEYS[3] then
+    local n = redis.call('SCARD', KEYS[3])
+    if n > 0 then
+      redis.call('PUBLISH', KEYS[3], ARGV[1] .. ' ' .. n)
+    end
+  end
+  return 1
 end
 if v == false then
   return 0

@@ -10,6 +10,8 @@ use crate::floor::Floor;
 
 pub(crate) const TTL: Duration = Duration::from_secs(10);
 pub(crate) const TTL_MS: u64 = 10_000;
+/// How long a waiting acquisition waits at most.
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
 /// One implementation, connected to the same nodes as the others.
 pub(crate) enum Client {
@@ -93,6 +95,19 @@ impl Client {
             self,
             Client::Redlock(_) | Client::FloorFenced(_) | Client::FloorPipeFenced(_)
         )
+    }
+
+    /// Waits for `key` (quorumlock: `acquire_timeout`, woken by release notices, up to
+    /// [`WAIT`]); the others make one attempt, as [`acquire`](Self::acquire) (they poll).
+    pub(crate) async fn acquire_waiting(&self, key: &str) -> Result<Held, Fail> {
+        match self {
+            Client::Ours(locks) => match locks.acquire_timeout(key, TTL, WAIT).await {
+                Ok(lock) => Ok(Held::Ours(lock)),
+                Err(e) if e.is_held() => Err(Fail::Busy),
+                Err(e) => Err(Fail::Error(e.to_string())),
+            },
+            _ => self.acquire(key).await,
+        }
     }
 
     /// One acquisition attempt (a single round, no retry) on `key` for [`TTL`].

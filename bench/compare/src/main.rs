@@ -75,7 +75,7 @@ const fn scenario(
     }
 }
 
-const HEALTHY: [Scenario; 6] = [
+const HEALTHY: [Scenario; 7] = [
     scenario("acquire, 1 task", Op::Acquire, 1, 3_000, 4_000),
     scenario(
         "acquire+release, 1 task",
@@ -100,9 +100,16 @@ const HEALTHY: [Scenario; 6] = [
         3_000,
     ),
     scenario("one key, 8 tasks", Op::Contended, 8, u64::MAX, 3_000),
+    scenario(
+        "one key, 8 tasks waiting",
+        Op::ContendedWait,
+        8,
+        u64::MAX,
+        3_000,
+    ),
 ];
 
-const FAULTY: [Scenario; 2] = [
+const FAULTY: [Scenario; 3] = [
     scenario(
         "acquire+release, 1 task",
         Op::AcquireRelease,
@@ -114,6 +121,13 @@ const FAULTY: [Scenario; 2] = [
         "acquire+release, 16 tasks",
         Op::AcquireRelease,
         16,
+        u64::MAX,
+        2_000,
+    ),
+    scenario(
+        "one key, 8 tasks waiting",
+        Op::ContendedWait,
+        8,
         u64::MAX,
         2_000,
     ),
@@ -193,17 +207,19 @@ impl Runner {
         let scale = if self.args.quick { 4 } else { 1 };
         let mut rows: Vec<Row> = Vec::new();
         for (name, client) in &self.clients {
-            let skip =
-                if name.starts_with("floor+") && (phase != Phase::Healthy || s.op == Op::Extend) {
-                    Some(None)
-                } else if s.op == Op::Extend && !client.can_extend() {
-                    Some(Some("no extend API".to_owned()))
-                } else {
-                    self.rows
-                        .iter()
-                        .find(|r| r.phase == phase && &r.imp == name && r.hung > 0)
-                        .map(|r| Some(format!("not run: hung in \"{}\"", r.scenario)))
-                };
+            let skip = if (name.starts_with("floor+")
+                && (phase != Phase::Healthy || s.op == Op::Extend))
+                || (s.op == Op::ContendedWait && name != "floor" && name != "quorumlock")
+            {
+                Some(None)
+            } else if s.op == Op::Extend && !client.can_extend() {
+                Some(Some("no extend API".to_owned()))
+            } else {
+                self.rows
+                    .iter()
+                    .find(|r| r.phase == phase && &r.imp == name && r.hung > 0)
+                    .map(|r| Some(format!("not run: hung in \"{}\"", r.scenario)))
+            };
             match skip {
                 Some(None) => {}
                 Some(Some(note)) => self.rows.push(Row::skipped(phase, s.name, name, note)),

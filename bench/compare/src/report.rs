@@ -66,6 +66,7 @@ pub(crate) struct Row {
     client_cpu: Duration,
     server_cpu: Duration,
     first_err: Option<String>,
+    handover: Vec<Duration>,
     /// Set when the scenario was not run for this implementation.
     skipped: Option<String>,
 }
@@ -86,6 +87,7 @@ impl Row {
             client_cpu: Duration::ZERO,
             server_cpu: Duration::ZERO,
             first_err: None,
+            handover: Vec::new(),
             skipped: None,
         }
     }
@@ -104,6 +106,7 @@ impl Row {
             self.busy += w.busy;
             self.err += w.err;
             self.lat.extend(w.lat);
+            self.handover.extend(w.handover);
             if self.first_err.is_none() {
                 self.first_err = w.first_err;
             }
@@ -177,6 +180,11 @@ impl Row {
             let max = self.per_task.iter().max().copied().unwrap_or(0);
             let attempts = self.ok + self.busy + self.err;
             notes.push(format!("per task min/max {min}/{max}; {attempts} attempts"));
+            let mut h = self.handover.clone();
+            h.sort_unstable();
+            if let Some(p50) = h.get(h.len() / 2) {
+                notes.push(format!("handover p50 {}", dur(*p50)));
+            }
         } else if self.busy > 0 {
             notes.push(format!("{} attempts refused", self.busy));
         }

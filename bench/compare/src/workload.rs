@@ -28,6 +28,9 @@ pub(crate) enum Op {
     /// a refused attempt, pause a random 0–2 ms (Redlock's random retry delay, the same for
     /// every implementation; without it, naive clients livelock on split votes).
     Contended,
+    /// The same, but quorumlock *waits* for the key (`acquire_timeout`: woken by the release
+    /// notice); the other implementations poll as in `Contended` (the polling floor).
+    ContendedWait,
 }
 
 /// One workload run.
@@ -54,6 +57,8 @@ pub(crate) struct WorkerOut {
     pub(crate) busy: u64,
     pub(crate) err: u64,
     pub(crate) first_err: Option<String>,
+    /// One-key scenarios: from the start of the previous holder's release to this acquisition.
+    pub(crate) handover: Vec<Duration>,
 }
 
 /// What a workload run did.
@@ -96,6 +101,7 @@ pub(crate) fn run(
 ) -> RunOut {
     let (client_cpu, server_cpu) = (cpu_time("self"), servers_cpu(servers));
     let stop = Arc::new(AtomicBool::new(false));
+    let released = Arc::new(Released::default());
     let outs: Vec<Arc<Mutex<WorkerOut>>> = (0..spec.tasks).map(|_| Arc::default()).collect();
     let start = Instant::now();
     let deadline = start + spec.budget;
@@ -105,14 +111,17 @@ pub(crate) fn run(
             .iter()
             .enumerate()
             .map(|(t, out)| {
-                let (client, out, stop, spec) = (
+                let (client, out, stop, spec, released) = (
                     Arc::clone(client),
                     Arc::clone(out),
                     Arc::clone(&stop),
                     spec.clone(),
+                    Arc::clone(&released),
                 );
                 std::thread::spawn(move || {
-                    futures::executor::block_on(worker(client, spec, t, deadline, stop, out));
+                    futures::executor::block_on(worker(
+                        client, spec, t, deadline, stop, out, released,
+                    ));
                 })
             })
             .collect();
@@ -139,6 +148,7 @@ pub(crate) fn run(
                         deadline,
                         Arc::clone(&stop),
                         Arc::clone(out),
+                        Arc::clone(&released),
                     ))
                 })
                 .collect();
@@ -167,6 +177,38 @@ pub(crate) fn run(
     }
 }
 
+/// When the last release of the one key started, for the handover times.
+#[derive(Debug)]
+pub(crate) struct Released {
+    epoch: Instant,
+    /// Nanoseconds after `epoch`; 0: none yet.
+    at: std::sync::atomic::AtomicU64,
+}
+
+impl Default for Released {
+    fn default() -> Self {
+        Released {
+            epoch: Instant::now(),
+            at: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+impl Released {
+    fn mark(&self) {
+        let ns = self.epoch.elapsed().as_nanos() as u64;
+        self.at.store(ns.max(1), Ordering::SeqCst);
+    }
+
+    /// Time since the last release started, if one did.
+    fn since(&self) -> Option<Duration> {
+        let at = self.at.load(Ordering::SeqCst);
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        (at > 0 && now > at).then(|| Duration::from_nanos(now - at))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn worker(
     client: Arc<Client>,
     spec: Spec,
@@ -174,7 +216,9 @@ async fn worker(
     deadline: Instant,
     stop: Arc<AtomicBool>,
     out: Arc<Mutex<WorkerOut>>,
+    released: Arc<Released>,
 ) {
+    let one_key = matches!(spec.op, Op::Contended | Op::ContendedWait);
     let mut held = None;
     if spec.op == Op::Extend {
         match client
@@ -191,17 +235,34 @@ async fn worker(
     let mut i = 0;
     while i < spec.max_ops && Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
         let key = match (spec.op, spec.names) {
-            (Op::Contended, _) => spec.prefix.clone(),
+            (Op::Contended | Op::ContendedWait, _) => spec.prefix.clone(),
             (_, Some(names)) => format!("{}:{task}:{}", spec.prefix, i % names),
             (_, None) => format!("{}:{task}:{i}", spec.prefix),
         };
         let t = Instant::now();
         let result = match spec.op {
             Op::Acquire => client.acquire(&key).await.map(Client::forget),
-            Op::AcquireRelease | Op::Contended => match client.acquire(&key).await {
-                Ok(h) => released(client.release(h).await),
+            Op::AcquireRelease => match client.acquire(&key).await {
+                Ok(h) => released_ok(client.release(h).await),
                 Err(f) => Err(f),
             },
+            Op::Contended | Op::ContendedWait => {
+                let got = if spec.op == Op::ContendedWait {
+                    client.acquire_waiting(&key).await
+                } else {
+                    client.acquire(&key).await
+                };
+                match got {
+                    Ok(h) => {
+                        if let Some(d) = released.since() {
+                            lock(&out).handover.push(d);
+                        }
+                        released.mark();
+                        released_ok(client.release(h).await)
+                    }
+                    Err(f) => Err(f),
+                }
+            }
             Op::Extend => match held.as_mut() {
                 Some(h) => extended(client.extend(h).await),
                 None => Err(Fail::Error("no lock to extend".to_owned())),
@@ -210,7 +271,7 @@ async fn worker(
         let refused = matches!(result, Err(Fail::Busy));
         record(&out, t.elapsed(), result);
         i += 1;
-        if spec.op == Op::Contended && refused {
+        if one_key && refused {
             let pause = Duration::from_micros(rand::random_range(0..2_000));
             if client.blocking() {
                 std::thread::sleep(pause);
@@ -224,7 +285,11 @@ async fn worker(
     }
 }
 
-fn released(ok: bool) -> Result<(), Fail> {
+fn lock(out: &Mutex<WorkerOut>) -> std::sync::MutexGuard<'_, WorkerOut> {
+    out.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn released_ok(ok: bool) -> Result<(), Fail> {
     ok.then_some(())
         .ok_or_else(|| Fail::Error("release failed".to_owned()))
 }

@@ -1,0 +1,564 @@
+//! Waiting for a held lock: released locks wake their waiters instead of leaving them to poll.
+//!
+//! # How a waiter learns of a release
+//!
+//! - **Pub/sub, across clients.** While some client waits for `K`, the *waiters marker*
+//!   `quorumlock:{K}:waiters` exists on the nodes (set by the waiting client with a 10 s expiry,
+//!   refreshed every 3 s while it waits). The release script deletes the lock and, only if
+//!   the marker exists, publishes the released value on the channel of the same name
+//!   (`node/scripts.rs`, `RELEASE`). An uncontended release pays one `EXISTS` inside the script
+//!   it already runs, and publishes nothing. Each client that waits holds one pub/sub
+//!   connection per node ([`Node::open_pubsub`]), subscribed to the channel of every key it
+//!   waits for, re-established with the crate's backoff when it breaks or stops answering a
+//!   `PING`; after every (re)subscription all its waiters try again (notices may have been
+//!   missed).
+//! - **No local shortcut.** A release by this client reaches this client's own waiters by the
+//!   same notices: woken earlier, they would win nearly every time and starve the waiters of
+//!   other clients (measured: one client of three took 46 of 60 acquisitions).
+//! - **Polling, the fallback.** A waiter also retries when its timer fires, after the crate's
+//!   one retry policy (`core::timing::backoff`: the configured delay, doubling up to 1 s, plus
+//!   jitter). That is what acquires when notices are lost (a pub/sub connection down, a holder
+//!   that crashed and let its lock expire: an expiry publishes nothing).
+//!
+//! The copies of one notice (one per node) are counted once: a notice carries the released
+//! value, and the last few values are remembered.
+//!
+//! # Fairness
+//!
+//! The waiters of one client for one key form a FIFO queue: only the oldest makes attempt
+//! rounds; the others wait for their turn, so they neither collide with it (split votes) nor
+//! overtake it. A new waiter queues behind the existing ones instead of trying first
+//! (`try_acquire`, which never waits, may still overtake). When the head wins, the next waiter
+//! waits for the release of that lock before its first round. Between clients there is no queue:
+//! on a release, the head waiter of each client tries, and a split vote is resolved by the
+//! random pauses of `client/acquire.rs`; each contender has the same chance at every release.
+//! A FIFO across clients would need a queue that a quorum agrees on, kept alive through node
+//! failures and waiter crashes (Redisson's fair lock keeps it on one server): not offered.
+//!
+//! None of this bears on safety: a waiter woken for nothing makes a round that is refused,
+//! and a lost notice only delays it until its timer.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use redis::aio::PubSubSink;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
+
+use super::Redlock;
+use crate::core::keys::{WAITERS_SUFFIX, waiters_key_of};
+use crate::core::lock;
+use crate::core::timing;
+use crate::node::Node;
+
+/// How long a waiters marker lives unless refreshed.
+const MARKER_TTL: Duration = Duration::from_secs(10);
+/// How often a waiting client refreshes its marker.
+pub(crate) const MARKER_REFRESH: Duration = Duration::from_secs(3);
+/// How often a pub/sub connection is checked with a `PING`: a connection that carries nothing
+/// while nobody publishes would look healthy for ever after its node hung.
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(2);
+/// How a subscription that broke is re-established: the crate's backoff from this base and
+/// jitter (doubling up to 1 s), whatever the retry delay of the client's acquisitions.
+const RESUBSCRIBE: Duration = Duration::from_millis(100);
+/// Released values remembered per key, to count each release once.
+const SEEN: usize = 8;
+/// Beyond this many keys waited on, keys nobody waits for any longer are forgotten (and
+/// unsubscribed) on the next registration.
+const MAX_IDLE_KEYS: usize = 1024;
+
+impl Default for Hub {
+    fn default() -> Self {
+        Hub {
+            id: crate::core::keys::new_value(),
+            keys: Mutex::default(),
+            any: AtomicBool::default(),
+            sinks: Mutex::default(),
+        }
+    }
+}
+
+/// The waiting side of a client: its subscriptions and its waiters, per key.
+#[derive(Debug, Default)]
+pub(crate) struct Waiting {
+    hub: Arc<Hub>,
+    /// One subscription task per node, started at the first wait.
+    tasks: OnceLock<Vec<AbortOnDropHandle<()>>>,
+}
+
+#[derive(Debug)]
+struct Hub {
+    /// This client's id in the waiters markers.
+    id: String,
+    /// By lock key.
+    keys: Mutex<HashMap<String, Arc<KeyWait>>>,
+    /// Whether any key is waited on: a release skips the map when none is.
+    any: AtomicBool,
+    /// The sink of each node's pub/sub connection, while it is up.
+    sinks: Mutex<Vec<Option<PubSubSink>>>,
+}
+
+/// The waiters of one key in this client.
+#[derive(Debug, Default)]
+pub(crate) struct KeyWait {
+    state: Mutex<KeyState>,
+    /// Notified (all waiters) on a release notice and when the queue's head changes.
+    notify: Notify,
+}
+
+#[derive(Debug, Default)]
+struct KeyState {
+    /// Release notices counted so far.
+    epoch: u64,
+    /// The last released values (a notice comes once from every node).
+    seen: VecDeque<String>,
+    /// This client's waiters, oldest first.
+    queue: VecDeque<u64>,
+    next_ticket: u64,
+    /// Set when the head left the queue holding the lock: the epoch its winning round started
+    /// at. The next head waits for a release after it before its first round.
+    handed: Option<u64>,
+    /// Until when the marker set on the nodes stands (less the refresh margin).
+    marker_until: Option<Instant>,
+    /// Values this client released lately: a notice of one of them is a release by us.
+    own: VecDeque<String>,
+    /// How long the head waits after the last notice before its round (see [`defer`]).
+    defer: Duration,
+}
+
+/// A waiter's place in its key's queue; leaving (dropped) hands the turn on.
+pub(crate) struct Ticket {
+    kw: Arc<KeyWait>,
+    id: u64,
+    /// Set once the waiter won: the epoch its winning round started at.
+    won_at: Option<u64>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut st = lock(&self.kw.state);
+        let was_head = st.queue.front() == Some(&self.id);
+        st.queue.retain(|&t| t != self.id);
+        if was_head {
+            st.handed = self.won_at;
+        }
+        drop(st);
+        if was_head {
+            self.kw.notify.notify_waiters();
+        }
+    }
+}
+
+impl Ticket {
+    /// Records that this waiter won, in a round that started at `epoch`.
+    pub(crate) fn won(&mut self, epoch: u64) {
+        self.won_at = Some(epoch);
+    }
+}
+
+/// Why a wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Woken {
+    /// A release notice arrived (or notices may have been missed).
+    Notice,
+    /// The timer fired.
+    Timer,
+}
+
+impl KeyWait {
+    /// The number of release notices so far: a round that starts now reacts to later ones.
+    pub(crate) fn epoch(&self) -> u64 {
+        lock(&self.state).epoch
+    }
+
+    /// Counts a release of `value` announced to `clients` waiting clients (or, with `None`, a
+    /// possible loss of notices) and wakes the waiters; copies of a release already counted
+    /// are ignored.
+    fn released(&self, notice: Option<(&str, u64)>) {
+        let mut st = lock(&self.state);
+        if let Some((v, clients)) = notice {
+            if st.seen.iter().any(|s| s == v) {
+                return;
+            }
+            if st.seen.len() == SEEN {
+                st.seen.pop_front();
+            }
+            st.seen.push_back(v.to_owned());
+            let ours = st.own.iter().any(|s| s == v);
+            st.defer = defer(clients, ours, rand::random::<f64>());
+        } else {
+            st.defer = Duration::ZERO;
+        }
+        st.epoch += 1;
+        drop(st);
+        self.notify.notify_waiters();
+    }
+
+    /// Remembers a value this client released.
+    fn ours(&self, value: &str) {
+        let mut st = lock(&self.state);
+        if st.own.len() == SEEN {
+            st.own.pop_front();
+        }
+        st.own.push_back(value.to_owned());
+    }
+
+    /// How long the head should wait, after the last notice, before its round.
+    pub(crate) fn deferral(&self) -> Duration {
+        lock(&self.state).defer
+    }
+
+    /// Waits until `ticket` is at the head of the queue and, if the previous head left
+    /// holding the lock, until a release after its win; or until `until`. Returns whether the
+    /// turn came.
+    pub(crate) async fn turn(&self, ticket: &Ticket, until: Option<Instant>) -> bool {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = lock(&self.state);
+                if st.queue.front() == Some(&ticket.id) {
+                    match st.handed {
+                        Some(e) if st.epoch <= e => {}
+                        _ => return true,
+                    }
+                }
+            }
+            match until {
+                Some(t) => {
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        _ = tokio::time::sleep_until(t) => return false,
+                    }
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// Waits for a release notice after `epoch`, or until `until`.
+    pub(crate) async fn released_after(&self, epoch: u64, until: Instant) -> Woken {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if lock(&self.state).epoch > epoch {
+                return Woken::Notice;
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(until) => return Woken::Timer,
+            }
+        }
+    }
+
+    /// Whether `ticket` is the oldest waiter.
+    pub(crate) fn is_head(&self, ticket: &Ticket) -> bool {
+        lock(&self.state).queue.front() == Some(&ticket.id)
+    }
+}
+
+impl Waiting {
+    /// Remembers that this client released `value` of `lock_key` (if it waits for the key):
+    /// its own waiters then yield to other clients' at the notice.
+    pub(crate) fn released_by_us(&self, lock_key: &str, value: &str) {
+        if !self.hub.any.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(kw) = lock(&self.hub.keys).get(lock_key) {
+            kw.ours(value);
+        }
+    }
+
+    /// The waiters of `lock_key`, if this client has a queue for it that is not empty.
+    pub(crate) fn queued(&self, lock_key: &str) -> Option<Arc<KeyWait>> {
+        if !self.hub.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        let keys = lock(&self.hub.keys);
+        let kw = keys.get(lock_key)?;
+        (!lock(&kw.state).queue.is_empty()).then(|| Arc::clone(kw))
+    }
+}
+
+impl Redlock {
+    /// Joins the queue of `lock_key`'s waiters in this client: subscribes on every node and
+    /// sets the waiters marker there (both awaited for at most the node timeout), so that a
+    /// release from now on publishes a notice. The caller then makes one more round: the lock
+    /// may have been released before the marker stood.
+    pub(crate) async fn wait_for(&self, lock_key: &str) -> (Arc<KeyWait>, Ticket) {
+        let waiting = &self.inner.waiting;
+        let hub = &waiting.hub;
+        self.start_subscriptions();
+        let channel = waiters_key_of(lock_key);
+        let (kw, fresh) = {
+            let mut keys = lock(&hub.keys);
+            if keys.len() >= MAX_IDLE_KEYS {
+                self.forget_idle(&mut keys);
+            }
+            let fresh = !keys.contains_key(lock_key);
+            let kw = Arc::clone(keys.entry(lock_key.to_owned()).or_default());
+            hub.any.store(true, Ordering::Relaxed);
+            (kw, fresh)
+        };
+        let ticket = {
+            let mut st = lock(&kw.state);
+            let id = st.next_ticket;
+            st.next_ticket += 1;
+            st.queue.push_back(id);
+            Ticket {
+                kw: Arc::clone(&kw),
+                id,
+                won_at: None,
+            }
+        };
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let subscribe = async {
+            if !fresh {
+                return;
+            }
+            // Sinks present now; a node whose connection is not up subscribes to every key
+            // when it connects (it reads the keys after storing its sink).
+            let sinks: Vec<PubSubSink> = lock(&hub.sinks).iter().flatten().cloned().collect();
+            let subs = sinks.into_iter().map(|mut sink| {
+                let channel = channel.clone();
+                async move {
+                    let _ = tokio::time::timeout_at(deadline, sink.subscribe(channel)).await;
+                }
+            });
+            futures::future::join_all(subs).await;
+        };
+        futures::join!(subscribe, self.set_marker(&kw, &channel, true));
+        (kw, ticket)
+    }
+
+    /// Sets (or refreshes, when due) the waiters marker on every node. Awaited (bounded by the
+    /// node timeout) when `wait`, otherwise sent in the background.
+    pub(crate) async fn set_marker(&self, kw: &KeyWait, channel: &str, wait: bool) {
+        let now = Instant::now();
+        {
+            let mut st = lock(&kw.state);
+            if st.marker_until.is_some_and(|u| u > now) {
+                return;
+            }
+            st.marker_until = Some(now + MARKER_TTL - MARKER_REFRESH * 2);
+        }
+        let deadline = now + self.inner.cfg.node_timeout;
+        let ttl_ms = MARKER_TTL.as_millis() as u64;
+        // A Cluster member serves lock rounds only: no marker there, so its releases publish
+        // nothing and its waiters hear of them from the other members (or their poll timer).
+        let sets = self
+            .inner
+            .nodes
+            .iter()
+            .filter(|n| !n.is_cluster())
+            .map(|node| {
+                let node = Arc::clone(node);
+                let channel = channel.to_owned();
+                let id = self.inner.waiting.hub.id.clone();
+                async move {
+                    let _ = node
+                        .with_connection(
+                            |mut conn| async move {
+                                redis::pipe()
+                                    .cmd("SADD")
+                                    .arg(&channel)
+                                    .arg(&id)
+                                    .ignore()
+                                    .cmd("PEXPIRE")
+                                    .arg(&channel)
+                                    .arg(ttl_ms)
+                                    .ignore()
+                                    .query_async::<()>(&mut conn)
+                                    .await
+                            },
+                            deadline,
+                        )
+                        .await;
+                }
+            });
+        let all = futures::future::join_all(sets);
+        if wait {
+            all.await;
+        } else if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                all.await;
+            });
+        }
+    }
+
+    /// Forgets keys nobody waits for (only the map holds them), unsubscribing their channels.
+    fn forget_idle(&self, keys: &mut HashMap<String, Arc<KeyWait>>) {
+        let idle: Vec<String> = keys
+            .iter()
+            .filter(|(_, kw)| Arc::strong_count(kw) == 1)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &idle {
+            keys.remove(k);
+        }
+        let sinks: Vec<PubSubSink> = lock(&self.inner.waiting.hub.sinks)
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        let channels: Vec<String> = idle.iter().map(|k| waiters_key_of(k)).collect();
+        if channels.is_empty() {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let deadline = Instant::now() + self.inner.cfg.node_timeout;
+            for mut sink in sinks {
+                let channels = channels.clone();
+                handle.spawn(async move {
+                    let _ = tokio::time::timeout_at(deadline, sink.unsubscribe(channels)).await;
+                });
+            }
+        }
+    }
+
+    /// Starts one subscription task per node, once per client (on the current runtime).
+    fn start_subscriptions(&self) {
+        let waiting = &self.inner.waiting;
+        if waiting.tasks.get().is_some() {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        {
+            let mut sinks = lock(&waiting.hub.sinks);
+            if sinks.is_empty() {
+                sinks.resize(self.inner.nodes.len(), None);
+            }
+        }
+        let connect_timeout = self.inner.cfg.connect_timeout;
+        let _ = waiting.tasks.set(
+            self.inner
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, node)| {
+                    AbortOnDropHandle::new(handle.spawn(subscription(
+                        Arc::clone(&waiting.hub),
+                        Arc::clone(node),
+                        i,
+                        connect_timeout,
+                    )))
+                })
+                .collect(),
+        );
+    }
+}
+
+/// Keeps one node's pub/sub connection subscribed to the channel of every key waited on, for
+/// as long as the client lives: reconnects after the crate's backoff when it breaks or a `PING`
+/// goes unanswered, and after each (re)subscription wakes every waiter (notices may have been
+/// missed meanwhile).
+async fn subscription(hub: Arc<Hub>, node: Arc<Node>, i: usize, connect_timeout: Duration) {
+    let mut failures = 0u32;
+    loop {
+        let why = match tokio::time::timeout(connect_timeout, node.open_pubsub()).await {
+            Ok(Ok(pubsub)) => {
+                let (mut sink, mut messages) = pubsub.split();
+                // Stored before the keys are read: a waiter registering meanwhile either is in
+                // the list read below or finds the sink and subscribes itself.
+                lock(&hub.sinks)[i] = Some(sink.clone());
+                let channels: Vec<String> =
+                    lock(&hub.keys).keys().map(|k| waiters_key_of(k)).collect();
+                let subscribed = channels.is_empty()
+                    || matches!(
+                        tokio::time::timeout(connect_timeout, sink.subscribe(&channels)).await,
+                        Ok(Ok(()))
+                    );
+                let why = if subscribed {
+                    failures = 0;
+                    tracing::debug!(node = %node.name(), keys = channels.len(), "waiters subscribed");
+                    hub.wake_all();
+                    listen(&hub, &mut sink, &mut messages, connect_timeout).await
+                } else {
+                    "subscribe failed".to_owned()
+                };
+                lock(&hub.sinks)[i] = None;
+                why
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "connect timed out".to_owned(),
+        };
+        tracing::debug!(node = %node.name(), reason = %why, "waiters' subscription lost; resubscribing");
+        let pause = timing::backoff(RESUBSCRIBE, RESUBSCRIBE, failures, rand::random::<f64>());
+        failures = failures.saturating_add(1);
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Passes each notice on to its key's waiters until the connection breaks or stops answering.
+async fn listen(
+    hub: &Hub,
+    sink: &mut PubSubSink,
+    messages: &mut redis::aio::PubSubStream,
+    connect_timeout: Duration,
+) -> String {
+    let keepalive = async {
+        loop {
+            tokio::time::sleep(KEEPALIVE_EVERY).await;
+            match tokio::time::timeout(connect_timeout, sink.ping::<redis::Value>()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return format!("PING failed: {e}"),
+                Err(_) => return format!("no answer to PING within {connect_timeout:?}"),
+            }
+        }
+    };
+    tokio::pin!(keepalive);
+    loop {
+        tokio::select! {
+            msg = messages.next() => match msg {
+                Some(msg) => {
+                    let channel = msg.get_channel_name();
+                    let Some(lock_key) = channel.strip_suffix(WAITERS_SUFFIX) else { continue };
+                    let payload: String = msg.get_payload().unwrap_or_default();
+                    let (value, clients) = payload.split_once(' ').unwrap_or((&payload, "1"));
+                    let clients = clients.parse().unwrap_or(1);
+                    let kw = lock(&hub.keys).get(lock_key).cloned();
+                    if let Some(kw) = kw {
+                        kw.released(Some((value, clients)));
+                    }
+                }
+                None => return "connection closed".to_owned(),
+            },
+            why = &mut keepalive => return why,
+        }
+    }
+}
+
+/// The longest a woken head defers its round when other clients wait too.
+pub(crate) const DEFER: Duration = Duration::from_millis(2);
+
+/// How long a head woken by a release defers its round: nothing when its client is the only
+/// one waiting (no competitor: handover in one round); otherwise a random part of [`DEFER`],
+/// and two whole [`DEFER`]s more when the release was its own client's (time for the others
+/// to resolve a split vote among themselves). Redis delivers a notice to
+/// its subscribers in a fixed order, so without the random part the first subscriber would win
+/// every race; without the extra part for the releasing client, a client with several waiters
+/// would pass the lock between its own tasks.
+pub(crate) fn defer(clients: u64, ours: bool, unit: f64) -> Duration {
+    if clients <= 1 {
+        return Duration::ZERO;
+    }
+    let random = DEFER.mul_f64(unit.clamp(0.0, 1.0));
+    if ours { DEFER * 2 + random } else { random }
+}
+
+impl Hub {
+    fn wake_all(&self) {
+        let keys: Vec<Arc<KeyWait>> = lock(&self.keys).values().cloned().collect();
+        for kw in keys {
+            kw.released(None);
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! Waiting for a held lock against real servers: a release wakes the waiters (pub/sub across
+//! clients), uncontended releases publish nothing, polling still acquires when notices are lost
+//! (an expiry, pub/sub connections killed), and contenders with exactly a quorum reachable do
+//! not starve.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use quorumlock::Redlock;
+use support::*;
+
+/// A poll interval no test waits for: a waiter that acquires within the test's bounded wait
+/// was woken by something other than its timer.
+const NEVER: Duration = Duration::from_secs(3600);
+
+/// `cmdstat_<command>` calls on one node (commands run by scripts count too).
+fn calls(url: &str, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn(url))
+        .expect("INFO");
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Subscribers of `key`'s release channel on one node.
+fn subscribers(url: &str, key: &str) -> u64 {
+    let (_, n): (String, u64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(format!("{}:waiters", lock_key(key)))
+        .query(&mut conn(url))
+        .expect("PUBSUB NUMSUB");
+    n
+}
+
+fn marker_on(url: &str, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(format!("{}:waiters", lock_key(key)))
+        .query::<u64>(&mut conn(url))
+        .expect("EXISTS")
+        == 1
+}
+
+/// A client whose waiters never poll within a test, connected to every node (a first round
+/// that timed out connecting would not be refused but fail, and its retry is an hour away).
+async fn patient(cluster: &quorumlock::testkit::LocalCluster) -> Redlock {
+    let locks = builder(cluster)
+        .retry_delay(NEVER, Duration::ZERO)
+        .build()
+        .expect("valid config");
+    warm(&locks).await;
+    locks
+}
+
+/// Waits until a waiter of another client has made its second round (refused, registered,
+/// refused again) and is subscribed with its marker set on every node: from then on it only
+/// waits. A refused round is two `EVALSHA`s per node (the attempt and the undo of whatever it
+/// may have set); `before` counts those made so far.
+async fn until_waiting(urls: &[String], key: &str, before: &[u64]) {
+    let state = || {
+        urls.iter()
+            .zip(before)
+            .map(|(u, b)| {
+                (
+                    calls(u, "evalsha").saturating_sub(*b),
+                    subscribers(u, key),
+                    marker_on(u, key),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let ready = |s: &[(u64, u64, bool)]| s.iter().all(|&(r, n, m)| r >= 4 && n >= 1 && m);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let s = state();
+        if ready(&s) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the waiter is not waiting, subscribed and marked: (rounds, subscribers, marker) per node {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A release by another client wakes the waiter at once: its own poll timer is an hour away,
+/// and it acquires after the release within the test's bounded wait.
+#[tokio::test]
+async fn w10_a_release_wakes_a_waiter_of_another_client() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let holder = client(&cluster);
+    let waiter = patient(&cluster).await;
+    let ttl = Duration::from_secs(60);
+    let lock = holder.acquire("w10", ttl).await.unwrap();
+    spread(&lock, &urls).await;
+    let before: Vec<u64> = urls.iter().map(|u| calls(u, "evalsha")).collect();
+    let task = tokio::spawn(async move { waiter.acquire_timeout("w10", ttl, NEVER).await });
+    until_waiting(&urls, "w10", &before).await;
+    let first = lock.token();
+    lock.release().await.unwrap();
+    let won = tokio::time::timeout(WAIT, task)
+        .await
+        .expect("the waiter was woken (its timer is an hour away)")
+        .unwrap()
+        .unwrap();
+    assert!(won.token() > first, "a later holder, a later token");
+    won.release().await.unwrap();
+}
+
+/// A release with nobody waiting publishes nothing; with a waiter, each node that deletes the
+/// lock publishes one notice.
+#[tokio::test]
+async fn w11_only_a_waited_for_release_publishes() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let holder = client(&cluster);
+    let ttl = Duration::from_secs(60);
+    for _ in 0..5 {
+        let lock = holder.acquire("w11", ttl).await.unwrap();
+        lock.release().await.unwrap();
+    }
+    holder.flush().await;
+    assert!(
+        urls.iter().all(|u| calls(u, "publish") == 0),
+        "an uncontended release published"
+    );
+    let waiter = patient(&cluster).await;
+    let lock = holder.acquire("w11", ttl).await.unwrap();
+    spread(&lock, &urls).await;
+    let before: Vec<u64> = urls.iter().map(|u| calls(u, "evalsha")).collect();
+    let task = tokio::spawn(async move { waiter.acquire_timeout("w11", ttl, NEVER).await });
+    until_waiting(&urls, "w11", &before).await;
+    lock.release().await.unwrap();
+    holder.flush().await;
+    let won = tokio::time::timeout(WAIT, task)
+        .await
+        .expect("woken")
+        .unwrap()
+        .unwrap();
+    assert!(
+        urls.iter().all(|u| calls(u, "publish") == 1),
+        "one notice per node"
+    );
+    won.release().await.unwrap();
+}
+
+/// A holder that never releases (it crashed: its lock expires, which publishes nothing): the
+/// waiter's poll timer acquires the lock once it has expired.
+#[tokio::test]
+async fn w12_without_a_notice_polling_acquires() {
+    let cluster = cluster(5);
+    let holder = client(&cluster);
+    let waiter = builder(&cluster)
+        .retry_delay(Duration::from_millis(50), Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let lock = holder.acquire("w12", Duration::from_secs(2)).await.unwrap();
+    let first = lock.token();
+    lock.forget();
+    let won = waiter
+        .acquire_timeout("w12", Duration::from_secs(10), WAIT)
+        .await
+        .expect("polling acquires after the expiry");
+    assert!(won.token() > first);
+    won.release().await.unwrap();
+}
+
+/// The waiter's pub/sub connections are killed on every node while it waits (its poll timer an
+/// hour away): the subscriptions come back and the waiter still acquires after the release,
+/// whether its notice was lost (the resubscription wakes it) or not.
+#[tokio::test]
+async fn w13_killed_subscriptions_still_acquire() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let holder = client(&cluster);
+    let waiter = patient(&cluster).await;
+    let ttl = Duration::from_secs(60);
+    let lock = holder.acquire("w13", ttl).await.unwrap();
+    spread(&lock, &urls).await;
+    let before: Vec<u64> = urls.iter().map(|u| calls(u, "evalsha")).collect();
+    let task = tokio::spawn(async move { waiter.acquire_timeout("w13", ttl, NEVER).await });
+    until_waiting(&urls, "w13", &before).await;
+    for u in &urls {
+        let killed: u64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query(&mut conn(u))
+            .expect("CLIENT KILL");
+        assert_eq!(killed, 1, "one subscription per node");
+    }
+    let first = lock.token();
+    lock.release().await.unwrap();
+    let won = tokio::time::timeout(WAIT, task)
+        .await
+        .expect("the waiter acquires without its timer")
+        .unwrap()
+        .unwrap();
+    assert!(won.token() > first);
+    won.release().await.unwrap();
+}
+
+/// The waiters of one client take turns: four tasks that each take the lock, hold it briefly
+/// and wait for it again share the acquisitions evenly (a FIFO per client).
+#[tokio::test]
+async fn w14_one_clients_waiters_take_turns() {
+    let cluster = cluster(5);
+    let locks = patient(&cluster).await;
+    let counts = contend(vec![locks; 4], "w14", 40).await;
+    let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+    assert!(max - min <= 2, "turns were not taken: {counts:?}");
+}
+
+/// Exactly a quorum reachable (two of five nodes killed), six contenders in three clients:
+/// every contender acquires, and none far less often than the others (docs/chaos.md finding 7
+/// was a livelock in this setting).
+#[tokio::test]
+async fn w15_no_starvation_with_exactly_a_quorum() {
+    let mut cluster = cluster(5);
+    cluster.kill(3).unwrap();
+    cluster.kill(4).unwrap();
+    let clients: Vec<Redlock> = (0..3).map(|_| client(&cluster)).collect();
+    let contenders: Vec<Redlock> = clients
+        .iter()
+        .flat_map(|c| [c.clone(), c.clone()])
+        .collect();
+    let counts = contend(contenders, "w15", 60).await;
+    eprintln!("acquisitions per contender: {counts:?}");
+    let (min, max) = (*counts.iter().min().unwrap(), *counts.iter().max().unwrap());
+    assert!(
+        min >= 1 && min * 3 >= max,
+        "a contender starved: {counts:?}"
+    );
+}
+
+/// Runs one task per client handle: acquire (waiting), hold a moment, release; until `total`
+/// acquisitions were made. Returns each task's count.
+async fn contend(clients: Vec<Redlock>, key: &'static str, total: usize) -> Vec<usize> {
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ttl = Duration::from_secs(30);
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|locks| {
+            let done = Arc::clone(&done);
+            tokio::spawn(async move {
+                let mut mine = 0;
+                while done.load(Ordering::SeqCst) < total {
+                    let Ok(lock) = locks.acquire_timeout(key, ttl, WAIT).await else {
+                        continue;
+                    };
+                    if done.fetch_add(1, Ordering::SeqCst) < total {
+                        mine += 1;
+                    }
+                    tokio::task::yield_now().await;
+                    // With exactly a quorum, a slow node can fail a release: its key expires.
+                    let _ = lock.release().await;
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut counts = Vec::new();
+    for t in tasks {
+        counts.push(
+            tokio::time::timeout(WAIT * 6, t)
+                .await
+                .expect("contenders finish")
+                .unwrap(),
+        );
+    }
+    counts
+}
