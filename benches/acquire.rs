@@ -6,7 +6,7 @@
 //! fencing costs in Redis from what the library adds.
 //!
 //! `cargo bench --features testkit --bench acquire`. The one-table comparison with the other
-//! Redlock crates is `bench/compare` (see `docs/benchmarks.md`).
+//! Redlock crates is `tools/compare` (see `docs/benchmarks.md`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

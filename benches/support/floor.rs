@@ -10,7 +10,7 @@
 //! `acquire_fenced` is the same round with the library's acquire script (SET NX PX, then INCR of
 //! the fencing counter, in one Lua call): it isolates what fencing costs on the wire and in Redis.
 //!
-//! Shared by `benches/acquire.rs` and `bench/compare` (included with `#[path]`).
+//! Shared by `benches/acquire.rs` and `tools/compare` (included with `#[path]`).
 #![allow(dead_code)]
 
 use futures::StreamExt;

@@ -5,7 +5,7 @@
 //! markers, keeping the hand-written notes around it).
 //!
 //! ```text
-//! cargo run --release --manifest-path bench/compare/Cargo.toml -- [--quick] [--impls 'a;b'] [--scenarios 's1;s2'] [--phases 'healthy;paused1;paused2;killed1'] [--ops N] [--fresh-keys] [--no-doc] [--out PATH]
+//! cargo run --release --manifest-path tools/compare/Cargo.toml -- [--quick] [--impls 'a;b'] [--scenarios 's1;s2'] [--phases 'healthy;paused1;paused2;killed1'] [--ops N] [--fresh-keys] [--no-doc] [--out PATH]
 //! ```
 //!
 //! Each scenario runs in five slices, the implementations taking turns within each slice, so
@@ -177,7 +177,7 @@ fn args() -> Args {
             "--no-doc" => a.doc = None,
             "--out" => a.doc = it.next().map(Into::into),
             other => {
-                panic!("unknown argument {other}; see the header of bench/compare/src/main.rs")
+                panic!("unknown argument {other}; see the header of tools/compare/src/main.rs")
             }
         }
     }
