@@ -58,7 +58,8 @@ impl Redlock {
         let drift = self.check(key, ttl)?;
         self.inner.max_ttl.observe(ttl);
         let called = Instant::now();
-        let give_up_at = called + patience.wait;
+        // Saturating: `acquire_timeout(.., Duration::MAX)` waits "for ever" (safety s12).
+        let give_up_at = clock::tokio_after(called, patience.wait);
         let waits = !patience.wait.is_zero();
         let lock_key = self.keys().lock_key(key);
         let fence_key = self.keys().fence_key(key);
