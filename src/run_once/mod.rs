@@ -540,14 +540,17 @@ impl RunOnce {
 
 /// Runs `work` until it completes or `lock` is lost, whichever comes first: `None` when the
 /// loss came first (the work's future is dropped at its current await). The work is polled
-/// first, so work that completes in the same poll as the loss keeps its output (the caller
-/// still sees the loss on the lock).
+/// first, and once more right after the loss, so work that completes at the loss (e.g. on the
+/// lost signal itself) keeps its output (the caller still sees the loss on the lock).
 async fn until_lost<T>(lock: &Lock, work: impl Future<Output = T>) -> Option<T> {
     let lost = lock.lost();
+    let mut work = std::pin::pin!(work);
     tokio::select! {
         biased;
-        out = work => Some(out),
-        () = lost => None,
+        out = &mut work => Some(out),
+        // Whoever noticed the loss first (this future or the lease task) fired the lost
+        // signal: work waiting on it can now finish in one more poll, and keeps its output.
+        () = lost => futures::FutureExt::now_or_never(work),
     }
 }
 
