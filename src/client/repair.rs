@@ -154,9 +154,7 @@ impl Source {
     pub(super) fn wants_page(&self) -> bool {
         !self.counted && (!self.finished || self.clean())
     }
-}
 
-impl Source {
     /// Takes in a page read: its counters into `highest`, then the cursor moves on (a pass
     /// that reached cursor 0 is finished, and counts if the node was clean throughout).
     fn absorb(&mut self, next: u64, counters: Vec<(Vec<u8>, u64)>, highest: &mut Highest) {

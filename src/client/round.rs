@@ -109,6 +109,7 @@ impl Redlock {
     /// Sends `call` to every node at once, each bounded by `deadline`, and returns as soon as the
     /// verdict is certain. Unanswered calls are handed back in `rest`. With `closes_at`, no
     /// call of the round is sent (nor re-sent as `EVAL`) from that time on the deadline clock.
+    /// `yes` tells which integer replies count as a yes; every other reply is a refusal.
     pub(super) async fn round(
         &self,
         call: Arc<ScriptCall>,
@@ -119,24 +120,6 @@ impl Redlock {
         yes: fn(i64) -> bool,
     ) -> Round {
         self.schedule_repairs();
-        let round = self
-            .fan_out(call, deadline, closes_at, hold_out, op, yes)
-            .await;
-        // A connection made during the round may have revealed a restart.
-        self.schedule_repairs();
-        round
-    }
-
-    /// `yes` tells which integer replies count as a yes; every other reply is a refusal.
-    pub(super) async fn fan_out(
-        &self,
-        call: Arc<ScriptCall>,
-        deadline: Instant,
-        closes_at: Option<Stamp>,
-        hold_out: HoldOut,
-        op: Op,
-        yes: fn(i64) -> bool,
-    ) -> Round {
         let nodes = &self.inner.nodes;
         let n = nodes.len();
         let start = Instant::now();
@@ -173,6 +156,8 @@ impl Redlock {
         if !timed_out {
             answers.abandon(nodes, op, verdict);
         }
+        // A connection made during the round may have revealed a restart.
+        self.schedule_repairs();
         let Answers {
             tally,
             yes: yeses,
