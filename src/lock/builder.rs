@@ -13,7 +13,7 @@ use crate::core::timing;
 use crate::error::{ConfigError, Setting};
 use crate::node::address::{node_name, redact};
 use crate::node::connection::{Tls, open_client, tcp_settings};
-use crate::node::member::{self, Member};
+use crate::node::member::{self, Parsed};
 use crate::node::{MaxTtl, Node, Peers};
 
 /// Builds a [`Redlock`]. Obtained from [`Redlock::builder`].
@@ -47,7 +47,7 @@ use crate::node::{MaxTtl, Node, Peers};
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until .build() is called"]
 pub struct RedlockBuilder {
-    urls: Vec<String>,
+    members: Vec<Source>,
     node_timeout: Duration,
     connect_timeout: Duration,
     drift_factor: f64,
@@ -94,7 +94,10 @@ impl RedlockBuilder {
         S: AsRef<str>,
     {
         RedlockBuilder {
-            urls: urls.into_iter().map(|u| u.as_ref().to_owned()).collect(),
+            members: urls
+                .into_iter()
+                .map(|u| Source::Url(u.as_ref().to_owned()))
+                .collect(),
             node_timeout: Self::DEFAULT_NODE_TIMEOUT,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             drift_factor: Self::DEFAULT_DRIFT_FACTOR,
@@ -110,6 +113,114 @@ impl RedlockBuilder {
             #[cfg(feature = "tls")]
             tls: None,
         }
+    }
+
+    /// Adds one member by URL, after those already given: `redis://`, `rediss://`, `unix://`,
+    /// `redis+cluster://` or `redis+sentinel://` (see `docs/deployments.md`).
+    ///
+    /// ```
+    /// use quorumlock::RedlockBuilder;
+    ///
+    /// let locks = RedlockBuilder::default()
+    ///     .node("redis://127.0.0.1:7001")
+    ///     .node("redis://127.0.0.1:7002")
+    ///     .node("redis://127.0.0.1:7003")
+    ///     .build()?;
+    /// # Ok::<(), quorumlock::ConfigError>(())
+    /// ```
+    pub fn node(mut self, url: impl AsRef<str>) -> Self {
+        self.members.push(Source::Url(url.as_ref().to_owned()));
+        self
+    }
+
+    /// Adds one member through a [`redis::Client`] you already configured (TLS, credentials,
+    /// db, RESP version): bring your own client. Members by client and by URL mix freely.
+    ///
+    /// The member is one standalone **master** (not a replica, not a Cluster node: use
+    /// [`cluster_client`](Self::cluster_client) for a Cluster, a `redis+sentinel://` URL for a
+    /// Sentinel-managed primary). The client is a recipe, never a connection: the member still
+    /// opens its own one multiplexed connection from it, lazily, replaces it only when it
+    /// breaks (so a node's calls stay in order), and reads the server's run id on every
+    /// connect, so a restart is held out and repaired as for a URL member.
+    ///
+    /// - **Kept** from your client: the address (TCP, TLS or Unix socket), TLS certificates
+    ///   and hostname checks, username and password, db, RESP version (2 or 3), library name.
+    ///   [`tls_root_certificate`](Self::tls_root_certificate) and
+    ///   [`tls_client_certificate`](Self::tls_client_certificate) apply to URL members only.
+    /// - **Replaced**: TCP settings, by the crate's (keepalive and `TCP_USER_TIMEOUT`, which
+    ///   break a connection to a silently dead peer).
+    /// - **Ours**, since they belong to a connection, not to a client: the connect timeout
+    ///   ([`connect_timeout`](Self::connect_timeout)), no response timeout on the connection
+    ///   (each call has its own deadline from [`node_timeout`](Self::node_timeout) and the
+    ///   lock's validity).
+    /// - **Pub/sub** (release notices for waiting acquisitions, election notices): a second
+    ///   connection per node, opened from the same client, whatever its RESP version; push
+    ///   messages never travel on the lock connection.
+    ///
+    /// A client with wrong credentials is not refused here (nothing connects at build): every
+    /// call to that member fails with [`NodeError::Redis`](crate::NodeError::Redis) carrying
+    /// the server's refusal, listed in the round's [`Error::NoQuorum`](crate::Error::NoQuorum).
+    ///
+    /// ```
+    /// use quorumlock::RedlockBuilder;
+    /// use redis::IntoConnectionInfo;
+    ///
+    /// // Say the service already has clients with its credentials and RESP version.
+    /// let info = |port: u16| -> redis::RedisResult<redis::ConnectionInfo> {
+    ///     Ok(redis::ConnectionAddr::Tcp("127.0.0.1".into(), port)
+    ///         .into_connection_info()?
+    ///         .set_redis_settings(
+    ///             redis::RedisConnectionInfo::default()
+    ///                 .set_username("locks")
+    ///                 .set_password("s3cret")
+    ///                 .set_protocol(redis::ProtocolVersion::RESP3),
+    ///         ))
+    /// };
+    /// let locks = RedlockBuilder::default()
+    ///     .client(redis::Client::open(info(7001)?)?)
+    ///     .client(redis::Client::open(info(7002)?)?)
+    ///     .node("redis://locks:s3cret@127.0.0.1:7003") // by URL, beside them
+    ///     .build()?;
+    /// assert_eq!(locks.node_names()[0], "redis://locks@127.0.0.1:7001"); // never the password
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn client(mut self, client: redis::Client) -> Self {
+        self.members.push(Source::Client(Box::new(client)));
+        self
+    }
+
+    /// Adds one Redis Cluster member through a [`ClusterClient`](redis::cluster::ClusterClient)
+    /// you already configured (credentials, TLS, RESP version), as a `redis+cluster://` URL
+    /// would: the whole Cluster is one member of the quorum (see `docs/deployments.md`).
+    ///
+    /// A cluster client cannot be changed once built, so it is used as it is: its TCP
+    /// settings, retries and response timeout stay yours (the per-call deadline still cuts
+    /// every call at [`node_timeout`](Self::node_timeout)); the connect is bounded by
+    /// [`connect_timeout`](Self::connect_timeout). Every call reads the run id of the shard
+    /// that ran it, so a shard restarted or failed over holds the member out and repairs it, as
+    /// for a URL member. A cluster client does not say which seeds it has: the member is named
+    /// `cluster client #N` (N its position among the members, from 1), and the same Cluster
+    /// given twice is found at connect (by run ids: neither counts), not at build. Elections
+    /// and run-once jobs need single-server members, as with the URL.
+    ///
+    /// ```
+    /// use quorumlock::RedlockBuilder;
+    /// use redis::cluster::ClusterClient;
+    ///
+    /// let cluster = ClusterClient::builder(["redis://127.0.0.1:7101", "redis://127.0.0.1:7102"])
+    ///     .password("s3cret".to_owned())
+    ///     .build()?;
+    /// let locks = RedlockBuilder::default()
+    ///     .cluster_client(cluster)
+    ///     .node("redis://127.0.0.1:7001")
+    ///     .node("redis://127.0.0.1:7002")
+    ///     .build()?;
+    /// assert_eq!(locks.node_names()[0], "cluster client #1");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn cluster_client(mut self, client: redis::cluster::ClusterClient) -> Self {
+        self.members.push(Source::Cluster(Box::new(client)));
+        self
     }
 
     /// Per-node, per-call timeout. Each call is also cut short where a success could no longer
@@ -271,7 +382,7 @@ impl RedlockBuilder {
     /// [`MAX_TTL`](Self::MAX_TTL)). An even node count is accepted with a warning: its quorum
     /// tolerates no more failures than one node fewer.
     pub fn build(self) -> Result<Redlock, ConfigError> {
-        if self.urls.is_empty() {
+        if self.members.is_empty() {
             return Err(ConfigError::NoNodes);
         }
         if !(0.0..0.5).contains(&self.drift_factor) {
@@ -305,25 +416,13 @@ impl RedlockBuilder {
         }
         let max_ttl = Arc::new(MaxTtl::new(self.max_ttl));
         let mut seen = HashSet::new();
-        let mut clients = Vec::with_capacity(self.urls.len());
-        for url in &self.urls {
-            // A Redis Cluster or a Sentinel-managed primary as one member (node/member.rs).
-            let member =
-                member::parse(url, &tcp_settings(), self.connect_timeout).map_err(|source| {
-                    ConfigError::InvalidUrl {
-                        url: redact(url),
-                        source,
-                    }
-                })?;
-            let (name, identity, member) = match member {
-                Some(m) => (m.name, m.identity, m.member),
-                None => {
-                    let client = open_client(url, &self.tls())?;
-                    let info = client.get_connection_info();
-                    let identity = format!("{}/{}", info.addr(), info.redis_settings().db());
-                    (node_name(info), identity, Member::Standalone(client))
-                }
-            };
+        let mut clients = Vec::with_capacity(self.members.len());
+        for (position, source) in self.members.iter().enumerate() {
+            let Parsed {
+                name,
+                identity,
+                member,
+            } = self.open_member(source, position + 1)?;
             if !seen.insert(identity) {
                 return Err(ConfigError::DuplicateNode(name));
             }
@@ -356,6 +455,37 @@ impl RedlockBuilder {
         Ok(Redlock::from_parts(nodes, cfg, max_ttl))
     }
 
+    /// Opens one member as given: a URL parsed (a Cluster or Sentinel member URL, else one
+    /// server), or a client of the user's, kept with our TCP settings (`node/member.rs`).
+    fn open_member(&self, source: &Source, position: usize) -> Result<Parsed, ConfigError> {
+        match source {
+            Source::Url(url) => {
+                let invalid = |source| ConfigError::InvalidUrl {
+                    url: redact(url),
+                    source,
+                };
+                // A Redis Cluster or a Sentinel-managed primary as one member.
+                if let Some(parsed) =
+                    member::parse(url, &tcp_settings(), self.connect_timeout).map_err(invalid)?
+                {
+                    return Ok(parsed);
+                }
+                Ok(member::standalone(open_client(url, &self.tls())?))
+            }
+            Source::Client(client) => {
+                member::from_client(client, &tcp_settings()).map_err(|source| {
+                    ConfigError::InvalidUrl {
+                        url: node_name(client.get_connection_info()),
+                        source,
+                    }
+                })
+            }
+            Source::Cluster(client) => {
+                Ok(member::from_cluster_client((**client).clone(), position))
+            }
+        }
+    }
+
     /// The checked settings as the engine's plain values.
     fn config(&self, keys: KeyLayout) -> Config {
         Config {
@@ -379,4 +509,38 @@ impl RedlockBuilder {
 
     #[cfg(not(feature = "tls"))]
     fn tls(&self) -> Tls {}
+}
+
+impl Default for RedlockBuilder {
+    /// A builder with no members yet, for members given one by one with
+    /// [`node`](RedlockBuilder::node), [`client`](RedlockBuilder::client) or
+    /// [`cluster_client`](RedlockBuilder::cluster_client).
+    fn default() -> Self {
+        RedlockBuilder::new(std::iter::empty::<&str>())
+    }
+}
+
+/// One member as given to the builder.
+#[derive(Clone)]
+enum Source {
+    /// A member URL (`redis://`, `rediss://`, `unix://`, `redis+cluster://`, `redis+sentinel://`).
+    Url(String),
+    /// A standalone master through the user's client.
+    Client(Box<redis::Client>),
+    /// A Redis Cluster through the user's cluster client.
+    Cluster(Box<redis::cluster::ClusterClient>),
+}
+
+impl std::fmt::Debug for Source {
+    /// Never a password: URLs redacted, clients by their display name.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Url(url) => f.debug_tuple("Url").field(&redact(url)).finish(),
+            Source::Client(client) => f
+                .debug_tuple("Client")
+                .field(&node_name(client.get_connection_info()))
+                .finish(),
+            Source::Cluster(_) => f.write_str("ClusterClient"),
+        }
+    }
 }

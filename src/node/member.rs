@@ -44,6 +44,7 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 
 use super::Node;
+use super::address::node_name;
 use super::health::parse_info;
 use super::scripts::{self, ScriptCall};
 use crate::core::lock;
@@ -155,6 +156,49 @@ pub(crate) fn parse(
         }));
     }
     Ok(None)
+}
+
+/// A standalone member from a client the crate built for a URL.
+pub(crate) fn standalone(client: redis::Client) -> Parsed {
+    let info = client.get_connection_info();
+    Parsed {
+        name: node_name(info),
+        identity: identity(info),
+        member: Member::Standalone(client),
+    }
+}
+
+/// A standalone member from a `redis::Client` the user configured. Kept: its address, TLS
+/// (certificates and hostname checks), username and password, db, RESP version and library
+/// name. Replaced: its TCP settings, by ours (`tcp`: keepalive and user timeout, which break a
+/// connection to a silently dead peer; the one connection per node is replaced only when it
+/// breaks). Timeouts are not a client's settings: every connection gets ours.
+pub(crate) fn from_client(client: &redis::Client, tcp: &TcpSettings) -> redis::RedisResult<Parsed> {
+    let info = client
+        .get_connection_info()
+        .clone()
+        .set_tcp_settings(tcp.clone());
+    Ok(standalone(redis::Client::open(info)?))
+}
+
+/// A Cluster member from a `ClusterClient` the user configured, kept as it is (a cluster
+/// client cannot be changed once built: its TCP settings, retries and response timeout stay
+/// the user's; the per-call deadline still bounds every call). It does not say which seeds it
+/// has, so its display name is its position among the members (`cluster client #3`) and a
+/// duplicate is found only at connect, by its masters' run ids.
+pub(crate) fn from_cluster_client(client: ClusterClient, position: usize) -> Parsed {
+    let name = format!("cluster client #{position}");
+    Parsed {
+        identity: name.clone(),
+        name,
+        member: Member::Cluster(client),
+    }
+}
+
+/// What makes two standalone members one server for the builder's duplicate check: the
+/// address and the db.
+fn identity(info: &redis::ConnectionInfo) -> String {
+    format!("{}/{}", info.addr(), info.redis_settings().db())
 }
 
 /// Why a Cluster member has no single-server connection for a feature's commands.

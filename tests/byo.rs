@@ -1,0 +1,284 @@
+//! Bring your own client (issue 15, item 4): members given as `redis::Client`s (and a
+//! `ClusterClient`) the user configured, against real `redis-server` processes that require a
+//! password the member URLs never carry.
+
+mod support;
+
+use std::time::Duration;
+
+use quorumlock::testkit::{LocalCluster, RedisClusterMember, ServerOptions};
+use quorumlock::{ConfigError, Error, NodeError, RedlockBuilder};
+use redis::{ConnectionAddr, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo};
+use support::*;
+
+const TTL: Duration = Duration::from_secs(10);
+const PASSWORD: &str = "byo-s3cret";
+
+fn protected(n: usize) -> LocalCluster {
+    init_tracing();
+    LocalCluster::start_with(n, &ServerOptions::new().password(PASSWORD))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A client as a service would build it: address, credentials and RESP version in code, no
+/// URL anywhere.
+fn user_client(port: u16, password: &str, protocol: ProtocolVersion) -> redis::Client {
+    let info = ConnectionAddr::Tcp("127.0.0.1".to_owned(), port)
+        .into_connection_info()
+        .expect("address")
+        .set_redis_settings(
+            RedisConnectionInfo::default()
+                .set_password(password)
+                .set_protocol(protocol),
+        );
+    redis::Client::open(info).expect("client")
+}
+
+fn port(cluster: &LocalCluster, i: usize) -> u16 {
+    cluster.get(i).expect("node").port()
+}
+
+fn tuned(builder: RedlockBuilder) -> RedlockBuilder {
+    builder
+        .node_timeout(NODE_TIMEOUT)
+        .retry_delay(Duration::from_millis(5), Duration::from_millis(20))
+}
+
+/// Three password-protected nodes reached only through user-built clients (one speaking
+/// RESP3): a lock is taken with a token, lands on the nodes, is extended and released; the
+/// node names carry no password.
+#[tokio::test]
+async fn b10_password_nodes_through_user_clients() {
+    let cluster = protected(3);
+    let locks = tuned(
+        RedlockBuilder::default()
+            .client(user_client(
+                port(&cluster, 0),
+                PASSWORD,
+                ProtocolVersion::RESP2,
+            ))
+            .client(user_client(
+                port(&cluster, 1),
+                PASSWORD,
+                ProtocolVersion::RESP3,
+            ))
+            .client(user_client(
+                port(&cluster, 2),
+                PASSWORD,
+                ProtocolVersion::RESP2,
+            )),
+    )
+    .build()
+    .expect("valid config");
+    assert_eq!(
+        locks.node_names(),
+        (0..3)
+            .map(|i| format!("redis://127.0.0.1:{}", port(&cluster, i)))
+            .collect::<Vec<_>>()
+    );
+    warm(&locks).await;
+    let lock = locks.try_acquire("byo", TTL).await.expect("acquire");
+    assert!(lock.token().get() > 0, "a fencing token");
+    let urls = cluster.urls(); // the testkit's URLs carry the password, for direct reads
+    spread(&lock, &urls).await;
+    assert_eq!(holders(&urls, "byo"), 3);
+    lock.extend(TTL).await.expect("extend");
+    let first = lock.token();
+    lock.release().await.expect("release");
+    assert_eq!(holders(&urls, "byo"), 0, "released on every node");
+    let again = locks.try_acquire("byo", TTL).await.expect("acquire again");
+    assert!(again.token() > first, "tokens increase");
+    again.release().await.expect("release");
+}
+
+/// Members by URL and by client mix, in any order; a client and a URL for the same server are
+/// one node, refused at build.
+#[tokio::test]
+async fn b11_mixed_url_and_client_members() {
+    let cluster = protected(3);
+    let urls = cluster.urls();
+    let locks = tuned(
+        RedlockBuilder::default()
+            .node(&urls[0])
+            .client(user_client(
+                port(&cluster, 1),
+                PASSWORD,
+                ProtocolVersion::RESP3,
+            ))
+            .node(&urls[2]),
+    )
+    .build()
+    .expect("valid config");
+    let lock = locks.try_acquire("mixed", TTL).await.expect("acquire");
+    spread(&lock, &urls).await;
+    lock.release().await.expect("release");
+
+    let err = RedlockBuilder::default()
+        .node(&urls[0])
+        .client(user_client(
+            port(&cluster, 0),
+            PASSWORD,
+            ProtocolVersion::RESP2,
+        ))
+        .node(&urls[1])
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::DuplicateNode(_)), "{err}");
+}
+
+/// Self-healing kept: a node behind a user's client, restarted empty, is reconnected (its
+/// credentials come from the client again) and held out of quorums for the max ttl, as a URL
+/// node would be.
+#[tokio::test]
+async fn b12_a_restarted_node_behind_a_user_client_is_held_out() {
+    let mut cluster = protected(3);
+    let mut builder = RedlockBuilder::default().max_ttl(Duration::from_secs(60));
+    for i in 0..3 {
+        builder = builder.client(user_client(
+            port(&cluster, i),
+            PASSWORD,
+            ProtocolVersion::RESP2,
+        ));
+    }
+    let locks = tuned(builder).build().expect("valid config");
+    warm(&locks).await;
+    locks
+        .try_acquire("k", TTL)
+        .await
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
+    cluster.restart_empty(0).unwrap();
+    wait_until(WAIT, "node 0 reconnected", || async {
+        locks.status("k").await.unwrap().nodes[0].state.is_ok()
+    })
+    .await;
+    cluster.kill(1).unwrap();
+    let err = locks.try_acquire("k2", TTL).await.unwrap_err();
+    let Error::NoQuorum { failures, .. } = &err else {
+        panic!("expected NoQuorum, got {err}")
+    };
+    let node0 = format!("redis://127.0.0.1:{}", port(&cluster, 0));
+    let held = failures
+        .iter()
+        .find(|f| f.node == node0)
+        .unwrap_or_else(|| panic!("node 0 not listed: {err}"));
+    assert!(
+        matches!(held.cause, NodeError::HeldOut { remaining } if remaining > Duration::from_secs(50)),
+        "node 0: {}",
+        held.cause
+    );
+}
+
+/// A user's client with a wrong password, or none, against a protected node: a typed error
+/// naming the refusal, never a panic and never a hang; the other nodes still make the quorum.
+#[tokio::test]
+async fn b13_a_client_with_wrong_credentials_gives_a_typed_error() {
+    let cluster = protected(3);
+    let locks = tuned(
+        RedlockBuilder::default()
+            .client(user_client(
+                port(&cluster, 0),
+                "wrong",
+                ProtocolVersion::RESP2,
+            ))
+            .client(
+                redis::Client::open(format!("redis://127.0.0.1:{}", port(&cluster, 1))).unwrap(),
+            )
+            .client(user_client(
+                port(&cluster, 2),
+                PASSWORD,
+                ProtocolVersion::RESP2,
+            )),
+    )
+    .build()
+    .expect("nothing connects at build");
+    let err = locks.try_acquire("auth", TTL).await.unwrap_err();
+    let Error::NoQuorum { failures, .. } = &err else {
+        panic!("expected NoQuorum, got {err}")
+    };
+    assert_eq!(failures.len(), 2, "{err}");
+    for f in failures {
+        let NodeError::Redis(e) = &f.cause else {
+            panic!("{}: expected the server's refusal, got {}", f.node, f.cause)
+        };
+        let kind = e.kind();
+        assert!(
+            kind == redis::ErrorKind::AuthenticationFailed
+                || e.to_string().to_lowercase().contains("auth"),
+            "{}: {e} ({kind:?})",
+            f.node
+        );
+    }
+    assert!(
+        !err.to_string().contains("wrong"),
+        "no password in the message: {err}"
+    );
+
+    // With the two good members the third's failure does not matter.
+    let good = tuned(
+        RedlockBuilder::default()
+            .client(user_client(
+                port(&cluster, 0),
+                "wrong",
+                ProtocolVersion::RESP2,
+            ))
+            .client(user_client(
+                port(&cluster, 1),
+                PASSWORD,
+                ProtocolVersion::RESP3,
+            ))
+            .client(user_client(
+                port(&cluster, 2),
+                PASSWORD,
+                ProtocolVersion::RESP2,
+            )),
+    )
+    .build()
+    .unwrap();
+    good.try_acquire("auth", TTL)
+        .await
+        .expect("two of three")
+        .release()
+        .await
+        .expect("release");
+}
+
+/// A user's `ClusterClient` as one member beside two URL members: the lock stands on the
+/// Cluster's shard for its key and on the standalone nodes.
+#[tokio::test]
+async fn b14_a_user_cluster_client_as_one_member() {
+    let member = {
+        init_tracing();
+        RedisClusterMember::start().unwrap_or_else(|e| panic!("{e}"))
+    };
+    let standalone = cluster(2);
+    let seeds: Vec<String> = member
+        .addresses()
+        .iter()
+        .map(|a| format!("redis://{a}"))
+        .collect();
+    let cluster_client = redis::cluster::ClusterClient::builder(seeds)
+        .use_protocol(ProtocolVersion::RESP3)
+        .build()
+        .unwrap();
+    let urls = standalone.urls();
+    let locks = tuned(
+        RedlockBuilder::default()
+            .cluster_client(cluster_client)
+            .node(&urls[0])
+            .node(&urls[1]),
+    )
+    .build()
+    .expect("valid config");
+    assert_eq!(locks.node_names()[0], "cluster client #1");
+    warm(&locks).await;
+    let lock = locks
+        .try_acquire("byo-cluster", TTL)
+        .await
+        .expect("acquire");
+    let status = locks.status("byo-cluster").await.expect("status");
+    assert_eq!(status.answered(), 3, "{status:?}");
+    lock.release().await.expect("release");
+}
