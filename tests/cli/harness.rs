@@ -50,6 +50,11 @@ pub fn bare() -> Command {
         "REDLOCK_RESTART_GUARD",
         "REDLOCK_MAX_TTL",
         "REDLOCK_LOG",
+        "REDLOCK_TLS_CA",
+        "REDLOCK_TLS_CERT",
+        "REDLOCK_TLS_KEY",
+        "REDLOCK_KEY_PREFIX",
+        "REDLOCK_COMPAT",
     ] {
         cmd.env_remove(var);
     }

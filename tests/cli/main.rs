@@ -4,6 +4,9 @@
 //! topic of `run`); `harness` holds what they share.
 #![allow(unreachable_pub)]
 
+#[cfg(feature = "tls")]
+#[path = "../support/pki.rs"]
+mod pki;
 #[path = "../support/proxy.rs"]
 mod proxy;
 #[path = "../support/mod.rs"]
@@ -13,6 +16,7 @@ mod harness;
 
 mod demo;
 mod elect;
+mod node_options;
 mod restart_guard;
 mod run;
 mod run_held;

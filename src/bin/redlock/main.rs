@@ -13,6 +13,7 @@ macro_rules! out {
 mod child;
 mod demo;
 mod elect;
+mod nodes;
 mod once;
 mod run;
 mod status;
@@ -22,10 +23,11 @@ use std::fmt::Display;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
-use quorumlock::{ConfigError, Error, Redlock, RedlockBuilder, RestartGuard};
+use clap::{Args, Parser, Subcommand};
+use quorumlock::{ConfigError, Error, RedlockBuilder};
 
 use crate::child::CmdOptions;
+use crate::nodes::{NodeArgs, client};
 
 // When CMD ran to its end while the lock was held, `redlock` exits with CMD's own code.
 
@@ -60,56 +62,6 @@ struct Cli {
     nodes: NodeArgs,
     #[command(subcommand)]
     command: Command,
-}
-
-/// How to reach the nodes (every subcommand but `demo`).
-#[derive(Debug, Args)]
-struct NodeArgs {
-    /// The Redis masters (`redis://`, `rediss://` or `unix://` URLs; see the help text).
-    #[arg(
-        help = "The quorum members: redis://[user:pass@]host:port[/db], rediss://..., unix:///path.sock, redis+cluster://h1:p1,h2:p2 (a Redis Cluster), redis+sentinel://h1:p1,h2:p2/name (a Sentinel-managed primary)",
-        long,
-        global = true,
-        env = "REDLOCK_NODES",
-        value_delimiter = ',',
-        value_name = "URL[,URL...]",
-        hide_env_values = true
-    )]
-    nodes: Vec<String>,
-
-    /// How long one node may take to answer one call.
-    #[arg(long, global = true, env = "REDLOCK_NODE_TIMEOUT", hide_env_values = true, value_name = "D",
-          default_value = "250ms", value_parser = duration_up_to(MAX_NODE_TIMEOUT, "1h"))]
-    node_timeout: Duration,
-
-    /// Which nodes are kept out of quorums because they may have restarted without their lock
-    /// keys: `strict` (default) holds out every node whose uptime is below the max ttl.
-    #[arg(
-        long,
-        global = true,
-        env = "REDLOCK_RESTART_GUARD",
-        hide_env_values = true,
-        value_name = "GUARD",
-        default_value = "strict"
-    )]
-    restart_guard: Guard,
-
-    /// The largest ttl any client uses on these nodes (default: this run's --ttl); a node up
-    /// for less than this is held out under the strict guard.
-    #[arg(long, global = true, env = "REDLOCK_MAX_TTL", hide_env_values = true, value_name = "D",
-          value_parser = duration_up_to(MAX_TTL, MAX_TTL_TEXT))]
-    max_ttl: Option<Duration>,
-}
-
-/// The `--restart-guard` values (see `quorumlock::RestartGuard`).
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Guard {
-    /// Trust every node.
-    Off,
-    /// Hold out a node only after seeing its run id change (never happens in one short run).
-    Restarted,
-    /// Also hold out nodes whose uptime is below the max ttl when first contacted.
-    Strict,
 }
 
 #[derive(Debug, Subcommand)]
@@ -294,18 +246,18 @@ fn main() -> ExitCode {
                     ),
                     None => (run::run(locks.clone(), args).await, Some(locks)),
                 },
-                Err(e) => (fail(&e), None),
+                Err(e) => (e.fail(), None),
             },
             Command::Elect(args) => match client(&cli.nodes, Some(args.ttl)) {
                 Ok(locks) => (elect::elect(locks.clone(), args).await, Some(locks)),
-                Err(e) => (fail(&e), None),
+                Err(e) => (e.fail(), None),
             },
             Command::Status(args) => match client(&cli.nodes, None) {
                 Ok(locks) => (
                     status::status(locks.clone(), &args.key, args.json).await,
                     Some(locks),
                 ),
-                Err(e) => (fail(&e), None),
+                Err(e) => (e.fail(), None),
             },
             Command::Demo(args) => (demo::demo(args).await, None),
         };
@@ -460,48 +412,6 @@ fn usage_error(e: &clap::Error) -> u8 {
     }
 }
 
-/// The node URLs from `--nodes` pieces split at commas: a piece without `://` continues the
-/// member URL before it (`redis+cluster://h1:p1,h2:p2` lists its seeds with commas). Empty
-/// pieces (a trailing comma) are ignored.
-fn member_urls(pieces: &[String]) -> Vec<String> {
-    let mut urls: Vec<String> = Vec::new();
-    for piece in pieces.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
-        match urls.last_mut() {
-            Some(last)
-                if !piece.contains("://")
-                    && (last.starts_with("redis+cluster://")
-                        || last.starts_with("redis+sentinel://")) =>
-            {
-                last.push(',');
-                last.push_str(piece);
-            }
-            _ => urls.push(piece.to_owned()),
-        }
-    }
-    urls
-}
-
-/// Builds the client from the node options.
-///
-/// The max ttl (how long a fresh node is held out) is `--max-ttl`, raised to this run's `ttl`.
-/// It is fixed here rather than learnt from the first acquisition because the strict guard
-/// judges each node when it first connects.
-fn client(args: &NodeArgs, ttl: Option<Duration>) -> Result<Redlock, Error> {
-    let urls = member_urls(&args.nodes);
-    let guard = match args.restart_guard {
-        Guard::Off => RestartGuard::Off,
-        Guard::Restarted => RestartGuard::Restarted,
-        Guard::Strict => RestartGuard::Strict,
-    };
-    let mut builder = Redlock::builder(urls)
-        .node_timeout(args.node_timeout)
-        .restart_guard(guard);
-    if let Some(max_ttl) = args.max_ttl.max(ttl) {
-        builder = builder.max_ttl(max_ttl);
-    }
-    Ok(builder.build()?)
-}
-
 /// Library diagnostics (`tracing`) on stderr, off unless `REDLOCK_LOG` asks for them
 /// (e.g. `REDLOCK_LOG=warn` or `REDLOCK_LOG=quorumlock=debug`).
 fn init_logging() {
@@ -522,33 +432,6 @@ fn init_logging() {
 mod tests {
     use super::*;
 
-    #[test]
-    fn comma_lists_inside_member_urls_stay_whole() {
-        let pieces: Vec<String> = [
-            "redis://a:1",
-            "redis+cluster://h1:1",
-            "h2:2",
-            "h3:3",
-            "redis+sentinel://s1:1",
-            "s2:2/mymaster",
-            "unix:///tmp/r.sock",
-            "",
-        ]
-        .map(str::to_owned)
-        .to_vec();
-        assert_eq!(
-            member_urls(&pieces),
-            [
-                "redis://a:1",
-                "redis+cluster://h1:1,h2:2,h3:3",
-                "redis+sentinel://s1:1,s2:2/mymaster",
-                "unix:///tmp/r.sock"
-            ]
-        );
-        // A piece without a scheme after a single-server URL stays its own (and fails to parse).
-        let pieces = ["redis://a:1", "b:2"].map(str::to_owned).to_vec();
-        assert_eq!(member_urls(&pieces), ["redis://a:1", "b:2"]);
-    }
     use clap::CommandFactory;
 
     #[test]
