@@ -1,0 +1,306 @@
+//! Two costs issue 15 still owed, each beside its baseline in the same run, on 3 local nodes:
+//!
+//! 1. **The counter layout** (item 1). A fenced acquire round (one `EVALSHA` per node, decided
+//!    at a quorum, as `benches/support/floor.rs` does) with three scripts:
+//!    - `per-name`: the layout before item 1, `SET NX PX` + `INCR` of the name's own counter
+//!      (the floor's `acquire-fenced`; the baseline);
+//!    - `slot`: the library's `ACQUIRE` today, `SET NX PX` + `GET` of the legacy per-name
+//!      counter (the migration) + `INCR` of the slot's counter;
+//!    - `slot-no-legacy-get`: the same without the migration's `GET`, to isolate it.
+//!
+//!    Before criterion, each script's Redis-side cost (`usec_per_call` of `EVALSHA` in
+//!    `INFO commandstats`, after `CONFIG RESETSTAT`, over the same number of calls) is printed.
+//! 2. **A member given as the user's `redis::Client`** against the same member by URL:
+//!    acquire+release through the library, both clients on the same nodes.
+//!
+//! `cargo bench --features testkit --bench layout`.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use quorumlock::testkit::LocalCluster;
+use quorumlock::{Redlock, RedlockBuilder};
+use redis::aio::MultiplexedConnection;
+use redis::{Script, Value};
+use tokio::runtime::Runtime;
+
+const TTL: Duration = Duration::from_secs(10);
+const TTL_MS: u64 = 10_000;
+/// Calls per script for the Redis-side figure.
+const SERVER_CALLS: u64 = 5_000;
+
+const PER_NAME: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0";
+/// The library's `ACQUIRE` (`src/node/scripts.rs`), copied so it can run beside the others.
+const SLOT: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local legacy = redis.call('GET', KEYS[3])
+  if legacy then
+    if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(legacy) then
+      redis.call('SET', KEYS[2], legacy)
+    end
+    redis.call('DEL', KEYS[3])
+  end
+  return redis.call('INCR', KEYS[2])
+end
+return redis.call('GET', KEYS[1]) or 0
+"#;
+const SLOT_NO_LEGACY_GET: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', KEYS[2])
+end
+return redis.call('GET', KEYS[1]) or 0
+"#;
+
+fn next_key() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("bench:{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Redis Cluster's hash slot of a key (its hash tag's, when it has one).
+fn slot(key: &[u8]) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(key) % 16384
+}
+
+/// A tag of at most three characters for every slot, as the library's key layout has.
+fn slot_tag(key: &str) -> &'static str {
+    static TAGS: OnceLock<Vec<String>> = OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+        let mut tags = vec![String::new(); 16384];
+        let mut strings: Vec<Vec<u8>> = vec![Vec::new()];
+        for _ in 0..3 {
+            strings = strings
+                .iter()
+                .flat_map(|p| ALPHABET.iter().map(move |&c| [p.as_slice(), &[c]].concat()))
+                .collect();
+            for t in &strings {
+                let s = usize::from(slot(t));
+                if tags[s].is_empty() {
+                    tags[s] = String::from_utf8(t.clone()).expect("ascii");
+                }
+            }
+        }
+        tags
+    });
+    &tags[usize::from(slot(key.as_bytes()))]
+}
+
+/// One fenced acquire script and the keys it is given for a name.
+struct Variant {
+    name: &'static str,
+    sha: String,
+    keys: fn(&str) -> Vec<String>,
+}
+
+fn variants() -> Vec<(Variant, &'static str)> {
+    let v = |name, code: &'static str, keys| {
+        (
+            Variant {
+                name,
+                sha: Script::new(code).get_hash().to_owned(),
+                keys,
+            },
+            code,
+        )
+    };
+    vec![
+        v("per-name", PER_NAME, |k| {
+            vec![format!("quorumlock:{{{k}}}"), format!("quorumlock:{{{k}}}:fence")]
+        }),
+        v("slot", SLOT, |k| {
+            vec![
+                format!("quorumlock:{{{k}}}"),
+                format!("quorumlock:fence:{{{}}}", slot_tag(k)),
+                format!("quorumlock:{{{k}}}:fence"),
+            ]
+        }),
+        v("slot-no-legacy-get", SLOT_NO_LEGACY_GET, |k| {
+            vec![
+                format!("quorumlock:{{{k}}}"),
+                format!("quorumlock:fence:{{{}}}", slot_tag(k)),
+            ]
+        }),
+    ]
+}
+
+/// One fenced acquire round: the script on every node at once, decided at a quorum of tokens.
+async fn round(conns: &[MultiplexedConnection], variant: &Variant) -> bool {
+    let key = next_key();
+    let value = format!("{:032x}", rand::random::<u128>());
+    let mut cmd = redis::cmd("EVALSHA");
+    let keys = (variant.keys)(&key);
+    cmd.arg(&variant.sha).arg(keys.len()).arg(&keys);
+    cmd.arg(&value).arg(TTL_MS);
+    let quorum = conns.len() / 2 + 1;
+    let mut calls: FuturesUnordered<_> = conns
+        .iter()
+        .map(|c| {
+            let mut c = c.clone();
+            let cmd = &cmd;
+            async move { cmd.query_async::<Value>(&mut c).await }
+        })
+        .collect();
+    let mut yes = 0;
+    while let Some(reply) = calls.next().await {
+        if matches!(reply, Ok(Value::Int(n)) if n > 0) {
+            yes += 1;
+            if yes >= quorum {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// `usec_per_call` of `EVALSHA` summed over the nodes, after `calls` rounds of `variant`.
+async fn server_cost(conns: &[MultiplexedConnection], variant: &Variant, calls: u64) -> f64 {
+    for c in conns {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut c.clone())
+            .await
+            .expect("CONFIG RESETSTAT");
+    }
+    for _ in 0..calls {
+        assert!(round(conns, variant).await, "{} round", variant.name);
+    }
+    let mut total = 0.0;
+    for c in conns {
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c.clone())
+            .await
+            .expect("INFO");
+        let line = stats
+            .lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .expect("EVALSHA stats");
+        let per_call = line
+            .split(',')
+            .find_map(|f| f.strip_prefix("usec_per_call="))
+            .and_then(|v| v.parse::<f64>().ok())
+            .expect("usec_per_call");
+        total += per_call;
+    }
+    total / conns.len() as f64
+}
+
+fn layout(c: &mut Criterion) {
+    let rt = runtime();
+    let cluster = LocalCluster::start(3).unwrap_or_else(|e| panic!("{e}"));
+    let variants = variants();
+    let conns: Vec<MultiplexedConnection> = rt.block_on(async {
+        let mut conns = Vec::new();
+        for url in cluster.urls() {
+            let client = redis::Client::open(url).expect("url");
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&redis::AsyncConnectionConfig::new())
+                .await
+                .expect("connect");
+            for (_, code) in &variants {
+                let _: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(*code)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("SCRIPT LOAD");
+            }
+            conns.push(conn);
+        }
+        conns
+    });
+    // Redis' side: each script's execution time per call, twice in alternation.
+    rt.block_on(async {
+        let mut costs = vec![Vec::new(); variants.len()];
+        for _ in 0..2 {
+            for (i, (v, _)) in variants.iter().enumerate() {
+                costs[i].push(server_cost(&conns, v, SERVER_CALLS).await);
+            }
+        }
+        let base: f64 = costs[0].iter().sum::<f64>() / 2.0;
+        for (i, (v, _)) in variants.iter().enumerate() {
+            let mean = costs[i].iter().sum::<f64>() / 2.0;
+            println!(
+                "redis-side EVALSHA usec_per_call {:<20} {:.2} / {:.2} us  mean {:.2}  = {:.2}x per-name",
+                v.name,
+                costs[i][0],
+                costs[i][1],
+                mean,
+                mean / base
+            );
+        }
+    });
+    let mut g = c.benchmark_group("fenced-acquire-3-nodes");
+    g.sample_size(30).measurement_time(Duration::from_secs(4));
+    for (v, _) in &variants {
+        g.bench_function(v.name, |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        assert!(round(&conns, v).await);
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+fn member(c: &mut Criterion) {
+    let rt = runtime();
+    let cluster = LocalCluster::start(3).unwrap_or_else(|e| panic!("{e}"));
+    let urls = cluster.urls();
+    let tuned = |b: RedlockBuilder| b.node_timeout(Duration::from_millis(500));
+    let by_url = tuned(Redlock::builder(&urls)).build().expect("valid config");
+    let by_client = tuned(urls.iter().fold(RedlockBuilder::default(), |b, u| {
+        b.client(redis::Client::open(u.as_str()).expect("url"))
+    }))
+    .build()
+    .expect("valid config");
+    let targets = [("url", by_url), ("client", by_client)];
+    rt.block_on(async {
+        for (_, locks) in &targets {
+            for _ in 0..20 {
+                let lock = locks.try_acquire(&next_key(), TTL).await.expect("warm-up");
+                lock.release().await.expect("warm-up release");
+            }
+        }
+    });
+    let mut g = c.benchmark_group("member-3-nodes");
+    g.sample_size(30).measurement_time(Duration::from_secs(4));
+    // Twice each, alternating, so a change in the box's load shows as a difference between
+    // the two runs of one target rather than between targets.
+    for round in ["a", "b"] {
+        for (name, locks) in &targets {
+            g.bench_function(format!("{name}/acquire+release/{round}"), |b| {
+                b.iter_custom(|iters| {
+                    rt.block_on(async {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            let lock = locks.try_acquire(&next_key(), TTL).await.expect("acquire");
+                            lock.release().await.expect("release");
+                        }
+                        start.elapsed()
+                    })
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+criterion_group!(benches, layout, member);
+criterion_main!(benches);
