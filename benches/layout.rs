@@ -30,8 +30,13 @@ use tokio::runtime::Runtime;
 
 const TTL: Duration = Duration::from_secs(10);
 const TTL_MS: u64 = 10_000;
-/// Calls per script for the Redis-side figure.
-const SERVER_CALLS: u64 = 5_000;
+/// Calls per script and slice for the Redis-side figure.
+const SERVER_CALLS: u64 = 1_000;
+/// Slices per target, taken in alternation (target A, B, C, A, B, C, ...): a change in the
+/// shared box's load then shows in every target's spread, not as a difference between them.
+const SLICES: usize = 9;
+/// Operations per slice in the alternating latency figure.
+const PER_SLICE: u32 = 300;
 
 const PER_NAME: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0";
 /// The library's `ACQUIRE` (`src/node/scripts.rs`), copied so it can run beside the others.
@@ -109,7 +114,10 @@ fn variants() -> Vec<(Variant, &'static str)> {
     };
     vec![
         v("per-name", PER_NAME, |k| {
-            vec![format!("quorumlock:{{{k}}}"), format!("quorumlock:{{{k}}}:fence")]
+            vec![
+                format!("quorumlock:{{{k}}}"),
+                format!("quorumlock:{{{k}}}:fence"),
+            ]
         }),
         v("slot", SLOT, |k| {
             vec![
@@ -213,26 +221,29 @@ fn layout(c: &mut Criterion) {
         }
         conns
     });
-    // Redis' side: each script's execution time per call, twice in alternation.
+    // Redis' side: each script's execution time per call, slices in alternation.
     rt.block_on(async {
         let mut costs = vec![Vec::new(); variants.len()];
-        for _ in 0..2 {
+        for _ in 0..SLICES {
             for (i, (v, _)) in variants.iter().enumerate() {
                 costs[i].push(server_cost(&conns, v, SERVER_CALLS).await);
             }
         }
-        let base: f64 = costs[0].iter().sum::<f64>() / 2.0;
-        for (i, (v, _)) in variants.iter().enumerate() {
-            let mean = costs[i].iter().sum::<f64>() / 2.0;
-            println!(
-                "redis-side EVALSHA usec_per_call {:<20} {:.2} / {:.2} us  mean {:.2}  = {:.2}x per-name",
-                v.name,
-                costs[i][0],
-                costs[i][1],
-                mean,
-                mean / base
-            );
+        report("redis-side EVALSHA usec_per_call", &names(&variants), costs);
+    });
+    // The round's latency, slices in alternation.
+    rt.block_on(async {
+        let mut times = vec![Vec::new(); variants.len()];
+        for _ in 0..SLICES {
+            for (i, (v, _)) in variants.iter().enumerate() {
+                let start = Instant::now();
+                for _ in 0..PER_SLICE {
+                    assert!(round(&conns, v).await);
+                }
+                times[i].push(start.elapsed().as_secs_f64() * 1e6 / f64::from(PER_SLICE));
+            }
         }
+        report("fenced acquire round, us", &names(&variants), times);
     });
     let mut g = c.benchmark_group("fenced-acquire-3-nodes");
     g.sample_size(30).measurement_time(Duration::from_secs(4));
@@ -257,7 +268,9 @@ fn member(c: &mut Criterion) {
     let cluster = LocalCluster::start(3).unwrap_or_else(|e| panic!("{e}"));
     let urls = cluster.urls();
     let tuned = |b: RedlockBuilder| b.node_timeout(Duration::from_millis(500));
-    let by_url = tuned(Redlock::builder(&urls)).build().expect("valid config");
+    let by_url = tuned(Redlock::builder(&urls))
+        .build()
+        .expect("valid config");
     let by_client = tuned(urls.iter().fold(RedlockBuilder::default(), |b, u| {
         b.client(redis::Client::open(u.as_str()).expect("url"))
     }))
@@ -271,6 +284,21 @@ fn member(c: &mut Criterion) {
                 lock.release().await.expect("warm-up release");
             }
         }
+    });
+    rt.block_on(async {
+        let mut times = vec![Vec::new(); targets.len()];
+        for _ in 0..SLICES {
+            for (i, (_, locks)) in targets.iter().enumerate() {
+                let start = Instant::now();
+                for _ in 0..PER_SLICE {
+                    let lock = locks.try_acquire(&next_key(), TTL).await.expect("acquire");
+                    lock.release().await.expect("release");
+                }
+                times[i].push(start.elapsed().as_secs_f64() * 1e6 / f64::from(PER_SLICE));
+            }
+        }
+        let names: Vec<&str> = targets.iter().map(|(n, _)| *n).collect();
+        report("acquire+release, us", &names, times);
     });
     let mut g = c.benchmark_group("member-3-nodes");
     g.sample_size(30).measurement_time(Duration::from_secs(4));
@@ -293,6 +321,30 @@ fn member(c: &mut Criterion) {
         }
     }
     g.finish();
+}
+
+fn names(variants: &[(Variant, &'static str)]) -> Vec<&'static str> {
+    variants.iter().map(|(v, _)| v.name).collect()
+}
+
+/// Prints each target's median over its slices, its range, and the ratio of medians to the
+/// first target's (the baseline).
+fn report(what: &str, names: &[&str], mut samples: Vec<Vec<f64>>) {
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let medians: Vec<f64> = samples.iter_mut().map(median).collect();
+    for (i, name) in names.iter().enumerate() {
+        println!(
+            "{what}: {name:<20} median {:>8.2} (range {:.2}..{:.2}) = {:.2}x {}",
+            medians[i],
+            samples[i][0],
+            samples[i][samples[i].len() - 1],
+            medians[i] / medians[0],
+            names[0]
+        );
+    }
 }
 
 fn runtime() -> Runtime {

@@ -127,7 +127,12 @@ async fn t121_compat_excludes_a_library_client_in_compat_mode() {
     cmd.args(["--compat", "elect", "e", "--", "true"]);
     let out = output(cmd).await;
     assert_eq!(out.code(), 64, "{out:?}");
-    assert!(out.one_line_error().contains("fencing"), "{out:?}");
+    assert!(out.one_line_error().contains("--compat"), "{out:?}");
+    let mut cmd = redlock(&cluster);
+    cmd.args(["--compat", "run", "--once-per", "1h", KEY, "--", "true"]);
+    let out = output(cmd).await;
+    assert_eq!(out.code(), 64, "{out:?}");
+    assert!(out.one_line_error().contains("fencing tokens"), "{out:?}");
 }
 
 #[cfg(feature = "tls")]

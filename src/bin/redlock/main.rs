@@ -365,6 +365,10 @@ fn describe(e: &Error) -> String {
         Error::Config(ConfigError::NoNodes) => {
             format!("{e} (use --nodes URL,... or REDLOCK_NODES)")
         }
+        // The CLI turns fencing off only with --compat.
+        Error::Config(ConfigError::FencingRequired) => "--compat (REDLOCK_COMPAT) hands out no \
+            fencing tokens, which elections and --once-per need: use it with `run` alone"
+            .to_owned(),
         // No node failed, so there is none to name: say what the time went to.
         Error::ValidityExpired { key, elapsed, ttl } => format!(
             "the nodes answered too slowly for a quorum on {key:?}: a quorum agreed only after \
@@ -516,6 +520,7 @@ mod tests {
              use a longer --ttl)"
         );
         assert!(describe(&Error::Config(ConfigError::NoNodes)).ends_with("or REDLOCK_NODES)"));
+        assert!(describe(&Error::Config(ConfigError::FencingRequired)).starts_with("--compat"));
     }
 
     #[test]
