@@ -2,11 +2,14 @@
 //! `ClusterClient`) the user configured, against real `redis-server` processes that require a
 //! password the member URLs never carry.
 
+#[cfg(feature = "tls")]
+#[path = "support/pki.rs"]
+mod pki;
 mod support;
 
 use std::time::Duration;
 
-use quorumlock::testkit::{LocalCluster, RedisClusterMember, ServerOptions};
+use quorumlock::testkit::{LocalCluster, RedisClusterMember, RedisServer, ServerOptions};
 use quorumlock::{ConfigError, Error, NodeError, RedlockBuilder};
 use redis::{ConnectionAddr, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo};
 use support::*;
@@ -281,4 +284,104 @@ async fn b14_a_user_cluster_client_as_one_member() {
     let status = locks.status("byo-cluster").await.expect("status");
     assert_eq!(status.answered(), 3, "{status:?}");
     lock.release().await.expect("release");
+}
+
+/// A user's client that reaches a replica instead of a master: the member counts as failed
+/// (its writes are refused: `READONLY`), named in the error; the two masters still make the
+/// quorum. What `RedlockBuilder::client` documents as "a standalone master, not a replica".
+#[tokio::test]
+async fn b15_a_client_of_a_replica_counts_as_failed() {
+    let masters = cluster(2);
+    let replica = RedisServer::start(&ServerOptions::new().replica_of(port(&masters, 0)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let urls = masters.urls();
+    let locks = tuned(
+        RedlockBuilder::default()
+            .node(&urls[0])
+            .node(&urls[1])
+            .client(redis::Client::open(replica.url()).unwrap()),
+    )
+    .build()
+    .expect("valid config");
+    locks
+        .try_acquire("r", TTL)
+        .await
+        .expect("two masters of three")
+        .release()
+        .await
+        .expect("release");
+    // With one master gone, the replica cannot stand in for it.
+    let mut masters = masters;
+    masters.kill(1).unwrap();
+    let err = locks.try_acquire("r2", TTL).await.unwrap_err();
+    let Error::NoQuorum { failures, .. } = &err else {
+        panic!("expected NoQuorum, got {err}")
+    };
+    let on_replica = failures
+        .iter()
+        .find(|f| f.node == replica.url())
+        .unwrap_or_else(|| panic!("the replica is not named: {err}"));
+    assert!(
+        matches!(&on_replica.cause, NodeError::Redis(e)
+            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)),
+        "{}",
+        on_replica.cause
+    );
+}
+
+/// A user's client built with its own TLS certificates (a private CA, a client certificate for
+/// `tls-auth-clients yes`): kept by the member, which reaches the node over mutual TLS; the
+/// same address without the client's certificates is refused.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn b16_a_user_client_keeps_its_tls_certificates() {
+    let pki = pki::Pki::new();
+    init_tracing();
+    let servers: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start(&pki.server_options(true)).unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    let read = |name: &str| std::fs::read(pki.path(name)).expect("PEM file");
+    let tls_client = |s: &RedisServer| {
+        redis::Client::build_with_tls(
+            s.tls_url().unwrap(),
+            redis::TlsCertificates {
+                client_tls: Some(redis::ClientTlsConfig {
+                    client_cert: read("client.crt"),
+                    client_key: read("client.key"),
+                }),
+                root_cert: Some(read("ca.crt")),
+            },
+        )
+        .expect("TLS client")
+    };
+    // Room for TLS handshakes in a debug build on a busy box.
+    let slow = |b: RedlockBuilder| b.node_timeout(Duration::from_secs(2));
+    let locks = slow(
+        servers
+            .iter()
+            .fold(RedlockBuilder::default(), |b, s| b.client(tls_client(s))),
+    )
+    .build()
+    .expect("valid config");
+    assert!(
+        locks
+            .node_names()
+            .iter()
+            .all(|n| n.starts_with("rediss://"))
+    );
+    let lock = locks
+        .try_acquire("tls", TTL)
+        .await
+        .expect("over mutual TLS");
+    let plain: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    spread(&lock, &plain).await;
+    lock.release().await.expect("release");
+
+    let bare = slow(servers.iter().fold(RedlockBuilder::default(), |b, s| {
+        b.client(redis::Client::open(s.tls_url().unwrap()).unwrap())
+    }))
+    .build()
+    .unwrap();
+    let err = bare.try_acquire("tls", TTL).await.unwrap_err();
+    assert!(err.is_no_quorum(), "{err}");
 }
