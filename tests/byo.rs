@@ -385,3 +385,72 @@ async fn b16_a_user_client_keeps_its_tls_certificates() {
     let err = bare.try_acquire("tls", TTL).await.unwrap_err();
     assert!(err.is_no_quorum(), "{err}");
 }
+
+/// Features that open connections of their own go through the user's clients too: an election
+/// over password nodes reached only through clients (RESP3 ones included) leads, writes its
+/// leader record (the lock's connection) and is read back; a waiter, which subscribes to release
+/// notices (a second connection per node, from the same client), takes the lock once the
+/// holder releases.
+#[tokio::test]
+async fn b17_elections_and_waiting_through_user_clients() {
+    let cluster = protected(3);
+    let build = || {
+        tuned((0..3).fold(RedlockBuilder::default(), |b, i| {
+            b.client(user_client(
+                port(&cluster, i),
+                PASSWORD,
+                if i == 1 {
+                    ProtocolVersion::RESP3
+                } else {
+                    ProtocolVersion::RESP2
+                },
+            ))
+        }))
+        .build()
+        .expect("valid config")
+    };
+    let locks = build();
+    let election = quorumlock::Election::builder(locks.clone(), "byo-e")
+        .ttl(TTL)
+        .candidate("alpha")
+        .build()
+        .unwrap();
+    let leadership = tokio::time::timeout(WAIT, election.campaign())
+        .await
+        .expect("leads within the wait")
+        .expect("campaign");
+    let leader = election.leader().await.expect("leader read");
+    assert_eq!(
+        leader.and_then(|l| l.candidate).as_deref(),
+        Some("alpha"),
+        "the leader read back through the user's clients"
+    );
+    leadership.resign().await.expect("resign");
+
+    let other = build();
+    let held = locks.try_acquire("w", TTL).await.expect("acquire");
+    let waiter = tokio::spawn(async move {
+        other
+            .acquire_timeout("w", TTL, Duration::from_secs(20))
+            .await
+    });
+    // The waiters marker on the nodes says the waiter was refused and waits (subscribed).
+    let marker = format!("{}:waiters", lock_key("w"));
+    wait_until(WAIT, "the waiter waits", || async {
+        cluster.urls().iter().any(|u| {
+            redis::cmd("EXISTS")
+                .arg(&marker)
+                .query::<u32>(&mut conn(u))
+                .expect("EXISTS")
+                == 1
+        })
+    })
+    .await;
+    held.release().await.expect("release");
+    let taken = tokio::time::timeout(WAIT, waiter)
+        .await
+        .expect("the waiter takes the lock within the wait")
+        .expect("task")
+        .expect("acquired after the release");
+    taken.release().await.expect("release");
+}
