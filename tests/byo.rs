@@ -454,3 +454,90 @@ async fn b17_elections_and_waiting_through_user_clients() {
         .expect("acquired after the release");
     taken.release().await.expect("release");
 }
+
+/// Credentials on a Cluster member (every shard `requirepass`): by URL
+/// (`redis+cluster://:PASSWORD@...`) and through a user's `ClusterClient` carrying the
+/// password, each beside password-protected standalone nodes reached by client; a cluster
+/// client with a wrong password fails with a typed error, never a panic.
+#[tokio::test]
+async fn b18_a_password_cluster_by_url_and_by_cluster_client() {
+    init_tracing();
+    let member = RedisClusterMember::start_with(&ServerOptions::new().password(PASSWORD))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let standalone = protected(2);
+    let with_cluster = |b: RedlockBuilder| {
+        tuned((0..2).fold(b, |b, i| {
+            b.client(user_client(
+                port(&standalone, i),
+                PASSWORD,
+                ProtocolVersion::RESP2,
+            ))
+        }))
+        .build()
+        .expect("valid config")
+    };
+    let seeds = |password: &str| {
+        redis::cluster::ClusterClient::builder(
+            member
+                .addresses()
+                .iter()
+                .map(|a| format!("redis://{a}"))
+                .collect::<Vec<_>>(),
+        )
+        .password(password)
+        .build()
+        .unwrap()
+    };
+    assert!(
+        member.url().starts_with("redis+cluster://:"),
+        "{}",
+        member.url()
+    );
+    for (what, locks) in [
+        (
+            "by URL",
+            with_cluster(RedlockBuilder::default().node(member.url())),
+        ),
+        (
+            "by cluster client",
+            with_cluster(RedlockBuilder::default().cluster_client(seeds(PASSWORD))),
+        ),
+    ] {
+        assert!(
+            locks.node_names().iter().all(|n| !n.contains(PASSWORD)),
+            "{:?}",
+            locks.node_names()
+        );
+        warm(&locks).await;
+        let lock = locks.try_acquire("pw", TTL).await.expect(what);
+        let status = locks.status("pw").await.expect("status");
+        assert_eq!(status.answered(), 3, "{what}: {status:?}");
+        lock.release().await.expect("release");
+    }
+
+    let wrong = tuned(
+        RedlockBuilder::default()
+            .cluster_client(seeds("wrong"))
+            .node(&standalone.urls()[0]),
+    )
+    .build()
+    .unwrap();
+    let err = wrong.try_acquire("pw", TTL).await.unwrap_err();
+    let Error::NoQuorum { failures, .. } = &err else {
+        panic!("expected NoQuorum, got {err}")
+    };
+    let cluster = failures
+        .iter()
+        .find(|f| f.node == "cluster client #1")
+        .unwrap_or_else(|| panic!("the cluster member is not named: {err}"));
+    assert!(
+        cluster.cause.to_string().to_lowercase().contains("auth")
+            || cluster
+                .cause
+                .to_string()
+                .to_lowercase()
+                .contains("password"),
+        "{}",
+        cluster.cause
+    );
+}

@@ -208,7 +208,7 @@ impl RedlockBuilder {
     /// use redis::cluster::ClusterClient;
     ///
     /// let cluster = ClusterClient::builder(["redis://127.0.0.1:7101", "redis://127.0.0.1:7102"])
-    ///     .password("s3cret".to_owned())
+    ///     .password("s3cret")
     ///     .build()?;
     /// let locks = RedlockBuilder::default()
     ///     .cluster_client(cluster)

@@ -3,7 +3,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use super::{RedisServer, ServerOptions, TestkitError, query, wait_until};
+use super::{RedisServer, ServerOptions, TestkitError, wait_until};
 
 /// How long a cluster may take to agree on its slots (`cluster_state:ok` on every node), after
 /// its creation or a shard's restart.
@@ -42,7 +42,17 @@ impl RedisClusterMember {
     /// missing: install `redis-tools`, or set `REDIS_CLI_BIN`); [`TestkitError::Timeout`] when
     /// the cluster does not become ready.
     pub fn start() -> Result<Self, TestkitError> {
-        let options = ServerOptions::new().cluster();
+        Self::start_with(&ServerOptions::new())
+    }
+
+    /// As [`start`](Self::start), every shard with these options (made cluster-enabled), e.g.
+    /// a password: [`url`](Self::url) then carries it, and `redis-cli` authenticates with it.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with(options: &ServerOptions) -> Result<Self, TestkitError> {
+        let options = options.clone().cluster();
         let shards = (0..Self::SHARDS)
             .map(|_| RedisServer::start(&options))
             .collect::<Result<Vec<_>, _>>()?;
@@ -52,6 +62,9 @@ impl RedisClusterMember {
         cmd.args(["--cluster", "create"])
             .args(member.addresses())
             .args(["--cluster-replicas", "0", "--cluster-yes"]);
+        if let Some(password) = &options.password {
+            cmd.args(["-a", password, "--no-auth-warning"]);
+        }
         let what = format!("{cli} --cluster create");
         let output = cmd.output().map_err(|e| TestkitError::Command {
             what: what.clone(),
@@ -79,9 +92,16 @@ impl RedisClusterMember {
             .collect()
     }
 
-    /// The member URL: `redis+cluster://` and every shard's address, comma-separated.
+    /// The member URL: `redis+cluster://` and every shard's address, comma-separated (with
+    /// `:PASSWORD@` first when the shards have one).
     pub fn url(&self) -> String {
-        format!("redis+cluster://{}", self.addresses().join(","))
+        let auth = self
+            .shards
+            .first()
+            .and_then(|s| s.options.password.as_deref())
+            .map(|p| format!(":{p}@"))
+            .unwrap_or_default();
+        format!("redis+cluster://{auth}{}", self.addresses().join(","))
     }
 
     /// Shard `i`.
@@ -105,17 +125,16 @@ impl RedisClusterMember {
             || {
                 let mut last = "no shard running".to_owned();
                 for shard in self.shards.iter().filter(|s| s.is_running()) {
-                    let reply: redis::RedisResult<(i64, String)> =
-                        query(shard.port(), redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
-                            .and_then(|slot| {
-                                Ok((
-                                    slot,
-                                    query(
-                                        shard.port(),
-                                        &redis::cmd("CLUSTER").arg("NODES").clone(),
-                                    )?,
-                                ))
-                            });
+                    let reply: redis::RedisResult<(i64, String)> = query_shard(
+                        shard,
+                        redis::cmd("CLUSTER").arg("KEYSLOT").arg(key),
+                    )
+                    .and_then(|slot| {
+                        Ok((
+                            slot,
+                            query_shard(shard, &redis::cmd("CLUSTER").arg("NODES").clone())?,
+                        ))
+                    });
                     match reply {
                         Ok((slot, nodes)) => match owner_port(&nodes, slot) {
                             Some(port) => {
@@ -165,7 +184,7 @@ impl RedisClusterMember {
     pub fn wait_ok(&self) -> Result<(), TestkitError> {
         wait_until("cluster_state:ok on every shard", CLUSTER_READY, || {
             for shard in self.shards.iter().filter(|s| s.is_running()) {
-                let info: String = query(shard.port(), redis::cmd("CLUSTER").arg("INFO"))
+                let info: String = query_shard(shard, redis::cmd("CLUSTER").arg("INFO"))
                     .map_err(|e| format!("port {}: {e}", shard.port()))?;
                 let ok = info.lines().any(|l| l.trim() == "cluster_state:ok");
                 let known = info
@@ -182,6 +201,17 @@ impl RedisClusterMember {
             Ok(())
         })
     }
+}
+
+/// One command on one shard, with its password when it has one.
+fn query_shard<T: redis::FromRedisValue>(
+    shard: &RedisServer,
+    cmd: &redis::Cmd,
+) -> redis::RedisResult<T> {
+    let client = redis::Client::open(shard.url())?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
+    conn.set_read_timeout(Some(Duration::from_secs(1)))?;
+    cmd.query(&mut conn)
 }
 
 /// The port of the master serving `slot` in a `CLUSTER NODES` reply.
