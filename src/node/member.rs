@@ -13,7 +13,8 @@
 //!   `ROLE` checked) on every connect, so a failover is followed by reconnecting. Credentials
 //!   (`redis+sentinel://[user:password@]...`) apply to the primary, not to the sentinels.
 //!
-//! Both are plain TCP in this version (no `rediss+...`).
+//! Both are plain TCP in this version (no `rediss+...`); a Cluster over TLS is reachable through
+//! a `ClusterClient` of the user's (`RedlockBuilder::cluster_client`, `from_cluster_client` below).
 //!
 //! # The restart guard on these members
 //!
