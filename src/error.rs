@@ -129,6 +129,18 @@ impl Error {
     }
 
     /// True for [`Error::PermissionDenied`]: the nodes' ACL refuses a command the crate needs.
+    ///
+    /// ```
+    /// # use quorumlock::Error;
+    /// fn what_to_do(e: &Error) -> &'static str {
+    ///     if e.is_permission_denied() {
+    ///         "grant the command named in the error (docs/acl.md); retrying will not help"
+    ///     } else {
+    ///         "retry later"
+    ///     }
+    /// }
+    /// # let _ = what_to_do;
+    /// ```
     pub fn is_permission_denied(&self) -> bool {
         matches!(self, Error::PermissionDenied { .. })
     }

@@ -191,6 +191,18 @@ impl ServerOptions {
     }
 
     /// With this line in the server's configuration file (see [`ServerOptions::config`]).
+    ///
+    /// ```no_run
+    /// use quorumlock::testkit::{LocalCluster, ServerOptions};
+    /// // A node like a managed service: CONFIG gone, one ACL user, the default user off.
+    /// let options = ServerOptions::new()
+    ///     .config_line("rename-command CONFIG \"\"")
+    ///     .config_line("user default off")
+    ///     .config_line("user app on >secret ~quorumlock:* &quorumlock:* +@all -script")
+    ///     .user("app", "secret");
+    /// let cluster = LocalCluster::start_with(3, &options)?;
+    /// # Ok::<(), quorumlock::testkit::TestkitError>(())
+    /// ```
     pub fn config_line(mut self, line: &str) -> Self {
         self.config.push(line.to_owned());
         self
