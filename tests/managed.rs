@@ -301,3 +301,62 @@ async fn m3_config_renamed_and_script_load_refused_work_by_eval() {
     .await;
     assert!(locks.status("m3").await.unwrap().nodes[0].scripts_by_eval);
 }
+
+/// What a `tracing` subscriber receives, as formatted lines.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The switch to `EVAL` is logged once per node, at info, naming the refused command: not
+/// again when the node is met again after a restart (which refuses `SCRIPT LOAD` again), and
+/// not on every call. A current-thread runtime, so the connect tasks log to this thread's
+/// subscriber.
+#[tokio::test]
+async fn m4_the_eval_fallback_is_logged_once_per_node() {
+    let user = documented_user(&["+script|load"]);
+    let mut cluster = acl_cluster(3, &user, &[]);
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let locks = client(&cluster);
+    warm(&locks).await;
+    for _ in 0..3 {
+        let lock = locks.try_acquire("m4", TTL).await.expect("acquire");
+        lock.release().await.expect("release");
+    }
+    cluster.restart(0).unwrap();
+    wait_until(WAIT, "node 0 met again", || async {
+        locks.status("m4").await.unwrap().nodes[0].state.is_ok()
+    })
+    .await;
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("scripts are sent to it as EVAL"))
+        .collect();
+    assert_eq!(lines.len(), 3, "one per node: {text}");
+    for name in locks.node_names() {
+        let line = lines
+            .iter()
+            .find(|l| l.contains(&format!("node={name} ")))
+            .unwrap_or_else(|| panic!("a line for {name}: {text}"));
+        assert!(
+            line.contains(" INFO ") && line.contains("SCRIPT|LOAD"),
+            "{line}"
+        );
+    }
+}

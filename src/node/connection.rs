@@ -195,10 +195,10 @@ impl Node {
         };
         let (info, persistence) = (info()?, info()?);
         match replies.find_map(Result::err) {
-            Some(e) => self.use_eval(
-                &scripts::denial(&e, Some("SCRIPT|LOAD"))
-                    .map_or_else(|| format!("SCRIPT LOAD ({e})"), |denied| denied.to_string()),
-            ),
+            Some(e) => self.use_eval(&match scripts::denial(&e, Some("SCRIPT|LOAD")) {
+                Some(NodeError::Denied { command, .. }) => command,
+                _ => format!("SCRIPT LOAD ({e})"),
+            }),
             None => self.scripts_loaded(),
         }
         let (run_id, uptime) = parse_info(&info)

@@ -186,8 +186,8 @@ impl Node {
             tracing::info!(
                 node = %self.name,
                 refused,
-                "the node refuses {refused}; scripts are sent to it as EVAL with their body \
-                 (the lock works; each call carries the script)"
+                "the node refuses {refused}: scripts are sent to it as EVAL with their body \
+                 from now on (the lock works; each call carries the script)"
             );
         }
     }
