@@ -189,6 +189,17 @@ async fn m1_a_user_with_exactly_the_documented_acl_runs_every_feature() {
         .unwrap();
     assert!(job.run(1, |_| async {}).await.unwrap().ran());
     assert!(!job.run(1, |_| async {}).await.unwrap().ran(), "tick 1 ran");
+
+    // Nothing the client sent was refused (Redis logs every ACL refusal, pub/sub included;
+    // node 0's log starts at its restart).
+    drop((job, election, locks));
+    for i in 0..3 {
+        let refusals: Vec<redis::Value> = redis::cmd("ACL")
+            .arg("LOG")
+            .query(&mut admin(&cluster, i))
+            .unwrap();
+        assert!(refusals.is_empty(), "node {i}: {refusals:?}");
+    }
 }
 
 /// One command taken from the list: the error names it. On a minority of nodes the lock still
