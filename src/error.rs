@@ -79,6 +79,31 @@ pub enum Error {
         /// Why we know.
         reason: LostReason,
     },
+    /// The nodes' ACL refuses a command (or a key or channel) this operation needs, on so many
+    /// nodes that the refusals alone rule out a quorum (more than `nodes - needed` refused).
+    /// Not retried: granting the permission is the fix (`docs/acl.md` lists every command the
+    /// crate sends, per feature). Refusals on a minority of nodes do not fail an operation:
+    /// those nodes count as failed, are logged once at warn, and are listed as
+    /// [`NodeError::Denied`] in any [`Error::NoQuorum`] that other failures complete.
+    #[error(
+        "permission denied on {key:?}: the Redis user may not run {command} on {denied} of {nodes} nodes ({needed} needed for a quorum); grant it (docs/acl.md); {}",
+        FailureList(.failures)
+    )]
+    PermissionDenied {
+        /// The user key.
+        key: String,
+        /// The refused command as Redis names it in ACL rules (`INCR`, `SCRIPT|LOAD`), from the
+        /// first refusal; see each failure for the others.
+        command: String,
+        /// How many nodes refused.
+        denied: usize,
+        /// The configured number of nodes.
+        nodes: usize,
+        /// The quorum.
+        needed: usize,
+        /// Every node that failed, and why (the refusals as [`NodeError::Denied`]).
+        failures: Vec<NodeFailure>,
+    },
     /// The ttl (or another per-call argument) cannot work with this configuration.
     #[error("invalid argument: {0}")]
     InvalidArgument(#[from] ArgumentError),
@@ -101,6 +126,60 @@ impl Error {
     /// True for [`Error::Lost`].
     pub fn is_lost(&self) -> bool {
         matches!(self, Error::Lost { .. })
+    }
+
+    /// True for [`Error::PermissionDenied`]: the nodes' ACL refuses a command the crate needs.
+    ///
+    /// ```
+    /// # use quorumlock::Error;
+    /// fn what_to_do(e: &Error) -> &'static str {
+    ///     if e.is_permission_denied() {
+    ///         "grant the command named in the error (docs/acl.md); retrying will not help"
+    ///     } else {
+    ///         "retry later"
+    ///     }
+    /// }
+    /// # let _ = what_to_do;
+    /// ```
+    pub fn is_permission_denied(&self) -> bool {
+        matches!(self, Error::PermissionDenied { .. })
+    }
+
+    /// [`Error::PermissionDenied`] when the refusals among `failures` alone rule out a quorum
+    /// of `needed` out of `nodes` (more than `nodes - needed` nodes refused); otherwise
+    /// [`Error::NoQuorum`]. A minority of refusals with other failures is a `NoQuorum` (the
+    /// other nodes may come back) that lists each refusal with its command.
+    pub(crate) fn no_quorum(
+        key: &str,
+        reached: usize,
+        (nodes, needed): (usize, usize),
+        failures: Vec<NodeFailure>,
+    ) -> Error {
+        let mut denied = failures.iter().filter_map(|f| match &f.cause {
+            NodeError::Denied { command, .. } => Some(command),
+            _ => None,
+        });
+        if let Some(command) = denied.next() {
+            let count = 1 + denied.count();
+            if count > nodes.saturating_sub(needed) {
+                let command = command.clone();
+                return Error::PermissionDenied {
+                    key: key.to_owned(),
+                    command,
+                    denied: count,
+                    nodes,
+                    needed,
+                    failures,
+                };
+            }
+        }
+        Error::NoQuorum {
+            key: key.to_owned(),
+            reached,
+            nodes,
+            needed,
+            failures,
+        }
     }
 
     /// Whether another attempt later may succeed (contention, unreachable nodes, slow rounds).
@@ -226,6 +305,19 @@ pub enum NodeError {
     /// The node's reply had an unexpected shape.
     #[error("unexpected reply: {0}")]
     BadReply(String),
+    /// The node's ACL refused a command the crate sent (a `NOPERM` reply), or a command one of
+    /// its scripts calls, or a key or channel outside the user's patterns. Not retried on the
+    /// node's connection; the node counts as failed until the permission is granted.
+    #[error("permission denied: the Redis user may not run {command} ({reason}); see docs/acl.md")]
+    Denied {
+        /// The refused command as Redis names it in ACL rules (`INCR`, `SCRIPT|LOAD`). For a
+        /// refusal inside a script, the command(s) called on the script's failing line
+        /// (`GET or PTTL`).
+        command: String,
+        /// What was refused: the command itself, a key outside the user's key patterns, or a
+        /// channel outside its channel patterns.
+        reason: &'static str,
+    },
 }
 
 impl NodeError {
@@ -255,6 +347,7 @@ impl NodeError {
             NodeError::Redis(_) => "redis",
             NodeError::HeldByAnother => "held",
             NodeError::BadReply(_) => "bad_reply",
+            NodeError::Denied { .. } => "denied",
         }
     }
 }
@@ -438,3 +531,47 @@ impl fmt::Display for FailureList<'_> {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(cause: NodeError) -> NodeFailure {
+        NodeFailure {
+            node: "n".to_owned(),
+            cause,
+        }
+    }
+
+    fn denied() -> NodeFailure {
+        failure(NodeError::Denied {
+            command: "INCR".to_owned(),
+            reason: "command not allowed",
+        })
+    }
+
+    /// Refusals alone ruling out a quorum are `PermissionDenied` (not retried); a minority of
+    /// them beside other failures is a `NoQuorum` that names them.
+    #[test]
+    fn refusals_on_a_majority_are_permission_denied() {
+        let e = Error::no_quorum("k", 1, (3, 2), vec![denied(), denied()]);
+        assert!(e.is_permission_denied() && !e.is_retryable(), "{e}");
+        assert!(
+            e.to_string().contains("may not run INCR on 2 of 3 nodes"),
+            "{e}"
+        );
+        let e = Error::no_quorum(
+            "k",
+            1,
+            (3, 2),
+            vec![denied(), failure(NodeError::Timeout(Duration::ZERO))],
+        );
+        assert!(e.is_no_quorum() && e.is_retryable(), "{e}");
+        assert!(e.to_string().contains("may not run INCR"), "{e}");
+        let e = Error::no_quorum("k", 4, (5, 3), vec![denied(), denied()]);
+        assert!(
+            e.is_no_quorum(),
+            "two of five refusing leave a quorum possible: {e}"
+        );
+    }
+}

@@ -224,14 +224,15 @@ impl Redlock {
         }
     }
 
+    /// [`Error::NoQuorum`], or [`Error::PermissionDenied`] when ACL refusals alone rule out a
+    /// quorum.
     pub(crate) fn no_quorum(&self, key: &str, tally: &Tally, failures: Vec<NodeFailure>) -> Error {
-        Error::NoQuorum {
-            key: key.to_owned(),
-            reached: tally.reached(),
-            nodes: self.node_count(),
-            needed: self.quorum(),
+        Error::no_quorum(
+            key,
+            tally.reached(),
+            (self.node_count(), self.quorum()),
             failures,
-        }
+        )
     }
 }
 
@@ -240,6 +241,7 @@ pub(crate) fn outcome_label(e: &Error) -> &'static str {
         Error::Held { .. } => "held",
         Error::NoQuorum { .. } => "no_quorum",
         Error::ValidityExpired { .. } => "expired",
+        Error::PermissionDenied { .. } => "denied",
         _ => "error",
     }
 }

@@ -38,6 +38,16 @@ pub struct NodeStatus {
     /// What the node's memory policy can do to lock keys, as read on its last connect
     /// ([`EvictionRisk::Unknown`] before any, or where `CONFIG GET` is unavailable).
     pub eviction: EvictionRisk,
+    /// The node's settings the client could not check on its last connect, by their Redis
+    /// names (`appendfsync`, `maxmemory`, `maxmemory-policy`): `CONFIG` is renamed or refused,
+    /// as on many managed services. Unread `appendfsync` means the node is never taken for
+    /// durable (a restart always holds it out for the max ttl and repairs its counters);
+    /// unread `maxmemory*` leave [`eviction`](Self::eviction) unknown. Empty when all were
+    /// read, and before any connect. See `docs/acl.md`.
+    pub unchecked: Vec<&'static str>,
+    /// Whether scripts go to this node as `EVAL` with their body, because it refuses
+    /// `SCRIPT LOAD` or `EVALSHA` (see `docs/acl.md`).
+    pub scripts_by_eval: bool,
 }
 
 /// Every node's view of one key, from [`Redlock::status`].
@@ -164,6 +174,8 @@ impl Redlock {
                     None => r.and_then(parse_status),
                 },
                 eviction: n.eviction(),
+                unchecked: n.unchecked(),
+                scripts_by_eval: n.scripts_by_eval(),
             })
             .collect();
         Ok(LockStatus {

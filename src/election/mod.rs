@@ -372,6 +372,8 @@ pub(crate) mod tests {
                 fence,
             }),
             eviction: crate::EvictionRisk::None,
+            unchecked: Vec::new(),
+            scripts_by_eval: false,
         }
     }
 
@@ -380,6 +382,8 @@ pub(crate) mod tests {
             node: "n".to_owned(),
             state: Err(NodeError::Timeout(Duration::ZERO)),
             eviction: crate::EvictionRisk::Unknown,
+            unchecked: Vec::new(),
+            scripts_by_eval: false,
         }
     }
 

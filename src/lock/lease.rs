@@ -76,7 +76,9 @@ async fn extend_once(client: &Redlock, state: &Arc<LockState>, outage: &mut bool
                 return true;
             }
             Ok(Err(Error::Lost { .. })) => return false,
-            Ok(Err(Error::NoQuorum { failures, .. })) => failures,
+            Ok(Err(
+                Error::NoQuorum { failures, .. } | Error::PermissionDenied { failures, .. },
+            )) => failures,
             Ok(Err(e)) => {
                 tracing::debug!(key = state.key(), error = %e, "extension round failed");
                 Vec::new()

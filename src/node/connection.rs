@@ -169,21 +169,43 @@ impl Node {
     }
 
     /// The connect of a standalone master or a Sentinel member's primary.
+    ///
+    /// A refused `SCRIPT LOAD` (an ACL such as `-script|load`) does not fail the connect: the
+    /// node then gets its scripts as `EVAL` (see `scripts.rs`). `INFO` is required: the restart
+    /// guard cannot work without the run id and uptime.
     async fn meet_server(&self, mut conn: MultiplexedConnection) -> Result<MemberConn, NodeError> {
         let mut pipe = redis::pipe();
+        pipe.ignore_errors();
         pipe.cmd("INFO").arg("server");
         pipe.cmd("INFO").arg("persistence");
         for lua in scripts::all() {
-            pipe.cmd("SCRIPT").arg("LOAD").arg(lua.code()).ignore();
+            pipe.cmd("SCRIPT").arg("LOAD").arg(lua.code());
         }
-        let (info, persistence): (String, String) = pipe
+        let replies: Vec<redis::Value> = pipe
             .query_async(&mut conn)
             .await
             .map_err(|e| self.connect_error(e))?;
+        let mut replies = replies.into_iter().map(redis::Value::extract_error);
+        let mut info = || -> Result<String, NodeError> {
+            let value = replies
+                .next()
+                .unwrap_or(Ok(redis::Value::Nil))
+                .map_err(|e| self.connect_error(e))?;
+            redis::from_redis_value(value).map_err(|e| NodeError::BadReply(e.to_string()))
+        };
+        let (info, persistence) = (info()?, info()?);
+        match replies.find_map(Result::err) {
+            Some(e) => self.use_eval(&match scripts::denial(&e, Some("SCRIPT|LOAD")) {
+                Some(NodeError::Denied { command, .. }) => command,
+                _ => format!("SCRIPT LOAD ({e})"),
+            }),
+            None => self.scripts_loaded(),
+        }
         let (run_id, uptime) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
         let aof = persistence.lines().any(|l| l.trim() == "aof_enabled:1");
         let config = read_config(&mut conn).await;
+        self.observe_config(&config);
         let fsync_always = aof && config.appendfsync.as_deref() == Some("always");
         let marker = if fsync_always {
             durability_marker(&mut conn, &run_id).await
@@ -213,7 +235,9 @@ impl Node {
 
     /// A connect-time error; a timeout there is the connect timeout.
     pub(super) fn connect_error(&self, e: redis::RedisError) -> NodeError {
-        if e.is_timeout() {
+        if let Some(denied) = scripts::denial(&e, None) {
+            denied
+        } else if e.is_timeout() {
             NodeError::Timeout(self.connect_timeout)
         } else {
             NodeError::from_redis(e)

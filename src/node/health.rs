@@ -29,6 +29,8 @@ pub(crate) struct Health {
     /// Bumped each time a restart makes a repair needed: a repair started before the latest
     /// restart (its raises went to the lost data) cannot finish it.
     repair_epoch: u64,
+    /// The settings the last connect could not read (`CONFIG GET` refused or renamed).
+    unchecked: Vec<&'static str>,
 }
 
 /// The key of a node's durability marker: written once (`SET NX`) on a node that runs with
@@ -215,6 +217,38 @@ impl Node {
         }
     }
 
+    /// Records which settings the connect could not read, logged once per change at info (the
+    /// user sees them in `Redlock::status`): unread `appendfsync` means the node is never
+    /// taken for durable (every restart holds it out and repairs it); unread `maxmemory` /
+    /// `maxmemory-policy` leave its eviction risk unknown.
+    pub(super) fn observe_config(&self, config: &NodeConfig) {
+        let unchecked: Vec<&'static str> = [
+            ("appendfsync", config.appendfsync.is_none()),
+            ("maxmemory", config.maxmemory.is_none()),
+            ("maxmemory-policy", config.policy.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(name, unread)| unread.then_some(name))
+        .collect();
+        let mut health = lock(&self.health);
+        if !unchecked.is_empty() && health.unchecked != unchecked {
+            tracing::info!(
+                node = %self.name,
+                unchecked = ?unchecked,
+                "CONFIG GET unavailable (renamed or refused): the node is not taken for durable \
+                 (a restart always holds it out and repairs it) and its eviction policy is \
+                 unknown; check these settings with your provider"
+            );
+        }
+        health.unchecked = unchecked;
+    }
+
+    /// The settings the last connect could not read (`CONFIG GET` refused or renamed), by
+    /// their Redis names; empty before any connect.
+    pub(crate) fn unchecked(&self) -> Vec<&'static str> {
+        lock(&self.health).unchecked.clone()
+    }
+
     /// The node's memory policy risk as last read on connect.
     pub(crate) fn eviction(&self) -> EvictionRisk {
         lock(&self.health).eviction.clone()
@@ -286,8 +320,6 @@ impl Node {
                 "node may evict lock keys under memory pressure, without any restart: set \
                  maxmemory-policy noeviction (or maxmemory 0) on lock nodes"
             );
-        } else if risk == EvictionRisk::Unknown && health.eviction != risk {
-            tracing::debug!(node = %self.name, "eviction policy unknown (CONFIG GET unavailable)");
         }
         self.evicting.store(
             self.eviction_guard == EvictionGuard::Strict && risk.is_risky(),

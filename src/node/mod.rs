@@ -129,6 +129,11 @@ pub(crate) struct Node {
     /// How many times this client saw the node's run id change: a `SCAN` cursor from one
     /// incarnation means nothing to the next (see `repair.rs`).
     incarnation: AtomicU64,
+    /// Scripts go as `EVAL` with their body: `SCRIPT LOAD` was refused on the last connect, or
+    /// an `EVALSHA` since (see `scripts.rs`).
+    by_eval: AtomicBool,
+    /// Whether the switch to `EVAL` was logged (once per node).
+    by_eval_logged: AtomicBool,
 }
 
 impl std::fmt::Debug for Node {
@@ -165,6 +170,8 @@ impl Node {
             evicting: AtomicBool::new(false),
             down: AtomicBool::new(false),
             incarnation: AtomicU64::new(0),
+            by_eval: AtomicBool::new(false),
+            by_eval_logged: AtomicBool::new(false),
         }
     }
 
@@ -259,6 +266,12 @@ impl Node {
         ) {
             return;
         }
+        if let NodeError::Denied { command, .. } = e {
+            if !self.down.swap(true, Ordering::Relaxed) {
+                tracing::warn!(node = %self.name, op = op.as_str(), %command, error = %e, "the node's ACL refuses a command quorumlock needs; it counts as failed until the Redis user is granted it (docs/acl.md)");
+            }
+            return;
+        }
         if !self.down.swap(true, Ordering::Relaxed) {
             tracing::warn!(node = %self.name, op = op.as_str(), error = %e, "node unreachable; it counts as failed in every round until it answers again");
         }
@@ -300,13 +313,27 @@ impl Node {
                     .map(Some);
             }
         };
+        // A node that refuses `SCRIPT LOAD` / `EVALSHA` gets the body at once.
+        if self.by_eval.load(Ordering::Relaxed)
+            && let Some(eval) = call.eval()
+        {
+            return conn
+                .send_packed_command(&eval)
+                .await
+                .and_then(Value::extract_error)
+                .map(Some)
+                .map_err(|e| self.call_error(e, generation));
+        }
         // A server error comes back as a value; `extract_error` turns it into an error.
         let reply = match conn
             .send_packed_command(call.evalsha())
             .await
             .and_then(Value::extract_error)
         {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            Err(e)
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                    || (call.is_script() && self.evalsha_refused(&e)) =>
+            {
                 // The fallback is a new send, possibly long after the round's verdict (a parked
                 // call is polled by `flush`): not once the round is closed, where it could land
                 // after a later extension or the release.
@@ -366,6 +393,9 @@ impl Node {
     /// So is one whose server turned read-only: a Sentinel member's old primary, demoted by a
     /// failover (the reconnect asks the sentinels for the new one).
     fn call_error(&self, e: redis::RedisError, generation: u64) -> NodeError {
+        if let Some(denied) = scripts::denial(&e, None) {
+            return denied;
+        }
         if e.is_unrecoverable_error()
             || e.is_connection_dropped()
             || e.is_io_error()

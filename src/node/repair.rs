@@ -74,51 +74,72 @@ impl Node {
 
     /// Raises this node's counters to at least the given values, in one pipeline of `EVALSHA`s
     /// bounded by `timeout`. A `NOSCRIPT` reply (the node's script cache was flushed) loads the
-    /// script and sends the pipeline again: raising is idempotent.
+    /// script and sends the pipeline again: raising is idempotent. A node that refuses
+    /// `EVALSHA` or `SCRIPT LOAD` gets the pipeline as `EVAL`s with the body.
     pub(crate) async fn raise_counters(
         self: &Arc<Self>,
         counters: &[(Vec<u8>, u64)],
         timeout: Duration,
     ) -> Result<(), NodeError> {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for (key, value) in counters {
-            pipe.cmd("EVALSHA")
-                .arg(scripts::RAISE_COUNTER.script().get_hash())
-                .arg(1)
-                .arg(key)
-                .arg(*value);
-        }
+        let pipeline = |by_eval: bool| {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for (key, value) in counters {
+                if by_eval {
+                    pipe.cmd("EVAL").arg(scripts::RAISE_COUNTER.code());
+                } else {
+                    pipe.cmd("EVALSHA")
+                        .arg(scripts::RAISE_COUNTER.script().get_hash());
+                }
+                pipe.arg(1).arg(key).arg(*value);
+            }
+            pipe
+        };
         let write = async {
             let (mut conn, generation) = self.connection().await?;
             if let MemberConn::Cluster(cluster) = &conn {
                 return self.raise_on_cluster(cluster, counters, generation).await;
             }
             let mut loaded = false;
-            loop {
-                let replies: Vec<Value> = pipe
+            // At most: EVALSHA, NOSCRIPT and a load, EVALSHA again; or EVALSHA refused, EVAL.
+            for _ in 0..3 {
+                let by_eval = self.scripts_by_eval();
+                let replies: Vec<Value> = pipeline(by_eval)
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| self.call_error(e, generation))?;
                 let error = replies.into_iter().find_map(|v| match v {
-                    Value::ServerError(e) => Some(e),
+                    Value::ServerError(e) => Some(redis::RedisError::from(e)),
                     _ => None,
                 });
-                match error {
-                    None => return Ok(()),
-                    Some(e) if !loaded && e.kind() == Some(redis::ServerErrorKind::NoScript) => {
-                        tracing::debug!(node = %self.name, "NOSCRIPT while raising counters; loading the script");
-                        redis::cmd("SCRIPT")
-                            .arg("LOAD")
-                            .arg(scripts::RAISE_COUNTER.code())
-                            .query_async::<String>(&mut conn)
-                            .await
-                            .map_err(|e| self.call_error(e, generation))?;
-                        loaded = true;
+                let Some(e) = error else {
+                    return Ok(());
+                };
+                if by_eval || (loaded && !self.evalsha_refused(&e)) {
+                    return Err(self.call_error(e, generation));
+                }
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
+                    tracing::debug!(node = %self.name, "NOSCRIPT while raising counters; loading the script");
+                    let load = redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(scripts::RAISE_COUNTER.code())
+                        .query_async::<String>(&mut conn)
+                        .await;
+                    match load {
+                        Ok(_) => {}
+                        Err(e) if scripts::denial(&e, None).is_some() => {
+                            self.use_eval("SCRIPT|LOAD");
+                        }
+                        Err(e) => return Err(self.call_error(e, generation)),
                     }
-                    Some(e) => return Err(NodeError::from_redis(e.into())),
+                    loaded = true;
+                } else if !self.evalsha_refused(&e) {
+                    return Err(self.call_error(e, generation));
                 }
             }
+            Err(NodeError::BadReply(
+                "raising counters: EVALSHA and EVAL both failed".to_owned(),
+            ))
         };
         tokio::time::timeout(timeout, write)
             .await

@@ -4,11 +4,24 @@
 //! `node/connection.rs`), and a `NOSCRIPT` reply (someone ran `SCRIPT FLUSH`) falls back to `EVAL` with the
 //! full body on the same connection, so ordering between our own calls is kept.
 //!
+//! A node whose user may not run `SCRIPT LOAD` or `EVALSHA` (managed services restrict them
+//! with ACL rules such as `-script|load`) gets every script as `EVAL` with its body: the node
+//! remembers it (logged once, at info), from the connect whose `SCRIPT LOAD` was refused or the
+//! first refused `EVALSHA`, until a later connect loads the scripts again (`docs/acl.md`).
+//!
+//! [`denial`] reads an ACL refusal: a `NOPERM` reply names the command; a refusal inside a
+//! script names only the script and its line, which is mapped back to the commands the line
+//! calls.
+//!
 //! The keys the scripts are given are laid out by [`crate::core::keys`].
 
 use std::sync::LazyLock;
+use std::sync::atomic::Ordering;
 
 use redis::{Cmd, Script};
+
+use super::Node;
+use crate::error::NodeError;
 
 /// A Lua script with its body (for the `EVAL` fallback) and its SHA1 (for `EVALSHA`).
 #[derive(Debug)]
@@ -67,6 +80,11 @@ impl ScriptCall {
         &self.cmd
     }
 
+    /// Whether this call runs a script (and so has an `EVAL` form).
+    pub(crate) fn is_script(&self) -> bool {
+        self.lua.is_some()
+    }
+
     /// The `EVAL` form, used only after a `NOSCRIPT` reply: the same arguments as the `EVALSHA`
     /// (numkeys, keys, args), with the body in place of the hash.
     pub(crate) fn eval(&self) -> Option<Cmd> {
@@ -81,6 +99,113 @@ impl ScriptCall {
         Some(cmd)
     }
 }
+
+/// Reads an ACL refusal out of a server error: `None` for any other error.
+///
+/// Redis 7 words them three ways: `NOPERM ... the 'incr' command` (a command sent, named);
+/// `NOPERM ... one of the keys` / `channels` (a key or channel outside the user's patterns;
+/// the command is `sent`, when known); and, for a command a script calls, an `ERR` that names
+/// only the script's SHA1 and line (`... can't run this command ... script: SHA, on
+/// @user_script:N.`): the line is looked up in our scripts and its `redis.call`s named.
+pub(crate) fn denial(e: &redis::RedisError, sent: Option<&str>) -> Option<NodeError> {
+    let detail = e.detail().unwrap_or_default();
+    let in_script = detail.contains("@user_script:")
+        && [
+            "can't run",
+            "can't access",
+            "can't publish",
+            "no permissions",
+        ]
+        .iter()
+        .any(|p| detail.contains(p));
+    if e.kind() != redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) && !in_script {
+        return None;
+    }
+    let reason = if detail.contains("keys") {
+        "a key outside the user's key patterns"
+    } else if detail.contains("channel") {
+        "a channel outside the user's channel patterns"
+    } else {
+        COMMAND_REFUSED
+    };
+    let named = detail
+        .split_once('\'')
+        .and_then(|(_, rest)| rest.split_once("' command"))
+        .map(|(name, _)| name.to_ascii_uppercase());
+    let command = named
+        .or_else(|| in_script.then(|| script_line_commands(detail)).flatten())
+        .or_else(|| sent.map(str::to_ascii_uppercase))
+        .unwrap_or_else(|| "a command".to_owned());
+    Some(NodeError::Denied { command, reason })
+}
+
+/// The commands called on the line of one of our scripts that a script error names
+/// (`script: SHA, on @user_script:N.`), as `GET` or `GET or PTTL`.
+fn script_line_commands(detail: &str) -> Option<String> {
+    let (_, after) = detail.split_once("script: ")?;
+    let sha = after.split(',').next()?.trim();
+    let line: usize = after
+        .split_once("@user_script:")?
+        .1
+        .trim_end_matches('.')
+        .trim()
+        .parse()
+        .ok()?;
+    let lua = all().into_iter().find(|l| l.script.get_hash() == sha)?;
+    let text = lua.code.lines().nth(line.checked_sub(1)?)?;
+    let mut names: Vec<&str> = Vec::new();
+    for piece in text.split("redis.call('").skip(1) {
+        if let Some((name, _)) = piece.split_once('\'')
+            && !names.contains(&name)
+        {
+            names.push(name);
+        }
+    }
+    (!names.is_empty()).then(|| names.join(" or "))
+}
+
+impl Node {
+    /// Whether `e` is this node refusing `EVALSHA` itself: the node then gets its scripts as
+    /// `EVAL` from now on.
+    pub(super) fn evalsha_refused(&self, e: &redis::RedisError) -> bool {
+        let refused = matches!(
+            denial(e, None),
+            Some(NodeError::Denied { command, reason: COMMAND_REFUSED }) if command == "EVALSHA"
+        );
+        if refused {
+            self.use_eval("EVALSHA");
+        }
+        refused
+    }
+
+    /// Sends every script to this node as `EVAL` with its body from now on (logged once per
+    /// node, at info: it works, each call carries the script's body).
+    pub(super) fn use_eval(&self, refused: &str) {
+        self.by_eval.store(true, Ordering::Relaxed);
+        if !self.by_eval_logged.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                node = %self.name,
+                refused,
+                "the node refuses {refused}: scripts are sent to it as EVAL with their body \
+                 from now on (the lock works; each call carries the script)"
+            );
+        }
+    }
+
+    /// The scripts were loaded on connect: try `EVALSHA` again.
+    pub(super) fn scripts_loaded(&self) {
+        self.by_eval.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether scripts go to this node as `EVAL` with their body (`SCRIPT LOAD` or `EVALSHA`
+    /// refused).
+    pub(crate) fn scripts_by_eval(&self) -> bool {
+        self.by_eval.load(Ordering::Relaxed)
+    }
+}
+
+/// [`NodeError::Denied`]'s reason for a command the user may not run.
+const COMMAND_REFUSED: &str = "command not allowed";
 
 /// Every script, for loading on connect.
 pub(crate) fn all() -> [&'static Lua; 7] {
@@ -317,5 +442,73 @@ mod tests {
         ];
         assert_eq!(args, expected);
         assert!(ScriptCall::plain(redis::cmd("PING")).eval().is_none());
+    }
+
+    /// A server error as the connection would hand it over.
+    fn server_error(line: &str) -> redis::RedisError {
+        let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
+        value.extract_error().unwrap_err()
+    }
+
+    fn denied(line: &str, sent: Option<&str>) -> Option<(String, &'static str)> {
+        match denial(&server_error(line), sent)? {
+            NodeError::Denied { command, reason } => Some((command, reason)),
+            other => panic!("{other}"),
+        }
+    }
+
+    /// The three shapes Redis 7.0 gives an ACL refusal (as observed against redis-server
+    /// 7.0.15), and an error that is none of them.
+    #[test]
+    fn a_refusal_names_its_command() {
+        assert_eq!(
+            denied(
+                "NOPERM this user has no permissions to run the 'script|load' command",
+                None
+            ),
+            Some(("SCRIPT|LOAD".to_owned(), COMMAND_REFUSED))
+        );
+        assert_eq!(
+            denied(
+                "NOPERM this user has no permissions to access one of the keys used as arguments",
+                Some("evalsha")
+            ),
+            Some((
+                "EVALSHA".to_owned(),
+                "a key outside the user's key patterns"
+            ))
+        );
+        let in_script = |line: usize| {
+            format!(
+                "ERR The user executing the script can't run this command or subcommand script: \
+                 {}, on @user_script:{line}.",
+                STATUS.script().get_hash()
+            )
+        };
+        // STATUS's second line calls GET, PTTL and GET.
+        assert_eq!(
+            denied(&in_script(2), None),
+            Some(("GET or PTTL".to_owned(), COMMAND_REFUSED))
+        );
+        let incr_line = ACQUIRE
+            .code()
+            .lines()
+            .position(|l| l.contains("'INCR'"))
+            .unwrap();
+        let acquire = format!(
+            "ERR The user executing the script can't publish to the channel mentioned in the \
+             command script: {}, on @user_script:{}.",
+            ACQUIRE.script().get_hash(),
+            incr_line + 1
+        );
+        assert_eq!(
+            denied(&acquire, None),
+            Some((
+                "INCR".to_owned(),
+                "a channel outside the user's channel patterns"
+            ))
+        );
+        assert_eq!(denied("ERR unknown command 'CONFIG'", None), None);
+        assert_eq!(denied("NOSCRIPT No matching script.", None), None);
     }
 }

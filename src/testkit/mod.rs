@@ -22,8 +22,7 @@
 //! # Ok::<(), quorumlock::testkit::TestkitError>(())
 //! ```
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,9 +31,11 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 mod cluster;
+mod net;
 mod sentinel;
 
 pub use cluster::RedisClusterMember;
+use net::{free_port, ping, query, wait_until};
 pub use sentinel::SentinelGroup;
 
 /// How long a server may take to answer its first PING.
@@ -125,6 +126,12 @@ pub struct ServerOptions {
     pub cluster: bool,
     /// Start as a replica of the master on this loopback port (`replicaof 127.0.0.1 PORT`).
     pub replica_of: Option<u16>,
+    /// Lines of a configuration file written to the server's directory and read at every
+    /// start and restart: `rename-command CONFIG ""`, `user NAME on >PASS ~quorumlock:* +get`.
+    pub config: Vec<String>,
+    /// Connect as this ACL user (name, password): the URLs carry it and the readiness check
+    /// authenticates as it (which needs `+ping`).
+    pub user: Option<(String, String)>,
 }
 
 /// PEM files for a server's TLS port (see [`ServerOptions::tls`]).
@@ -180,6 +187,30 @@ impl ServerOptions {
     /// As a replica of the master on this loopback port.
     pub fn replica_of(mut self, port: u16) -> Self {
         self.replica_of = Some(port);
+        self
+    }
+
+    /// With this line in the server's configuration file (see [`ServerOptions::config`]).
+    ///
+    /// ```no_run
+    /// use quorumlock::testkit::{LocalCluster, ServerOptions};
+    /// // A node like a managed service: CONFIG gone, one ACL user, the default user off.
+    /// let options = ServerOptions::new()
+    ///     .config_line("rename-command CONFIG \"\"")
+    ///     .config_line("user default off")
+    ///     .config_line("user app on >secret ~quorumlock:* &quorumlock:* +@all -script")
+    ///     .user("app", "secret");
+    /// let cluster = LocalCluster::start_with(3, &options)?;
+    /// # Ok::<(), quorumlock::testkit::TestkitError>(())
+    /// ```
+    pub fn config_line(mut self, line: &str) -> Self {
+        self.config.push(line.to_owned());
+        self
+    }
+
+    /// Connecting as this ACL user (see [`ServerOptions::user`]).
+    pub fn user(mut self, name: &str, password: &str) -> Self {
+        self.user = Some((name.to_owned(), password.to_owned()));
         self
     }
 
@@ -259,6 +290,12 @@ impl RedisServer {
         let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned());
         let dir = self.dir.path();
         let mut cmd = Command::new(&bin);
+        if !self.options.config.is_empty() {
+            let conf = dir.join("redis.conf");
+            std::fs::write(&conf, self.options.config.join("\n") + "\n")
+                .map_err(io("write redis.conf"))?;
+            cmd.arg(conf);
+        }
         cmd.arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--protected-mode", "no"])
@@ -343,7 +380,7 @@ impl RedisServer {
                 self.child = None;
                 return Err(self.not_ready(format!("exited with {status}")));
             }
-            if ping(addr, self.options.password.as_deref()) {
+            if ping(addr, self.auth()) {
                 return Ok(());
             }
             if start.elapsed() > READY_TIMEOUT {
@@ -376,11 +413,21 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:PORT`, or `redis://:PASSWORD@127.0.0.1:PORT` with a password.
+    /// `redis://127.0.0.1:PORT`, or `redis://:PASSWORD@127.0.0.1:PORT` with a password
+    /// (`redis://USER:PASSWORD@...` with an ACL user).
     pub fn url(&self) -> String {
-        match &self.options.password {
-            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+        match self.auth() {
+            Some((user, password)) => format!("redis://{user}:{password}@127.0.0.1:{}", self.port),
             None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// The user (empty for the default) and password clients authenticate with, if any.
+    fn auth(&self) -> Option<(&str, &str)> {
+        match (&self.options.user, &self.options.password) {
+            (Some((user, password)), _) => Some((user, password)),
+            (None, Some(password)) => Some(("", password)),
+            (None, None) => None,
         }
     }
 
@@ -474,7 +521,8 @@ impl RedisServer {
         self.spawn()
     }
 
-    /// Kills the server and starts it again on the same port with its data files deleted.
+    /// Kills the server and starts it again on the same port with its data files deleted (its
+    /// log and configuration file kept).
     ///
     /// # Errors
     ///
@@ -483,7 +531,10 @@ impl RedisServer {
         self.stop();
         for entry in std::fs::read_dir(self.dir.path()).map_err(io("read the data directory"))? {
             let path = entry.map_err(io("read the data directory"))?.path();
-            if path.file_name().is_some_and(|n| n != "redis.log") {
+            if path
+                .file_name()
+                .is_some_and(|n| n != "redis.log" && n != "redis.conf")
+            {
                 let _ = if path.is_dir() {
                     std::fs::remove_dir_all(&path)
                 } else {
@@ -603,69 +654,6 @@ impl LocalCluster {
     pub fn restart_empty(&mut self, i: usize) -> Result<(), TestkitError> {
         self.server(i)?.restart_empty()
     }
-}
-
-/// Runs one command on the server at `127.0.0.1:port` (a short-lived connection, bounded by
-/// one second to connect and to answer).
-fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> redis::RedisResult<T> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
-    let mut conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
-    conn.set_read_timeout(Some(Duration::from_secs(1)))?;
-    cmd.query(&mut conn)
-}
-
-/// Polls `check` every 20 ms until it returns `Ok`, for at most `timeout`; the error holds the
-/// last thing `check` reported.
-fn wait_until<T>(
-    what: &str,
-    timeout: Duration,
-    mut check: impl FnMut() -> Result<T, String>,
-) -> Result<T, TestkitError> {
-    let start = Instant::now();
-    loop {
-        match check() {
-            Ok(value) => return Ok(value),
-            Err(last) if start.elapsed() > timeout => {
-                return Err(TestkitError::Timeout {
-                    what: what.to_owned(),
-                    timeout,
-                    last,
-                });
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
-
-fn free_port() -> Result<u16, TestkitError> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io("bind a free port"))?;
-    let port = listener
-        .local_addr()
-        .map_err(io("read the bound port"))?
-        .port();
-    Ok(port)
-}
-
-fn ping(addr: SocketAddr, password: Option<&str>) -> bool {
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    if let Some(password) = password {
-        let auth = format!("*2\r\n$4\r\nAUTH\r\n${}\r\n{password}\r\n", password.len());
-        let mut ok = [0u8; 5];
-        if stream.write_all(auth.as_bytes()).is_err()
-            || stream.read_exact(&mut ok).is_err()
-            || &ok != b"+OK\r\n"
-        {
-            return false;
-        }
-    }
-    if stream.write_all(b"PING\r\n").is_err() {
-        return false;
-    }
-    let mut buf = [0u8; 7];
-    stream.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
 }
 
 /// Test support (not a stable API): the current reading of the clock that lock deadlines are
