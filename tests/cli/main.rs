@@ -16,6 +16,7 @@ mod harness;
 
 mod demo;
 mod elect;
+mod managed;
 mod node_options;
 mod restart_guard;
 mod run;

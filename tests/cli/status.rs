@@ -111,7 +111,7 @@ async fn t72_status_json_follows_the_documented_schema() {
         assert_eq!(out.stdout.lines().count(), 1, "one line: {out:?}");
         serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
     };
-    const NODE_FIELDS: [&str; 9] = [
+    const NODE_FIELDS: [&str; 11] = [
         "node",
         "reachable",
         "value",
@@ -121,6 +121,8 @@ async fn t72_status_json_follows_the_documented_schema() {
         "error_kind",
         "eviction",
         "eviction_policy",
+        "unchecked",
+        "scripts_by_eval",
     ];
 
     let out = output(status_json(&cluster)).await;
@@ -177,6 +179,8 @@ async fn t72_status_json_follows_the_documented_schema() {
         assert_eq!(node["fence"], 7);
         assert_eq!(node["error"], serde_json::Value::Null);
         assert_eq!(node["eviction"], "none");
+        assert_eq!(node["unchecked"], serde_json::json!([]));
+        assert_eq!(node["scripts_by_eval"], false);
     }
     assert_eq!(nodes[3]["value"], serde_json::Value::Null);
     assert_eq!(nodes[3]["ttl_ms"], serde_json::Value::Null);

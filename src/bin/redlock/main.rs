@@ -42,6 +42,9 @@ const EXIT_LOST: u8 = 79;
 /// Outside the contract: a library error this build does not know how to classify (EX_SOFTWARE).
 /// The library's error enum is `#[non_exhaustive]`; a new variant lands here until it is mapped.
 const EXIT_SOFTWARE: u8 = 70;
+/// The nodes' ACL refuses a command the crate needs on enough nodes to rule out a quorum
+/// (`EX_NOPERM`); the line names the command.
+const EXIT_NOPERM: u8 = 77;
 
 /// Run a command while holding a distributed lock across N independent Redis masters
 /// (Redlock): a distributed flock(1).
@@ -325,6 +328,7 @@ fn exit_code(e: &Error) -> u8 {
         // that could not be reached in time.
         Error::NoQuorum { .. } | Error::ValidityExpired { .. } => EXIT_NO_QUORUM,
         Error::Lost { .. } => EXIT_LOST,
+        Error::PermissionDenied { .. } => EXIT_NOPERM,
         Error::InvalidArgument(_) | Error::Config(_) => EXIT_USAGE,
         // `Error` is non-exhaustive: a variant added to the library after this mapping was
         // written is not silently a usage error.

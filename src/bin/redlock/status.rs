@@ -31,7 +31,8 @@ pub(crate) async fn status(locks: Redlock, key: &str, json: bool) -> u8 {
 }
 
 /// The status of one key as a few readable lines: a summary, then one line per node, and under a
-/// node whose memory policy can evict keys (or could not be read) an `eviction:` line. As printed
+/// node whose memory policy can evict keys (or could not be read) an `eviction:` line (and, on a
+/// managed service, `unchecked:` and `scripts:` lines: docs/cli.md). As printed
 /// for a key held on 4 of 5 nodes, one node down and one with `maxmemory-policy volatile-lru`:
 ///
 /// ```text
@@ -83,6 +84,21 @@ pub(crate) fn render(status: &LockStatus) -> String {
             Err(cause) => {
                 let _ = writeln!(out, "unreachable: {cause}");
             }
+        }
+        if !node.unchecked.is_empty() {
+            let _ = writeln!(
+                out,
+                "  {:width$}    unchecked: {} (CONFIG GET refused)",
+                "",
+                node.unchecked.join(", ")
+            );
+        }
+        if node.scripts_by_eval {
+            let _ = writeln!(
+                out,
+                "  {:width$}    scripts: sent as EVAL (SCRIPT LOAD or EVALSHA refused)",
+                ""
+            );
         }
         // What the node's memory policy risks, where it risks anything or could not be read
         // (a node never reached reads unknown too: its line already says why).
@@ -136,6 +152,8 @@ pub(crate) fn to_json(status: &LockStatus) -> Value {
                 "error_kind": null,
                 "eviction": risk,
                 "eviction_policy": policy,
+                "unchecked": node.unchecked,
+                "scripts_by_eval": node.scripts_by_eval,
             });
             match &node.state {
                 Ok(state) => {
@@ -192,6 +210,7 @@ fn error_kind(e: &NodeError) -> &'static str {
         NodeError::Evicting(_) => "evicting",
         NodeError::Redis(_) => "redis",
         NodeError::BadReply(_) => "bad_reply",
+        NodeError::Denied { .. } => "denied",
         // `HeldByAnother` (never in a status read), and a cause a newer library adds.
         _ => "other",
     }
