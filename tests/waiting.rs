@@ -61,8 +61,8 @@ async fn patient(cluster: &quorumlock::testkit::LocalCluster) -> Redlock {
 
 /// Waits until a waiter of another client has made its second round (refused, registered,
 /// refused again) and is subscribed with its marker set on every node: from then on it only
-/// waits. A refused round is two `EVALSHA`s per node (the attempt and the undo of whatever it
-/// may have set); `before` counts those made so far.
+/// waits. A round refused by a holder on every node is one `EVALSHA` per node (no undo: w16);
+/// `before` counts those made so far.
 async fn until_waiting(urls: &[String], key: &str, before: &[u64]) {
     let state = || {
         urls.iter()
@@ -76,7 +76,7 @@ async fn until_waiting(urls: &[String], key: &str, before: &[u64]) {
             })
             .collect::<Vec<_>>()
     };
-    let ready = |s: &[(u64, u64, bool)]| s.iter().all(|&(r, n, m)| r >= 4 && n >= 1 && m);
+    let ready = |s: &[(u64, u64, bool)]| s.iter().all(|&(r, n, m)| r >= 2 && n >= 1 && m);
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let s = state();
@@ -278,4 +278,175 @@ async fn contend(clients: Vec<Redlock>, key: &'static str, total: usize) -> Vec<
         );
     }
     counts
+}
+
+/// A round refused on every node by the holder's value costs one call per node: the undo of
+/// the attempt skips the nodes that answered "held by another" (our value is not there). A
+/// node that did not answer so still gets the undo (w17's hung node).
+#[tokio::test]
+async fn w16_a_refused_round_sends_no_undo_where_it_was_refused() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let holder = client(&cluster);
+    let other = client(&cluster);
+    warm(&other).await;
+    let ttl = Duration::from_secs(60);
+    let lock = holder.acquire("w16", ttl).await.unwrap();
+    spread(&lock, &urls).await;
+    let before: Vec<u64> = urls.iter().map(|u| calls(u, "evalsha")).collect();
+    let err = other.try_acquire("w16", ttl).await.unwrap_err();
+    assert!(err.is_held(), "{err}");
+    other.flush().await;
+    let made: Vec<u64> = urls
+        .iter()
+        .zip(&before)
+        .map(|(u, b)| calls(u, "evalsha") - b)
+        .collect();
+    assert_eq!(
+        made,
+        vec![1; 5],
+        "script calls per node for one refused round"
+    );
+    // Split: two nodes free, three held. The two that said yes get the undo, the others not.
+    del_lock(&urls[0], "w16");
+    del_lock(&urls[1], "w16");
+    let before: Vec<u64> = urls.iter().map(|u| calls(u, "evalsha")).collect();
+    assert!(other.try_acquire("w16", ttl).await.unwrap_err().is_held());
+    other.flush().await;
+    let made: Vec<u64> = urls
+        .iter()
+        .zip(&before)
+        .map(|(u, b)| calls(u, "evalsha") - b)
+        .collect();
+    assert_eq!(
+        made,
+        vec![2, 2, 1, 1, 1],
+        "the undo goes where the round said yes"
+    );
+    assert_eq!(value_on(&urls[0], "w16"), None, "undone");
+    lock.release().await.unwrap();
+}
+
+/// One node hung (SIGSTOP) and already known down (a background release to it timed out):
+/// an acquisition round split two yes / two held does not wait for it until the node timeout
+/// (10 s here), it gives up at once (safe: the round is undone), and the undo still goes to
+/// the hung node (it may hold our value once it resumes).
+#[tokio::test]
+async fn w17_a_round_does_not_wait_for_a_node_known_down() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let node_timeout = Duration::from_secs(10);
+    let locks = builder(&cluster)
+        .node_timeout(node_timeout)
+        .build()
+        .unwrap();
+    warm(&locks).await;
+    let ttl = Duration::from_secs(60);
+    cluster.pause(0).unwrap();
+    // Node 0 fails a call: the background release of a dropped lock times out there.
+    drop(locks.acquire("w17-warm", ttl).await.unwrap());
+    tokio::time::timeout(node_timeout * 2, locks.flush())
+        .await
+        .expect("flush is bounded by the node timeout");
+    set_foreign(&urls[1], "w17", "someone-else", ttl);
+    set_foreign(&urls[2], "w17", "someone-else", ttl);
+    let before = calls(&urls[3], "evalsha");
+    let refused = tokio::time::timeout(node_timeout / 2, locks.try_acquire("w17", ttl))
+        .await
+        .expect("the round did not wait for the node known down")
+        .unwrap_err();
+    assert!(
+        matches!(refused, quorumlock::Error::NoQuorum { .. }),
+        "{refused}"
+    );
+    cluster.resume(0).unwrap();
+    locks.flush().await;
+    assert_eq!(
+        calls(&urls[3], "evalsha"),
+        before + 2,
+        "the round and its undo where it said yes"
+    );
+    assert_eq!(value_on(&urls[3], "w17"), None);
+    assert_eq!(
+        value_on(&urls[0], "w17"),
+        None,
+        "undone on the resumed node too"
+    );
+}
+
+/// A timestamped trace of handovers (8 tasks of one client on one key, the default 50 ms node
+/// timeout), healthy and with node 0 paused, alternating four times (a change of load on the
+/// machine touches both alike), for `docs/benchmarks.md`:
+/// `RUST_LOG=quorumlock=trace cargo test --features testkit --test waiting w90 -- --ignored
+/// --nocapture`. Prints each phase's acquisitions, the ratio, and the handovers slower than the
+/// node timeout (a round that waited for the paused node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement"]
+async fn w90_trace_handovers_with_a_node_hung() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "quorumlock=trace".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let mut cluster = cluster(5);
+    let node_timeout = Duration::from_millis(50);
+    let locks = builder(&cluster)
+        .node_timeout(node_timeout)
+        .build()
+        .unwrap();
+    warm(&locks).await;
+    // (acquisitions, handovers slower than the node timeout)
+    let run = |locks: Redlock| async move {
+        let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let slow = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let last = Arc::new(std::sync::Mutex::new(tokio::time::Instant::now()));
+        let stop = tokio::time::Instant::now() + Duration::from_secs(1);
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (locks, n, slow, last) = (
+                    locks.clone(),
+                    Arc::clone(&n),
+                    Arc::clone(&slow),
+                    Arc::clone(&last),
+                );
+                tokio::spawn(async move {
+                    while tokio::time::Instant::now() < stop {
+                        let ttl = Duration::from_secs(10);
+                        if let Ok(l) = locks.acquire_timeout("w90", ttl, WAIT).await {
+                            n.fetch_add(1, Ordering::SeqCst);
+                            {
+                                let last = last.lock().unwrap();
+                                if last.elapsed() > node_timeout {
+                                    slow.fetch_add(1, Ordering::SeqCst);
+                                }
+                            }
+                            let _ = l.release().await;
+                            *last.lock().unwrap() = tokio::time::Instant::now();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            tokio::time::timeout(WAIT * 2, t).await.unwrap().unwrap();
+        }
+        (n.load(Ordering::SeqCst), slow.load(Ordering::SeqCst))
+    };
+    let (mut healthy, mut hung) = ((0, 0), (0, 0));
+    for _ in 0..4 {
+        let (n, slow) = run(locks.clone()).await;
+        eprintln!("healthy: {n} acquisitions, {slow} handovers slower than the node timeout");
+        healthy = (healthy.0 + n, healthy.1 + slow);
+        cluster.pause(0).unwrap();
+        let (n, slow) = run(locks.clone()).await;
+        eprintln!("hung: {n} acquisitions, {slow} handovers slower than the node timeout");
+        hung = (hung.0 + n, hung.1 + slow);
+        cluster.resume(0).unwrap();
+    }
+    eprintln!(
+        "total healthy {healthy:?}, hung {hung:?}: ratio {:.2}",
+        hung.0 as f64 / healthy.0 as f64
+    );
 }

@@ -15,10 +15,10 @@ use super::state::LockState;
 use super::wait::{KeyWait, MARKER_REFRESH, Ticket, Woken};
 use crate::core::clock::{self, Stamp};
 use crate::core::keys::{new_value, waiters_key_of};
-use crate::core::quorum::{self, Acquisition};
+use crate::core::quorum::{self, Acquisition, Verdict};
 use crate::core::timing;
 use crate::core::token::{self, FencingToken};
-use crate::error::{Error, FailureList, NodeFailure};
+use crate::error::{Error, FailureList, NodeError, NodeFailure};
 use crate::metrics;
 use crate::node::scripts::{self, ScriptCall};
 use crate::node::{HoldOut, Op};
@@ -88,9 +88,10 @@ impl Redlock {
             let epoch = waiter.as_ref().map_or(0, |(kw, _)| kw.epoch());
             let value = new_value();
             // Armed before the first await: a cancelled or failed round is released everywhere.
-            let undo = UndoRelease::arm(self, &lock_key, &fence_key, &value);
+            let mut undo = UndoRelease::arm(self, &lock_key, &fence_key, &value);
             let mut contended = false;
             let round_start = Instant::now();
+            tracing::trace!(key, round = round_no, epoch, "attempt round");
             let result = self
                 .attempt(
                     key,
@@ -99,7 +100,7 @@ impl Redlock {
                     &value,
                     ttl,
                     drift,
-                    &mut contended,
+                    (&mut contended, &mut undo.skip, &mut undo.tail),
                 )
                 .await;
             let err = match result {
@@ -130,6 +131,7 @@ impl Redlock {
                 self.undo_split_vote(
                     key,
                     (&lock_key, &fence_key, &value),
+                    &undo.skip,
                     round_start.elapsed(),
                     contention_rounds,
                     waiter.is_some(),
@@ -168,8 +170,13 @@ impl Redlock {
                     waiter = Some(self.wait_for(&lock_key).await);
                     polls = 0;
                 }
-                Some((kw, _)) if held => {
-                    match self.await_release(kw, &lock_key, epoch, until).await {
+                // A registered waiter waits for a notice whatever refused its round: a round
+                // that could not reach a quorum (a node hung, the others split between the
+                // holder's value and ours) is usually followed by the holder's release.
+                Some((kw, _)) => {
+                    let woken = self.await_release(kw, &lock_key, epoch, until).await;
+                    tracing::trace!(key, ?woken, "waiter woken");
+                    match woken {
                         Woken::Notice => {
                             polls = 0;
                             // Other clients wait too: take turns with them (`wait::defer`),
@@ -205,7 +212,9 @@ impl Redlock {
         loop {
             let poll = Instant::now() + self.retry_pause_after(*polls);
             let epoch = kw.epoch();
-            if kw.turn(ticket, Some(poll.min(give_up_at))).await {
+            let turn = kw.turn(ticket, Some(poll.min(give_up_at))).await;
+            tracing::trace!(turn, "queued waiter's turn");
+            if turn {
                 // Woken by a notice: take turns with other clients' waiters (`wait::defer`).
                 let defer = kw.deferral();
                 if kw.epoch() != epoch && !defer.is_zero() {
@@ -253,11 +262,12 @@ impl Redlock {
         &self,
         key: &str,
         (lock_key, fence_key, value): (&str, &str, &str),
+        skip: &[bool],
         round_trip: Duration,
         contention_round: u32,
         woken: bool,
     ) {
-        self.release_everywhere(lock_key, fence_key, value, 0).await;
+        self.release_on(lock_key, fence_key, value, 0, skip).await;
         let spread = if woken {
             round_trip * 4
         } else {
@@ -277,7 +287,8 @@ impl Redlock {
     /// counters. Returns the token, the instant its validity counts from (the end of the round, on
     /// the deadline clock) and the validity.
     /// `contended` is set when the round was refused but no value can stand on a quorum
-    /// (contenders split the nodes).
+    /// (contenders split the nodes); `held_elsewhere` marks the nodes that refused because
+    /// another value holds the key (the undo of the round skips them: ours is not there).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn attempt(
         &self,
@@ -287,7 +298,7 @@ impl Redlock {
         value: &str,
         ttl: Duration,
         drift: Duration,
-        contended: &mut bool,
+        (contended, held_elsewhere, tail): (&mut bool, &mut Vec<bool>, &mut Option<Tail>),
     ) -> Result<(FencingToken, Stamp, Duration, Tail), Error> {
         metrics::attempt();
         let start = Instant::now();
@@ -314,6 +325,18 @@ impl Redlock {
                 positive,
             )
             .await;
+        if round.tally.no() > 0 && round.verdict != Verdict::Quorum {
+            *held_elsewhere = self
+                .inner
+                .nodes
+                .iter()
+                .map(|node| {
+                    round.failures.iter().any(|f| {
+                        f.node == node.name() && matches!(f.cause, NodeError::HeldByAnother)
+                    })
+                })
+                .collect();
+        }
         match quorum::acquisition(round.verdict, || round.refusal()) {
             Acquisition::Won => {}
             Acquisition::Held { contended: split } => {
@@ -327,7 +350,12 @@ impl Redlock {
                     contended = split,
                     "lock held by another owner"
                 );
-                return Err(self.held(key, round.held_by_other()));
+                let err = self.held(key, round.held_by_other());
+                // Nodes that had not answered: the undo learns their answers first.
+                if !split {
+                    *tail = Some(round.rest);
+                }
+                return Err(err);
             }
             Acquisition::Unreachable => return Err(self.unreachable(key, round)),
         }
@@ -496,13 +524,19 @@ fn acquire_call(
 }
 
 /// Releases an attempt's value everywhere when dropped, unless disarmed: covers both a failed
-/// round and a caller that drops the acquire future midway.
+/// round and a caller that drops the acquire future midway. Nodes that answered that another
+/// value holds the key (`skip`) are spared: our value is not there. A node that timed out or
+/// failed is not spared: it may have set our value all the same.
 struct UndoRelease<'a> {
     client: &'a Redlock,
     lock_key: &'a str,
     fence_key: &'a str,
     value: &'a str,
     armed: bool,
+    skip: Vec<bool>,
+    /// A refused round's unanswered calls: the undo waits for their answers (bounded by the
+    /// round's deadline) and skips the nodes among them that refused too.
+    tail: Option<Tail>,
 }
 
 impl<'a> UndoRelease<'a> {
@@ -518,6 +552,8 @@ impl<'a> UndoRelease<'a> {
             fence_key,
             value,
             armed: true,
+            skip: Vec::new(),
+            tail: None,
         }
     }
 
@@ -528,9 +564,48 @@ impl<'a> UndoRelease<'a> {
 
 impl Drop for UndoRelease<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            self.client
-                .spawn_release(self.lock_key, self.fence_key, self.value, 0);
+        if !self.armed {
+            return;
         }
+        let n = self.client.inner.nodes.len();
+        let mut skip = std::mem::take(&mut self.skip);
+        skip.resize(n, false);
+        let Some(tail) = self.tail.take() else {
+            if !skip.iter().all(|&s| s) {
+                let release =
+                    self.client
+                        .release_on(self.lock_key, self.fence_key, self.value, 0, &skip);
+                self.client.spawn_release_task(self.lock_key, release);
+            }
+            return;
+        };
+        let client = self.client.clone();
+        let (lock_key, fence_key, value) = (
+            self.lock_key.to_owned(),
+            self.fence_key.to_owned(),
+            self.value.to_owned(),
+        );
+        self.client.spawn_release_task(self.lock_key, async move {
+            for (i, reply) in tail.answers().await {
+                if refused(&reply) {
+                    skip[i] = true;
+                }
+            }
+            if !skip.iter().all(|&s| s) {
+                client
+                    .release_on(&lock_key, &fence_key, &value, 0, &skip)
+                    .await;
+            }
+        });
     }
+}
+
+/// Whether an acquire call's reply says that our value was not set: another value holds the
+/// key (the script names it; a plain `SET NX` answers nil), or the script found the key gone
+/// (`0`).
+fn refused(reply: &Result<redis::Value, NodeError>) -> bool {
+    matches!(
+        reply,
+        Ok(redis::Value::BulkString(_) | redis::Value::Nil | redis::Value::Int(0))
+    )
 }

@@ -107,13 +107,6 @@ impl Redlock {
         });
     }
 
-    /// Sends a release of `value` to every node in the background (failed rounds, cancelled
-    /// acquisitions).
-    pub(crate) fn spawn_release(&self, lock_key: &str, fence_key: &str, value: &str, token: u64) {
-        let release = self.release_everywhere(lock_key, fence_key, value, token);
-        self.spawn_release_task(lock_key, release);
-    }
-
     /// Runs a background release on the current tokio runtime; without one, the ttl cleans up.
     pub(super) fn spawn_release_task(
         &self,
@@ -139,6 +132,20 @@ impl Redlock {
         value: &str,
         token: u64,
     ) -> impl Future<Output = ()> + Send + 'static {
+        self.release_on(lock_key, fence_key, value, token, &[])
+    }
+
+    /// [`release_everywhere`](Self::release_everywhere) except on the nodes `skip` marks (an
+    /// undo skips the nodes that answered that another value holds the key: ours is not
+    /// there).
+    pub(super) fn release_on(
+        &self,
+        lock_key: &str,
+        fence_key: &str,
+        value: &str,
+        token: u64,
+        skip: &[bool],
+    ) -> impl Future<Output = ()> + Send + 'static {
         let token = token.to_string();
         let waiters = waiters_key_of(lock_key);
         let call = Arc::new(scripts::RELEASE.call(
@@ -154,7 +161,11 @@ impl Redlock {
             .inner
             .nodes
             .iter()
-            .map(|n| Arc::clone(n).run(Arc::clone(&call), deadline, HoldOut::Ignore, Op::Release))
+            .enumerate()
+            .filter(|&(i, _)| !skip.get(i).copied().unwrap_or(false))
+            .map(|(_, n)| {
+                Arc::clone(n).run(Arc::clone(&call), deadline, HoldOut::Ignore, Op::Release)
+            })
             .collect();
         calls.for_each(|_| async {})
     }

@@ -95,6 +95,20 @@ impl Tail {
         self.calls.is_empty()
     }
 
+    /// Drives the unanswered calls to their answer, bounded by the round's deadline, and
+    /// returns the answers that came (node index, reply).
+    pub(super) async fn answers(self) -> Vec<(usize, Result<Value, NodeError>)> {
+        let mut calls = self.calls;
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout_at(self.deadline, async {
+            while let Some(answer) = calls.next().await {
+                got.push(answer);
+            }
+        })
+        .await;
+        got
+    }
+
     /// Drives the unanswered calls to their answer, bounded by the round's deadline.
     pub(super) async fn drive(self) {
         let mut calls = self.calls;
@@ -139,8 +153,17 @@ impl Redlock {
         let classify = op == Op::Acquire;
         let decided = tokio::time::timeout_at(deadline, async {
             while let Some((i, reply)) = rest.next().await {
+                tracing::trace!(node = i, op = op.as_str(), since = ?start.elapsed(), "answer");
                 answers.record(i, reply, yes, nodes[i].name());
-                if let Some(verdict) = answers.decided(classify) {
+                // An acquisition does not wait for nodes already known down (their last call
+                // failed): giving up a round is always safe (it is undone), and a hung node
+                // would otherwise hold every undecided round to its deadline.
+                let down = if classify {
+                    answers.pending_down(nodes)
+                } else {
+                    0
+                };
+                if let Some(verdict) = answers.decided(classify, down) {
                     return verdict;
                 }
             }
@@ -148,6 +171,7 @@ impl Redlock {
         })
         .await;
         let timed_out = decided.is_err();
+        tracing::trace!(op = op.as_str(), took = ?start.elapsed(), timed_out, "round decided");
         // Without a verdict by the deadline, whoever has not answered failed: one timer for
         // the round.
         let verdict = decided.unwrap_or_else(|_| {
@@ -245,16 +269,29 @@ impl Answers {
         });
     }
 
-    /// The verdict, once certain; with `classify`, a refusal also waits until it is known
-    /// whether it was contention.
-    fn decided(&self, classify: bool) -> Option<Verdict> {
-        let t = &self.tally;
+    /// The verdict, once certain when `down` of the pending nodes count as failed (nodes known
+    /// down, not waited for); with `classify`, a refusal also waits until it is known whether
+    /// it was contention.
+    fn decided(&self, classify: bool, down: usize) -> Option<Verdict> {
+        let mut t = self.tally;
+        for _ in 0..down.min(t.pending()) {
+            t.record(Answer::Failed);
+        }
         let verdict = t.verdict()?;
         let undecided = classify
             && verdict == Verdict::Refused
             && quorum::refusal_of(t.n(), &self.refusals, t.failed(), t.pending())
                 == Refusal::Undecided;
         (!undecided).then_some(verdict)
+    }
+
+    /// How many of the nodes that have not answered are known down.
+    fn pending_down(&self, nodes: &[Arc<Node>]) -> usize {
+        nodes
+            .iter()
+            .zip(&self.answered)
+            .filter(|&(node, &answered)| !answered && node.is_down())
+            .count()
     }
 
     /// The round's deadline passed undecided: every node that has not answered failed.

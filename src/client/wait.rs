@@ -60,11 +60,20 @@ const MARKER_TTL: Duration = Duration::from_secs(10);
 /// How often a waiting client refreshes its marker.
 pub(crate) const MARKER_REFRESH: Duration = Duration::from_secs(3);
 /// How often a pub/sub connection is checked with a `PING`: a connection that carries nothing
-/// while nobody publishes would look healthy for ever after its node hung.
-const KEEPALIVE_EVERY: Duration = Duration::from_secs(2);
+/// while nobody publishes would look healthy for ever after its node hung. (The election's
+/// subscriptions use it too.)
+pub(crate) const KEEPALIVE_EVERY: Duration = Duration::from_secs(2);
 /// How a subscription that broke is re-established: the crate's backoff from this base and
 /// jitter (doubling up to 1 s), whatever the retry delay of the client's acquisitions.
 const RESUBSCRIBE: Duration = Duration::from_millis(100);
+
+/// The pause before re-establishing a subscription after `failures` failed attempts in a row
+/// (0 after one that had worked): the crate's one retry policy (`core::timing::backoff`) from
+/// [`RESUBSCRIBE`], 100 ms doubling up to 1 s, plus up to 100 ms of jitter. For every pub/sub
+/// subscription of the crate: waiters' release notices here, the election's notices.
+pub(crate) fn resubscribe_pause(failures: u32) -> Duration {
+    timing::backoff(RESUBSCRIBE, RESUBSCRIBE, failures, rand::random::<f64>())
+}
 /// Released values remembered per key, to count each release once.
 const SEEN: usize = 8;
 /// Beyond this many keys waited on, keys nobody waits for any longer are forgotten (and
@@ -480,7 +489,7 @@ async fn subscription(hub: Arc<Hub>, node: Arc<Node>, i: usize, connect_timeout:
                     failures = 0;
                     tracing::debug!(node = %node.name(), keys = channels.len(), "waiters subscribed");
                     hub.wake_all();
-                    listen(&hub, &mut sink, &mut messages, connect_timeout).await
+                    listen(&hub, i, &mut sink, &mut messages, connect_timeout).await
                 } else {
                     "subscribe failed".to_owned()
                 };
@@ -491,7 +500,7 @@ async fn subscription(hub: Arc<Hub>, node: Arc<Node>, i: usize, connect_timeout:
             Err(_) => "connect timed out".to_owned(),
         };
         tracing::debug!(node = %node.name(), reason = %why, "waiters' subscription lost; resubscribing");
-        let pause = timing::backoff(RESUBSCRIBE, RESUBSCRIBE, failures, rand::random::<f64>());
+        let pause = resubscribe_pause(failures);
         failures = failures.saturating_add(1);
         tokio::time::sleep(pause).await;
     }
@@ -500,6 +509,7 @@ async fn subscription(hub: Arc<Hub>, node: Arc<Node>, i: usize, connect_timeout:
 /// Passes each notice on to its key's waiters until the connection breaks or stops answering.
 async fn listen(
     hub: &Hub,
+    i: usize,
     sink: &mut PubSubSink,
     messages: &mut redis::aio::PubSubStream,
     connect_timeout: Duration,
@@ -525,6 +535,7 @@ async fn listen(
                     let (value, clients) = payload.split_once(' ').unwrap_or((&payload, "1"));
                     let clients = clients.parse().unwrap_or(1);
                     let kw = lock(&hub.keys).get(lock_key).cloned();
+                    tracing::trace!(lock_key, node = i, value, "release notice");
                     if let Some(kw) = kw {
                         kw.released(Some((value, clients)));
                     }

@@ -6,7 +6,6 @@
 //! the leader resigns; the copies of a notice from several nodes are told apart by token.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::broadcast;
@@ -14,6 +13,7 @@ use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::client::Redlock;
+use crate::client::wait::{KEEPALIVE_EVERY, resubscribe_pause};
 use crate::core::token::FencingToken;
 use crate::error::NodeError;
 use crate::node::Node;
@@ -62,11 +62,6 @@ pub(crate) struct Notifier {
 }
 
 impl Notifier {
-    const MIN_PAUSE: Duration = Duration::from_millis(100);
-    const MAX_PAUSE: Duration = Duration::from_secs(2);
-    /// How often a subscription's connection is checked with a `PING`.
-    const KEEPALIVE_EVERY: Duration = Duration::from_secs(2);
-
     /// Starts one subscription task per node of `locks` on `handle`.
     pub(crate) fn start(locks: &Redlock, channel: &str, handle: &tokio::runtime::Handle) -> Self {
         let (tx, _) = broadcast::channel(64);
@@ -90,16 +85,18 @@ impl Notifier {
         self.tx.subscribe()
     }
 
-    /// Subscribes on one node for as long as the notifier lives, reconnecting with backoff.
+    /// Subscribes on one node for as long as the notifier lives, reconnecting after the same
+    /// pauses as the waiters' subscriptions (`wait::resubscribe_pause`: the crate's one retry
+    /// policy, `core::timing::backoff`, 100 ms doubling up to 1 s plus jitter).
     ///
     /// A subscription's connection carries nothing while nobody publishes, so a connection
     /// that died without a FIN or RST (a node paused or cut off by the network) would look
-    /// healthy forever: every [`KEEPALIVE_EVERY`](Self::KEEPALIVE_EVERY) a `PING` must be
-    /// answered within the connect timeout, or the subscription is dropped and made again.
+    /// healthy forever: every `wait::KEEPALIVE_EVERY` (2 s) a `PING` must be answered within
+    /// the connect timeout, or the subscription is dropped and made again.
     async fn subscribe(side: Arc<Node>, channel: String, tx: broadcast::Sender<Notice>) {
         let node = side.name();
         let connect_timeout = side.connect_timeout();
-        let mut pause = Self::MIN_PAUSE;
+        let mut failures = 0u32;
         let mut subscribed_before = false;
         loop {
             let pubsub = tokio::time::timeout(connect_timeout, async {
@@ -118,11 +115,11 @@ impl Notifier {
                         let _ = tx.send(Notice::Resubscribed);
                     }
                     subscribed_before = true;
-                    pause = Self::MIN_PAUSE;
+                    failures = 0;
                     let (mut sink, mut messages) = pubsub.split();
                     let keepalive = async {
                         loop {
-                            tokio::time::sleep(Self::KEEPALIVE_EVERY).await;
+                            tokio::time::sleep(KEEPALIVE_EVERY).await;
                             match tokio::time::timeout(connect_timeout, sink.ping::<redis::Value>())
                                 .await
                             {
@@ -154,9 +151,8 @@ impl Notifier {
                 Ok(Err(e)) => tracing::debug!(%node, error = %e, "subscribe failed"),
                 Err(_) => tracing::debug!(%node, "subscribe timed out"),
             }
-            let jitter = pause.mul_f64(rand::random::<f64>());
-            tokio::time::sleep(pause + jitter).await;
-            pause = (pause * 2).min(Self::MAX_PAUSE);
+            tokio::time::sleep(resubscribe_pause(failures)).await;
+            failures = failures.saturating_add(1);
         }
     }
 }

@@ -277,6 +277,12 @@ impl Node {
         }
     }
 
+    /// Whether the node's last call failed (and none has answered since): rounds whose outcome
+    /// is certain without it need not wait for it.
+    pub(crate) fn is_down(&self) -> bool {
+        self.down.load(Ordering::Relaxed)
+    }
+
     fn mark_up(&self) {
         if self.down.load(Ordering::Relaxed) && self.down.swap(false, Ordering::Relaxed) {
             tracing::info!(node = %self.name, "node answers again");
