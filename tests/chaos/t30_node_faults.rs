@@ -53,6 +53,41 @@ async fn paused_nodes_cost_availability_only() {
     expect_safe(scn, 33, SHORT).await;
 }
 
+/// Contention with exactly a quorum reachable (issue 16; `docs/chaos.md` finding 7 was a
+/// livelock there): a minority of nodes SIGSTOPped for 2..4 ttl at a time, three clients
+/// contending for the lock with `acquire_timeout`.
+///
+/// Expected: no violation, and no client starves: of the sections acquired while exactly a
+/// quorum was reachable, the fewest any client got is at least a third of the most (the bound
+/// of `tests/waiting.rs` w15), and every client got some.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_with_exactly_a_quorum_does_not_starve() {
+    let scn = Scenario::new("quorum-only-contention", &[FaultKind::QuorumOnly]);
+    let clients = scn.clients;
+    let out = expect_safe(scn, 34, SHORT * 2).await;
+    let h = &out.history;
+    let mut won = vec![0usize; clients];
+    for x in &h.sections {
+        if x.client < clients
+            && h.faults
+                .iter()
+                .any(|f| f.start <= x.acquired && x.acquired <= f.healed)
+        {
+            won[x.client] += 1;
+        }
+    }
+    println!(
+        "[chaos {}] sections per client with exactly a quorum: {won:?}",
+        out.name
+    );
+    let (min, max) = (*won.iter().min().unwrap(), *won.iter().max().unwrap());
+    assert!(
+        min >= 1 && min * 3 >= max,
+        "a client starved with exactly a quorum reachable: {won:?}\n{}",
+        out.explain()
+    );
+}
+
 /// Refusals mixed with failures (issue 12 item 6): a foreign owner's key on a minority of nodes
 /// and enough other nodes SIGSTOPped that no quorum is possible, the refusals alone too few to
 /// rule one out. One client, so that no other contender's keys can add refusals.

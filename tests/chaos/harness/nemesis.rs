@@ -29,6 +29,9 @@ pub enum FaultKind {
     KillMajority,
     /// SIGSTOP 1..=quorum nodes for 0.2..2 ttl, then SIGCONT.
     PauseNodes,
+    /// Exactly a quorum reachable for 2..4 ttl: a minority of nodes (`n - quorum`) SIGSTOPped,
+    /// the clients contending on what is left (issue 16: no starvation there).
+    QuorumOnly,
     /// 20..250 ms added each way on random links for 0.5..2 ttl.
     Latency,
     /// Bytes stop flowing on whole nodes or random links for 0.2..2 ttl.
@@ -268,6 +271,10 @@ pub fn draw(
                 hold: ttls(rng, ttl, 0.2, 2.0),
             }
         }
+        FaultKind::QuorumOnly => Fault::PauseNodes {
+            nodes: some_of(rng, nodes, minority),
+            hold: ttls(rng, ttl, 2.0, 4.0),
+        },
         FaultKind::Latency => {
             let k = rng.random_range(1..=nodes);
             let mut links = all_links(&some_of(rng, nodes, k));
