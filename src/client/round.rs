@@ -315,10 +315,14 @@ impl Answers {
                 metrics::node_abandoned(node.name(), op.as_str());
                 // A failed round names every node that counts toward no quorum, not just those
                 // that had answered: a user who just (re)started a cluster sees them all.
-                if verdict != Verdict::Quorum
-                    && let Some(cause) = node.held_out()
-                {
-                    self.failure(node.name(), cause);
+                if verdict != Verdict::Quorum {
+                    if let Some(cause) = node.held_out() {
+                        self.failure(node.name(), cause);
+                    } else if let Some(cause) = node.down_cause() {
+                        // Not waited for (known down): it failed as far as this round goes.
+                        self.tally.record(Answer::Failed);
+                        self.failure(node.name(), cause);
+                    }
                 }
             }
         }

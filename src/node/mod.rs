@@ -126,6 +126,9 @@ pub(crate) struct Node {
     /// Whether the last call (or connect) failed: failures are logged at warn on the way down
     /// and at info on the way back, not on every call.
     down: AtomicBool,
+    /// The last failure's cause, while `down`: what a round that did not wait for the node
+    /// names.
+    last_failure: Mutex<Option<NodeError>>,
     /// How many times this client saw the node's run id change: a `SCAN` cursor from one
     /// incarnation means nothing to the next (see `repair.rs`).
     incarnation: AtomicU64,
@@ -169,6 +172,7 @@ impl Node {
             suspect: AtomicBool::new(false),
             evicting: AtomicBool::new(false),
             down: AtomicBool::new(false),
+            last_failure: Mutex::new(None),
             incarnation: AtomicU64::new(0),
             by_eval: AtomicBool::new(false),
             by_eval_logged: AtomicBool::new(false),
@@ -266,6 +270,7 @@ impl Node {
         ) {
             return;
         }
+        *crate::core::lock(&self.last_failure) = Some(e.clone());
         if let NodeError::Denied { command, .. } = e {
             if !self.down.swap(true, Ordering::Relaxed) {
                 tracing::warn!(node = %self.name, op = op.as_str(), %command, error = %e, "the node's ACL refuses a command quorumlock needs; it counts as failed until the Redis user is granted it (docs/acl.md)");
@@ -281,6 +286,14 @@ impl Node {
     /// is certain without it need not wait for it.
     pub(crate) fn is_down(&self) -> bool {
         self.down.load(Ordering::Relaxed)
+    }
+
+    /// The cause of the last failure, while the node is down.
+    pub(crate) fn down_cause(&self) -> Option<NodeError> {
+        if !self.is_down() {
+            return None;
+        }
+        crate::core::lock(&self.last_failure).clone()
     }
 
     fn mark_up(&self) {
