@@ -23,6 +23,12 @@
 //! The copies of one notice (one per node) are counted once: a notice carries the released
 //! value, and the last few values are remembered.
 //!
+//! A client's id stays in the marker until its expiry (at most 10 s after its last waiter
+//! left): releases meanwhile publish a notice nobody needs, and the client count in it is one
+//! too high (a woken head may defer up to [`DEFER`] for nothing). Removing the id when a
+//! client's queue empties would race with the `SADD` of its next wait (another task, so not
+//! ordered with it), and a marker removed under a waiter loses its notices.
+//!
 //! # Fairness
 //!
 //! The waiters of one client for one key form a FIFO queue: only the oldest makes attempt
