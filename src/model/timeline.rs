@@ -215,8 +215,13 @@ fn events(m: &Redlock, tm: &Times, before: &State, action: Action, after: &State
                 "c{c} ACQUIRED {} with token {}, valid for {:?} more on its clock",
                 l.val, l.token, l.deadline
             )),
+            // The deadline moved forward, or the first `Ok` (a 1 s round can leave the same
+            // validity as before: the deadline does not move, but the extension succeeded).
             (Some(x), Some(l))
-                if x.deadline < l.deadline && !l.lost && !matches!(action, Action::Tick { .. }) =>
+                if (x.deadline < l.deadline
+                    || (before.seen.extended ^ after.seen.extended) & (1 << c) != 0)
+                    && !l.lost
+                    && !matches!(action, Action::Tick { .. }) =>
             {
                 ev.push(format!(
                     "c{c}'s lock extended: valid for {:?} more on its clock",

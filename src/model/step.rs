@@ -1,0 +1,267 @@
+//! The [`Model`] implementation: the initial state, the steps enabled in a state, their effect,
+//! and the properties.
+
+use std::collections::VecDeque;
+
+use stateright::{Model, Property};
+
+use super::{Action, Ans, ClientS, ConnS, Flags, NodeS, Phase, Redlock, Seen, State};
+
+impl Model for Redlock {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let (n, k) = (self.cfg.nodes, self.cfg.clients);
+        let conn = if self.cfg.fresh_clients {
+            ConnS::default()
+        } else {
+            ConnS {
+                live: true,
+                seen_epoch: Some(0),
+                held_until: None,
+                repair: false,
+            }
+        };
+        let marker = (!self.cfg.fresh_clients).then_some(0);
+        vec![State {
+            nodes: vec![
+                NodeS {
+                    up: true,
+                    epoch: 0,
+                    age: self.cfg.ttl + 2,
+                    key: None,
+                    counter: 0,
+                    marker,
+                };
+                n
+            ],
+            clients: vec![
+                ClientS {
+                    conns: vec![conn; n],
+                    attempts: 0,
+                    budget: self.cfg.attempts,
+                    rid: 0,
+                    phase: Phase::Idle { wait: 0 },
+                    lock: None,
+                };
+                k
+            ],
+            req: vec![VecDeque::new(); n * k],
+            crashes: 0,
+            disconnects: 0,
+            stalls: 0,
+            jumps: 0,
+            evictions: 0,
+            max_token: 0,
+            flags: Flags::default(),
+            seen: Seen::default(),
+            quiet: None,
+        }]
+    }
+
+    fn actions(&self, s: &State, out: &mut Vec<Action>) {
+        let cfg = &self.cfg;
+        // Liveness: the quiet phase ends (a terminal state, where the `eventually` property is
+        // judged) at the horizon or once a client was granted the lock.
+        if s.quiet.is_some_and(|q| q > cfg.live_within) || s.seen.granted_in_quiet {
+            return;
+        }
+        let before = out.len();
+        self.progress_actions(s, out);
+        let pending_progress = out.len() > before;
+        let quiet = self.quiet(s);
+        for c in 0..cfg.clients {
+            let client = &s.clients[c];
+            if let (Phase::Hold, Some(lock)) = (&client.phase, &client.lock)
+                && !quiet
+                && self.valid(s, c)
+            {
+                // Lock::extend: refused before any call once the deadline has passed.
+                if lock.extensions < cfg.extensions && !lock.lost && !lock.deadline.is_zero() {
+                    out.push(Action::Extend(c as u8));
+                }
+                out.push(Action::Release(c as u8));
+            }
+        }
+        if !quiet && cfg.liveness {
+            out.push(Action::Quiet);
+        }
+        if !quiet {
+            // A broken connection only matters with something on it.
+            if s.disconnects < cfg.disconnects {
+                for c in 0..cfg.clients {
+                    for n in 0..cfg.nodes {
+                        if !s.req[self.ix(c, n)].is_empty() {
+                            out.push(Action::Disconnect {
+                                c: c as u8,
+                                n: n as u8,
+                            });
+                            out.push(Action::DeliverLoseReply {
+                                c: c as u8,
+                                n: n as u8,
+                            });
+                        }
+                    }
+                }
+            }
+            for n in 0..cfg.nodes {
+                if s.nodes[n].up && s.crashes < cfg.crashes {
+                    out.push(Action::Crash(n as u8));
+                }
+                if s.jumps < cfg.node_jumps {
+                    out.push(Action::JumpClock(n as u8));
+                }
+                if s.evictions < cfg.evictions && s.nodes[n].key.is_some() {
+                    out.push(Action::Evict(n as u8));
+                }
+            }
+        }
+        if !(quiet && pending_progress) {
+            out.push(Action::Tick { stall: 0 });
+            if !quiet && s.stalls < cfg.stalls {
+                for c in 0..cfg.clients {
+                    out.push(Action::Tick { stall: 1 << c });
+                }
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        match action {
+            Action::Tick { stall } => self.tick(&mut s, stall),
+            Action::Quiet => {
+                s.quiet = Some(0);
+                for client in &mut s.clients {
+                    client.budget = client.attempts + self.cfg.live_attempts;
+                }
+            }
+            Action::Start(c) => self.start(&mut s, c.into()),
+            Action::Deliver { c, n } | Action::DeliverLoseReply { c, n } => {
+                let (c, n) = (usize::from(c), usize::from(n));
+                let req = s.req[self.ix(c, n)].pop_front()?;
+                let reply = self.apply(&mut s, n, req.op);
+                if let Action::DeliverLoseReply { .. } = action {
+                    s.disconnects += 1;
+                    self.break_conn(&mut s, c, n);
+                } else if let Some((int, holder)) = reply {
+                    let ans = match (&s.clients[c].phase, int > 0) {
+                        (Phase::Raise { .. }, _) if int == 1 => Ans::Yes(1),
+                        (Phase::Raise { .. }, _) | (_, false) => Ans::No(holder),
+                        (_, true) => Ans::Yes(int as u8),
+                    };
+                    self.record(&mut s, c, n, req.rid, ans);
+                }
+            }
+            Action::Timeout(c) => {
+                let c = usize::from(c);
+                if let Phase::Acquire { round, .. }
+                | Phase::Raise { round, .. }
+                | Phase::Extend { round } = &mut s.clients[c].phase
+                {
+                    for a in &mut round.answers {
+                        if a.is_none() {
+                            *a = Some(Ans::Failed);
+                        }
+                    }
+                }
+                self.progress(&mut s, c, true);
+            }
+            Action::Extend(c) => self.extend(&mut s, c.into()),
+            Action::Release(c) => self.release(&mut s, c.into()),
+            Action::Repair { c, n } => self.repair(&mut s, c.into(), n.into()),
+            Action::Disconnect { c, n } => {
+                s.disconnects += 1;
+                self.break_conn(&mut s, c.into(), n.into());
+            }
+            Action::Crash(n) => {
+                let n = usize::from(n);
+                s.crashes += 1;
+                s.nodes[n].up = false;
+                for c in 0..self.cfg.clients {
+                    self.break_conn(&mut s, c, n);
+                }
+            }
+            Action::Restart { n, empty } => {
+                let node = &mut s.nodes[usize::from(n)];
+                node.up = true;
+                node.epoch += 1;
+                node.age = 0;
+                if empty {
+                    node.key = None;
+                    node.counter = 0;
+                    node.marker = None;
+                }
+            }
+            Action::JumpClock(n) => {
+                s.jumps += 1;
+                let node = &mut s.nodes[usize::from(n)];
+                if let Some((_, ttl)) = node.key.as_mut() {
+                    *ttl = ttl.saturating_sub(self.cfg.jump);
+                    if *ttl == 0 {
+                        node.key = None;
+                    }
+                }
+            }
+            Action::Evict(n) => {
+                s.evictions += 1;
+                s.nodes[usize::from(n)].key = None;
+            }
+        }
+        self.normalize(&mut s);
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("mutual exclusion", |m: &Redlock, s: &State| {
+                (0..m.cfg.clients).filter(|&c| m.valid(s, c)).count() <= 1
+            }),
+            Property::always("fencing tokens increase", |_, s: &State| {
+                !s.flags.token_not_increasing
+            }),
+            Property::always("ok extension means no gap", |_, s: &State| {
+                !s.flags.ok_after_gap
+            }),
+            Property::always(
+                "is_lost never returns to false",
+                |m: &Redlock, s: &State| {
+                    (0..m.cfg.clients).all(|c| {
+                        s.clients[c]
+                            .lock
+                            .as_ref()
+                            .is_none_or(|l| !l.ever_lost || !m.valid(s, c))
+                    })
+                },
+            ),
+            Property::always(
+                "held only when the refusals alone forbid a quorum",
+                |_, s: &State| !s.flags.held_with_too_few_refusals,
+            ),
+            Property::always("held never on a split vote", |_, s: &State| {
+                !s.flags.held_on_split_vote
+            }),
+            Property::eventually(
+                "liveness: after faults stop a client is granted the lock",
+                |m: &Redlock, s: &State| !m.cfg.liveness || s.seen.granted_in_quiet,
+            ),
+            Property::sometimes("coverage: both clients acquired", |_, s: &State| {
+                s.seen.granted == 0b11
+            }),
+            Property::sometimes(
+                "coverage: acquire, extend, release by both",
+                |_, s: &State| {
+                    s.seen.granted == 0b11 && s.seen.extended == 0b11 && s.seen.released == 0b11
+                },
+            ),
+            Property::sometimes(
+                "coverage: one client acquired, extended and released",
+                |_, s: &State| s.seen.granted & s.seen.extended & s.seen.released != 0,
+            ),
+            Property::sometimes("coverage: a restarted node repaired", |_, s: &State| {
+                s.seen.repaired
+            }),
+        ]
+    }
+}
