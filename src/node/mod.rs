@@ -338,12 +338,15 @@ impl Node {
         if self.by_eval.load(Ordering::Relaxed)
             && let Some(eval) = call.eval()
         {
-            return conn
-                .send_packed_command(&eval)
-                .await
-                .and_then(Value::extract_error)
-                .map(Some)
-                .map_err(|e| self.call_error(e, generation));
+            // Boxed: a cold path (managed services), kept out of the call's future (below).
+            return Box::pin(async move {
+                conn.send_packed_command(&eval)
+                    .await
+                    .and_then(Value::extract_error)
+            })
+            .await
+            .map(Some)
+            .map_err(|e| self.call_error(e, generation));
         }
         // A server error comes back as a value; `extract_error` turns it into an error.
         let reply = match conn
