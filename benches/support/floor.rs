@@ -46,7 +46,7 @@ impl Floor {
     /// Connects to every node and loads the scripts.
     pub(crate) async fn connect(urls: &[String]) -> redis::RedisResult<Floor> {
         let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(std::time::Duration::from_secs(1)))
+            .set_connection_timeout(Some(std::time::Duration::from_secs(10)))
             .set_response_timeout(None);
         let mut conns = Vec::with_capacity(urls.len());
         let scripts = [RELEASE, EXTEND, ACQUIRE_FENCED].map(Script::new);

@@ -14,7 +14,7 @@ use super::round::{Round, Tail, int_reply, positive};
 use super::state::LockState;
 use super::wait::{KeyWait, MARKER_REFRESH, Ticket, Woken};
 use crate::core::clock::{self, Stamp};
-use crate::core::keys::{new_value, waiters_key_of};
+use crate::core::keys::{LockKeys, new_value, waiters_key_of};
 use crate::core::quorum::{self, Acquisition, Verdict};
 use crate::core::timing;
 use crate::core::token::{self, FencingToken};
@@ -61,12 +61,13 @@ impl Redlock {
         // Saturating: `acquire_timeout(.., Duration::MAX)` waits "for ever" (safety s12).
         let give_up_at = clock::tokio_after(called, patience.wait);
         let waits = !patience.wait.is_zero();
-        let lock_key = self.keys().lock_key(key);
-        let fence_key = self.keys().fence_key(key);
+        // Every key of the lock, built once (one allocation) for all its rounds and its state.
+        let keys = self.keys().lock_keys(key);
+        let (lock_key, fence_key) = (keys.lock(), keys.fence());
         // A waiter queues behind this client's waiters for the key instead of trying first.
         let mut waiter: Option<(Arc<KeyWait>, Ticket)> = None;
-        if waits && self.inner.waiting.queued(&lock_key).is_some() {
-            waiter = Some(self.wait_for(&lock_key).await);
+        if waits && self.inner.waiting.queued(lock_key).is_some() {
+            waiter = Some(self.wait_for(lock_key).await);
         }
         let mut round_no = 0u32;
         let mut contention_rounds = 0u32;
@@ -88,15 +89,14 @@ impl Redlock {
             let epoch = waiter.as_ref().map_or(0, |(kw, _)| kw.epoch());
             let value = new_value();
             // Armed before the first await: a cancelled or failed round is released everywhere.
-            let mut undo = UndoRelease::arm(self, &lock_key, &fence_key, &value);
+            let mut undo = UndoRelease::arm(self, lock_key, fence_key, &value);
             let mut contended = false;
             let round_start = Instant::now();
             tracing::trace!(key, round = round_no, epoch, "attempt round");
             let result = self
                 .attempt(
                     key,
-                    &lock_key,
-                    &fence_key,
+                    &keys,
                     &value,
                     ttl,
                     drift,
@@ -112,9 +112,7 @@ impl Redlock {
                     drop(waiter);
                     metrics::acquire("acquired", called.elapsed());
                     let state = Arc::new(LockState::new(
-                        key.to_owned(),
-                        lock_key,
-                        fence_key,
+                        keys,
                         value,
                         token,
                         ttl,
@@ -130,7 +128,7 @@ impl Redlock {
                 round_no -= 1;
                 self.undo_split_vote(
                     key,
-                    (&lock_key, &fence_key, &value),
+                    (lock_key, fence_key, &value),
                     &undo.skip,
                     round_start.elapsed(),
                     contention_rounds,
@@ -167,14 +165,14 @@ impl Redlock {
                 // The first refusal of a wait: join the queue, then try once more at once (the
                 // lock may have been released before the marker stood).
                 None if waits && held => {
-                    waiter = Some(self.wait_for(&lock_key).await);
+                    waiter = Some(self.wait_for(lock_key).await);
                     polls = 0;
                 }
                 // A registered waiter waits for a notice whatever refused its round: a round
                 // that could not reach a quorum (a node hung, the others split between the
                 // holder's value and ours) is usually followed by the holder's release.
                 Some((kw, _)) => {
-                    let woken = self.await_release(kw, &lock_key, epoch, until).await;
+                    let woken = self.await_release(kw, lock_key, epoch, until).await;
                     tracing::trace!(key, ?woken, "waiter woken");
                     match woken {
                         Woken::Notice => {
@@ -293,8 +291,7 @@ impl Redlock {
     pub(super) async fn attempt(
         &self,
         key: &str,
-        lock_key: &str,
-        fence_key: &str,
+        keys: &LockKeys,
         value: &str,
         ttl: Duration,
         drift: Duration,
@@ -308,13 +305,8 @@ impl Redlock {
         let budget_end = start + timing::budget(sent, drift);
         let deadline = start + timing::acquire_round(self.inner.cfg.node_timeout, sent, drift);
         let fencing = self.inner.cfg.fencing;
-        let legacy = self.keys().legacy_fence_key(key);
-        let call = acquire_call(
-            fencing,
-            (lock_key, fence_key, legacy.as_deref()),
-            value,
-            ttl_ms,
-        );
+        let (lock_key, fence_key) = (keys.lock(), keys.fence());
+        let call = acquire_call(fencing, (lock_key, fence_key, keys.legacy()), value, ttl_ms);
         let round = self
             .round(
                 Arc::new(call),
@@ -362,10 +354,10 @@ impl Redlock {
         if self.inner.outage.swap(false, Ordering::Relaxed) {
             tracing::info!(key, "a quorum of nodes answers again");
         }
-        let counters: Vec<u64> = if fencing {
+        let counters: smallvec::SmallVec<[u64; 8]> = if fencing {
             round.yes.iter().map(|&(_, c)| c.max(0) as u64).collect()
         } else {
-            vec![0; round.yes.len()]
+            smallvec::smallvec![0; round.yes.len()]
         };
         let Some((max, settled)) = token::fencing_max(&counters, self.inner.nodes.len()) else {
             return Err(self.no_quorum(key, &round.tally, round.failures));
@@ -506,20 +498,16 @@ fn acquire_call(
     value: &str,
     ttl_ms: u64,
 ) -> ScriptCall {
-    let ttl_ms = ttl_ms.to_string();
     if fencing && let Some(legacy) = legacy {
         scripts::ACQUIRE.call(
             &[lock_key.as_bytes(), fence_key.as_bytes(), legacy.as_bytes()],
-            &[value.as_bytes(), ttl_ms.as_bytes()],
+            &[
+                value.as_bytes(),
+                itoa::Buffer::new().format(ttl_ms).as_bytes(),
+            ],
         )
     } else {
-        let mut set = redis::cmd("SET");
-        set.arg(lock_key)
-            .arg(value)
-            .arg("NX")
-            .arg("PX")
-            .arg(&ttl_ms);
-        ScriptCall::plain(set)
+        ScriptCall::plain(scripts::set_nx_px(lock_key, value, ttl_ms))
     }
 }
 

@@ -60,14 +60,12 @@ impl Redlock {
             lock_deadline.saturating_duration_since(started),
         );
         let deadline = start + length;
-        let ttl_ms = ttl_ms.to_string();
-        let token = state.token().get().to_string();
         let call = scripts::EXTEND.call(
             &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
             &[
                 state.value().as_bytes(),
-                ttl_ms.as_bytes(),
-                token.as_bytes(),
+                itoa::Buffer::new().format(ttl_ms).as_bytes(),
+                itoa::Buffer::new().format(state.token().get()).as_bytes(),
             ],
         );
         let round = self

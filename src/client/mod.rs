@@ -157,7 +157,7 @@ impl Redlock {
         if close {
             tail.gate.close();
         }
-        if tail.calls.is_empty() {
+        if tail.is_empty() {
             return;
         }
         if tail.can_park() {

@@ -26,15 +26,16 @@ impl Redlock {
         let expired = state.deadline() <= clock::now();
         // Lost before the release (its signal fired): that is what the release reports.
         let lost = state.reason();
-        let token = state.token().get().to_string();
-        let waiters = waiters_key_of(state.lock_key());
         let call = scripts::RELEASE.call(
             &[
                 state.lock_key().as_bytes(),
                 state.fence_key().as_bytes(),
-                waiters.as_bytes(),
+                state.waiters_key().as_bytes(),
             ],
-            &[state.value().as_bytes(), token.as_bytes()],
+            &[
+                state.value().as_bytes(),
+                itoa::Buffer::new().format(state.token().get()).as_bytes(),
+            ],
         );
         // Before the round: its notices may arrive before its answers.
         self.inner
@@ -146,7 +147,6 @@ impl Redlock {
         token: u64,
         skip: &[bool],
     ) -> impl Future<Output = ()> + Send + 'static {
-        let token = token.to_string();
         let waiters = waiters_key_of(lock_key);
         let call = Arc::new(scripts::RELEASE.call(
             &[
@@ -154,7 +154,10 @@ impl Redlock {
                 fence_key.as_bytes(),
                 waiters.as_bytes(),
             ],
-            &[value.as_bytes(), token.as_bytes()],
+            &[
+                value.as_bytes(),
+                itoa::Buffer::new().format(token).as_bytes(),
+            ],
         ));
         let deadline = Instant::now() + self.inner.cfg.node_timeout;
         let calls: FuturesUnordered<_> = self

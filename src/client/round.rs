@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
+use futures::{Stream, StreamExt};
 use redis::Value;
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::Redlock;
@@ -20,7 +20,29 @@ use crate::metrics;
 use crate::node::scripts::ScriptCall;
 use crate::node::{HoldOut, Node, Op, RoundGate};
 
-type NodeFuture = BoxFuture<'static, (usize, Result<Value, NodeError>)>;
+/// Per-node values of a round, inline (no allocation) up to this many nodes.
+const INLINE: usize = 8;
+
+/// The yes-answers of a round: node index, integer reply.
+pub(crate) type Yeses = SmallVec<[(usize, i64); INLINE]>;
+
+/// Which nodes have answered.
+type Answered = SmallVec<[bool; INLINE]>;
+
+/// A node's answer in a round: its index and its reply.
+type Reply = (usize, Result<Value, NodeError>);
+
+/// The unanswered calls of a finished round, behind one allocation per round (a call is not
+/// boxed on its own: the round's calls are one `FuturesUnordered` of one concrete type).
+trait Pending: Stream<Item = Reply> + Send + Unpin {
+    fn len(&self) -> usize;
+}
+
+impl<F: Future<Output = Reply> + Send> Pending for FuturesUnordered<F> {
+    fn len(&self) -> usize {
+        FuturesUnordered::len(self)
+    }
+}
 
 /// A round's outcome: the verdict, the yes-answers (node index, integer reply), the values
 /// that refused (`None`: a refusal that does not say which value holds the key) and failures
@@ -28,7 +50,7 @@ type NodeFuture = BoxFuture<'static, (usize, Result<Value, NodeError>)>;
 pub(crate) struct Round {
     pub(super) verdict: Verdict,
     pub(super) tally: Tally,
-    pub(super) yes: Vec<(usize, i64)>,
+    pub(super) yes: Yeses,
     pub(super) refusals: Vec<Option<Vec<u8>>>,
     pub(super) failures: Vec<NodeFailure>,
     pub(super) rest: Tail,
@@ -58,8 +80,9 @@ impl Round {
 /// They are parked or driven until the round's deadline so that their queued commands reach
 /// the nodes (see `Redlock::settle` and `docs/design.md`, "Late answers").
 pub(crate) struct Tail {
-    pub(super) calls: FuturesUnordered<NodeFuture>,
-    pub(super) answered: Vec<bool>,
+    /// `None` when every call had answered by the verdict.
+    calls: Option<Box<dyn Pending>>,
+    answered: Answered,
     pub(super) gate: RoundGate,
     pub(super) deadline: Instant,
 }
@@ -67,7 +90,7 @@ pub(crate) struct Tail {
 impl std::fmt::Debug for Tail {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tail")
-            .field("unanswered", &self.calls.len())
+            .field("unanswered", &self.unanswered())
             .field("deadline", &self.deadline)
             .finish()
     }
@@ -86,20 +109,34 @@ impl Tail {
                 .all(|(i, &answered)| answered || self.gate.handed(i))
     }
 
+    /// How many calls have not answered.
+    fn unanswered(&self) -> usize {
+        self.calls.as_ref().map_or(0, |c| c.len())
+    }
+
+    /// Whether every call has answered: nothing is left that must be kept.
+    pub(super) fn is_empty(&self) -> bool {
+        self.unanswered() == 0
+    }
+
     /// Collects the answers that have arrived since the round ended, without waiting and
     /// without registering a waker (the calls still wake the round's task, which ignores it).
     /// True once every call has answered: nothing is left that must be kept.
     pub(super) fn collect(&mut self) -> bool {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        while let std::task::Poll::Ready(Some(_)) = self.calls.poll_next_unpin(&mut cx) {}
-        self.calls.is_empty()
+        if let Some(calls) = &mut self.calls {
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            while let std::task::Poll::Ready(Some(_)) = calls.poll_next_unpin(&mut cx) {}
+        }
+        self.is_empty()
     }
 
     /// Drives the unanswered calls to their answer, bounded by the round's deadline, and
     /// returns the answers that came (node index, reply).
     pub(super) async fn answers(self) -> Vec<(usize, Result<Value, NodeError>)> {
-        let mut calls = self.calls;
         let mut got = Vec::new();
+        let Some(mut calls) = self.calls else {
+            return got;
+        };
         let _ = tokio::time::timeout_at(self.deadline, async {
             while let Some(answer) = calls.next().await {
                 got.push(answer);
@@ -111,7 +148,9 @@ impl Tail {
 
     /// Drives the unanswered calls to their answer, bounded by the round's deadline.
     pub(super) async fn drive(self) {
-        let mut calls = self.calls;
+        let Some(mut calls) = self.calls else {
+            return;
+        };
         let _ = tokio::time::timeout_at(self.deadline, async {
             while calls.next().await.is_some() {}
         })
@@ -138,13 +177,13 @@ impl Redlock {
         let n = nodes.len();
         let start = Instant::now();
         let gate = RoundGate::new(n, closes_at);
-        let mut rest: FuturesUnordered<NodeFuture> = nodes
+        let mut rest: FuturesUnordered<_> = nodes
             .iter()
             .enumerate()
             .map(|(i, node)| {
                 let fut =
                     Arc::clone(node).call(Arc::clone(&call), hold_out, op, Some((gate.clone(), i)));
-                Box::pin(async move { (i, fut.await) }) as NodeFuture
+                async move { (i, fut.await) }
             })
             .collect();
         let mut answers = Answers::new(n);
@@ -196,7 +235,7 @@ impl Redlock {
             refusals,
             failures,
             rest: Tail {
-                calls: rest,
+                calls: (!rest.is_empty()).then(|| Box::new(rest) as Box<dyn Pending>),
                 answered,
                 gate,
                 deadline,
@@ -209,20 +248,20 @@ impl Redlock {
 struct Answers {
     tally: Tally,
     /// The yes-answers: node index, integer reply.
-    yes: Vec<(usize, i64)>,
+    yes: Yeses,
     refusals: Vec<Option<Vec<u8>>>,
     failures: Vec<NodeFailure>,
-    answered: Vec<bool>,
+    answered: Answered,
 }
 
 impl Answers {
     fn new(n: usize) -> Self {
         Answers {
             tally: Tally::new(n),
-            yes: Vec::with_capacity(n),
+            yes: Yeses::new(),
             refusals: Vec::new(),
             failures: Vec::new(),
-            answered: vec![false; n],
+            answered: Answered::from_elem(false, n),
         }
     }
 

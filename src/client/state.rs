@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::core::clock::{self, Stamp};
+use crate::core::keys::LockKeys;
 use crate::core::lock;
 use crate::core::token::FencingToken;
 use crate::error::{Error, LostReason};
@@ -17,9 +18,8 @@ use crate::metrics;
 /// Shared state of one held lock (the guard, its lease task and any watcher).
 #[derive(Debug)]
 pub(crate) struct LockState {
-    key: String,
-    lock_key: String,
-    fence_key: String,
+    /// The user key and its Redis keys, in one buffer.
+    keys: LockKeys,
     value: String,
     token: FencingToken,
     /// The lease length: the ttl of the acquisition, or of the last successful extension.
@@ -36,18 +36,14 @@ pub(crate) struct LockState {
 
 impl LockState {
     pub(crate) fn new(
-        key: String,
-        lock_key: String,
-        fence_key: String,
+        keys: LockKeys,
         value: String,
         token: FencingToken,
         ttl: Duration,
         deadline: Stamp,
     ) -> Self {
         LockState {
-            key,
-            lock_key,
-            fence_key,
+            keys,
             value,
             token,
             ttl: Mutex::new(ttl),
@@ -65,13 +61,17 @@ impl LockState {
     }
 
     pub(crate) fn key(&self) -> &str {
-        &self.key
+        self.keys.key()
     }
     pub(crate) fn lock_key(&self) -> &str {
-        &self.lock_key
+        self.keys.lock()
     }
     pub(crate) fn fence_key(&self) -> &str {
-        &self.fence_key
+        self.keys.fence()
+    }
+    /// The lock's waiters marker (see `client/wait.rs`).
+    pub(crate) fn waiters_key(&self) -> &str {
+        self.keys.waiters()
     }
     pub(crate) fn value(&self) -> &str {
         &self.value
@@ -143,12 +143,12 @@ impl LockState {
             if r.is_none() && !self.lost.is_cancelled() {
                 *r = Some(reason.clone());
                 metrics::lock_lost();
-                tracing::warn!(key = %self.key, token = %self.token, %reason, "lock lost");
+                tracing::warn!(key = %self.key(), token = %self.token, %reason, "lock lost");
             }
         }
         self.lost.cancel();
         Error::Lost {
-            key: self.key.clone(),
+            key: self.key().to_owned(),
             reason,
         }
     }

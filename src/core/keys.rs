@@ -127,8 +127,52 @@ impl KeyLayout {
 
     /// The per-name counter of the layout before buckets (same hash slot as the lock key).
     /// `None` in compat mode, which never had one.
+    #[cfg(test)]
     pub(crate) fn legacy_fence_key(&self, key: &str) -> Option<String> {
         (!self.compat).then(|| format!("{}:{{{key}}}:fence", self.prefix))
+    }
+
+    /// Every key of one lock, laid out once in one buffer (one allocation per lock, not one
+    /// per key, per round or per node): the lock key, its waiters marker, the legacy per-name
+    /// counter and the fencing counter. The same strings as [`lock_key`](Self::lock_key),
+    /// [`fence_key`](Self::fence_key), [`legacy_fence_key`](Self::legacy_fence_key) and
+    /// [`waiters_key_of`].
+    pub(crate) fn lock_keys(&self, key: &str) -> LockKeys {
+        let prefix: &str = &self.prefix;
+        let lock_len = if self.compat {
+            key.len()
+        } else {
+            prefix.len() + key.len() + 3
+        };
+        let mut buf = String::with_capacity(
+            2 * lock_len + WAITERS_SUFFIX.len() + LEGACY_SUFFIX.len() + prefix.len() + 13,
+        );
+        push_lock_key(&mut buf, prefix, key, self.compat);
+        buf.push_str(WAITERS_SUFFIX);
+        let waiters = buf.len();
+        let legacy = (!self.compat).then(|| {
+            push_lock_key(&mut buf, prefix, key, false);
+            buf.push_str(LEGACY_SUFFIX);
+            buf.len()
+        });
+        let fence_start = buf.len();
+        let tag = slot_tag(slot(&buf.as_bytes()[..lock_len]));
+        buf.push_str(prefix);
+        buf.push_str(":fence:{");
+        buf.push_str(tag);
+        buf.push('}');
+        LockKeys {
+            buf,
+            key: if self.compat {
+                0..key.len()
+            } else {
+                prefix.len() + 2..prefix.len() + 2 + key.len()
+            },
+            lock: lock_len,
+            waiters,
+            legacy,
+            fence: fence_start,
+        }
     }
 
     /// A `SCAN MATCH` glob that covers both counter layouts (and possibly other keys: filter
@@ -191,6 +235,64 @@ pub(crate) fn waiters_key_of(lock_key: &str) -> String {
 
 /// What [`waiters_key_of`] appends to a lock key.
 pub(crate) const WAITERS_SUFFIX: &str = ":waiters";
+
+/// What the legacy per-name counter adds to the lock key.
+const LEGACY_SUFFIX: &str = ":fence";
+
+/// Appends the lock key of `key` (`P:{K}`, or `K` in compat mode) to `buf`.
+fn push_lock_key(buf: &mut String, prefix: &str, key: &str, compat: bool) {
+    if compat {
+        buf.push_str(key);
+    } else {
+        buf.push_str(prefix);
+        buf.push_str(":{");
+        buf.push_str(key);
+        buf.push('}');
+    }
+}
+
+/// The keys of one lock, in one buffer: `lock + ":waiters"`, then (outside compat mode) the
+/// legacy counter, then the fencing counter (see [`KeyLayout::lock_keys`]).
+#[derive(Debug, Clone)]
+pub(crate) struct LockKeys {
+    buf: String,
+    /// The user key: inside the lock key.
+    key: std::ops::Range<usize>,
+    /// Where the lock key ends (it starts the buffer), and the waiters marker (which extends it).
+    lock: usize,
+    waiters: usize,
+    /// Where the legacy counter ends (it starts at `waiters`).
+    legacy: Option<usize>,
+    /// Where the fencing counter starts (it ends the buffer).
+    fence: usize,
+}
+
+impl LockKeys {
+    /// The user key.
+    pub(crate) fn key(&self) -> &str {
+        &self.buf[self.key.clone()]
+    }
+
+    /// The lock key: `P:{K}`, or `K` in compat mode.
+    pub(crate) fn lock(&self) -> &str {
+        &self.buf[..self.lock]
+    }
+
+    /// The fencing counter of the lock key's hash slot.
+    pub(crate) fn fence(&self) -> &str {
+        &self.buf[self.fence..]
+    }
+
+    /// The per-name counter of the layout before buckets (none in compat mode).
+    pub(crate) fn legacy(&self) -> Option<&str> {
+        self.legacy.map(|end| &self.buf[self.waiters..end])
+    }
+
+    /// The waiters marker, also the channel of release notices (see [`waiters_key_of`]).
+    pub(crate) fn waiters(&self) -> &str {
+        &self.buf[..self.waiters]
+    }
+}
 
 /// Checks that `key` can be laid out: not empty, and not starting with `}` (which would break
 /// the hash tag shared with its fencing counter).
@@ -271,6 +373,18 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn lock_keys_are_the_keys_of_the_layout(key in "[^}].{0,20}", prefix in "[a-z_.-]{1,8}", compat: bool) {
+            let layout = KeyLayout::new(&prefix, compat).unwrap();
+            let keys = layout.lock_keys(&key);
+            prop_assert_eq!(keys.key(), key.as_str());
+            prop_assert_eq!(keys.lock(), layout.lock_key(&key));
+            prop_assert_eq!(keys.fence(), layout.fence_key(&key));
+            let legacy = layout.legacy_fence_key(&key);
+            prop_assert_eq!(keys.legacy(), legacy.as_deref());
+            prop_assert_eq!(keys.waiters(), waiters_key_of(&layout.lock_key(&key)));
+        }
+
         #[test]
         fn a_lock_key_is_never_a_counter(key in "[^}].{0,20}") {
             let layout = KeyLayout::default();

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use smallvec::SmallVec;
+
 use crate::core::clock::{self, Stamp};
 
 /// How many commands a node connection's queue (redis-rs' channel to its driver task) holds.
@@ -35,7 +37,8 @@ struct GateState {
     closed: AtomicBool,
     /// When the round closes by itself, on the deadline clock.
     until: Option<Stamp>,
-    handed: Box<[AtomicBool]>,
+    /// Inline (in the gate's one allocation) for up to 8 nodes.
+    handed: SmallVec<[AtomicBool; 8]>,
 }
 
 impl RoundGate {

@@ -325,9 +325,11 @@ impl Node {
         }
         let mut conn = match conn {
             MemberConn::Single(conn) => conn,
+            // Boxed, as the fallback below: the cold paths stay out of the call's future, which
+            // a round moves several times per node (`FuturesUnordered::push`), so its size is
+            // paid in copies on every call.
             MemberConn::Cluster(mut cluster) => {
-                return self
-                    .run_on_cluster(&mut cluster, call, generation)
+                return Box::pin(self.run_on_cluster(&mut cluster, call, generation))
                     .await
                     .map(Some);
             }
@@ -336,12 +338,15 @@ impl Node {
         if self.by_eval.load(Ordering::Relaxed)
             && let Some(eval) = call.eval()
         {
-            return conn
-                .send_packed_command(&eval)
-                .await
-                .and_then(Value::extract_error)
-                .map(Some)
-                .map_err(|e| self.call_error(e, generation));
+            // Boxed: a cold path (managed services), kept out of the call's future (below).
+            return Box::pin(async move {
+                conn.send_packed_command(&eval)
+                    .await
+                    .and_then(Value::extract_error)
+            })
+            .await
+            .map(Some)
+            .map_err(|e| self.call_error(e, generation));
         }
         // A server error comes back as a value; `extract_error` turns it into an error.
         let reply = match conn
@@ -362,10 +367,14 @@ impl Node {
                     return Ok(None);
                 }
                 match call.eval() {
-                    Some(eval) => conn
-                        .send_packed_command(&eval)
+                    Some(eval) => {
+                        Box::pin(async move {
+                            conn.send_packed_command(&eval)
+                                .await
+                                .and_then(Value::extract_error)
+                        })
                         .await
-                        .and_then(Value::extract_error),
+                    }
                     None => Err(e),
                 }
             }

@@ -48,8 +48,12 @@ impl Lua {
 
     /// Builds the invocation once; the same call is sent to every node.
     pub(crate) fn call(&'static self, keys: &[&[u8]], args: &[&[u8]]) -> ScriptCall {
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(self.script.get_hash()).arg(keys.len());
+        // Sized once: growing a command's buffers costs an allocation per doubling.
+        let hash = self.script.get_hash();
+        let data: usize = keys.iter().chain(args).map(|a| a.len()).sum();
+        let mut evalsha =
+            redis::Cmd::with_capacity(3 + keys.len() + args.len(), 7 + hash.len() + 3 + data);
+        evalsha.arg("EVALSHA").arg(hash).arg(keys.len());
         for k in keys {
             evalsha.arg(*k);
         }
@@ -61,6 +65,19 @@ impl Lua {
             cmd: evalsha,
         }
     }
+}
+
+/// `SET key value NX PX ttl_ms`: the acquire with fencing off. Sized once, the ttl written as
+/// digits without a `String` in between.
+pub(crate) fn set_nx_px(key: &str, value: &str, ttl_ms: u64) -> Cmd {
+    let mut set = Cmd::with_capacity(6, 3 + key.len() + value.len() + 4 + 20);
+    set.arg("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms);
+    set
 }
 
 /// A ready-to-send invocation: a script by its SHA1, or (fencing off) a plain command.

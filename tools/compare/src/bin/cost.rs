@@ -1,0 +1,163 @@
+//! Client cost per operation, in figures that do not depend on the machine's load: heap
+//! allocations per acquire+release (counted by this binary's global allocator), and, run under
+//! `valgrind --tool=cachegrind`, instructions per operation (see `tools/compare/cost.sh`,
+//! which takes the difference of two runs so that start-up and connects cancel out).
+//!
+//! ```sh
+//! cargo run --release --manifest-path tools/compare/Cargo.toml --bin cost -- \
+//!     [--impl quorumlock|quorumlock-nofence|floor|floor+fence] [--ops N] [--tasks T]
+//! ```
+//!
+//! Five local `redis-server` nodes (quorumlock's `testkit`), a current-thread tokio runtime (so
+//! that instruction counts do not depend on how work spreads over threads), `T` tasks each
+//! making acquire+release on keys of their own, `N` operations in all after a warm-up.
+//! Prints one line: `impl tasks ops allocs/op bytes/op`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use quorumlock::Redlock;
+use quorumlock::testkit::LocalCluster;
+
+#[path = "../../../../benches/support/floor.rs"]
+#[allow(dead_code, unused_imports)]
+mod floor;
+use floor::Floor;
+
+/// The system allocator, counting calls and bytes.
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards every call to `System` unchanged; the counters are plain atomics.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const TTL: Duration = Duration::from_secs(10);
+const TTL_MS: u64 = 10_000;
+
+#[derive(Clone)]
+enum Impl {
+    Ours(Redlock),
+    Floor(Floor),
+    FloorFence(Floor),
+}
+
+impl Impl {
+    async fn op(&self, key: &str) {
+        match self {
+            Impl::Ours(locks) => {
+                let lock = locks.try_acquire(key, TTL).await.expect("acquire");
+                lock.release().await.expect("release");
+            }
+            Impl::Floor(f) => {
+                let value = Floor::new_value();
+                assert!(f.acquire(key, &value, TTL_MS).await);
+                assert!(f.release(key, &value).await);
+            }
+            Impl::FloorFence(f) => {
+                let (lock_key, fence_key) = floor::fenced_keys(key);
+                let value = Floor::new_value();
+                assert!(f.acquire_fenced(&lock_key, &fence_key, &value, TTL_MS).await);
+                assert!(f.release(&lock_key, &value).await);
+            }
+        }
+    }
+}
+
+/// `tasks` tasks, `ops` operations in all, each task on keys of its own.
+async fn run(imp: &Impl, tasks: usize, ops: usize, round: &str) {
+    let per_task = ops / tasks;
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let imp = imp.clone();
+            let round = round.to_owned();
+            tokio::spawn(async move {
+                let key = format!("cost:{round}:{t}");
+                for _ in 0..per_task {
+                    imp.op(&key).await;
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.expect("task");
+    }
+}
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let which = arg(&args, "--impl").unwrap_or_else(|| "quorumlock".into());
+    let ops: usize = arg(&args, "--ops").map_or(2000, |s| s.parse().expect("--ops N"));
+    let tasks: usize = arg(&args, "--tasks").map_or(1, |s| s.parse().expect("--tasks T"));
+    let cluster = LocalCluster::start(5).unwrap_or_else(|e| panic!("{e}"));
+    let urls = cluster.urls();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let imp = rt.block_on(async {
+        match which.as_str() {
+            "quorumlock" | "quorumlock-nofence" => Impl::Ours(
+                Redlock::builder(&urls)
+                    .fencing(which == "quorumlock")
+                    // Generous: under valgrind the client runs ~50x slower.
+                    .node_timeout(Duration::from_secs(5))
+                    .connect_timeout(Duration::from_secs(20))
+                    .build()
+                    .expect("config"),
+            ),
+            "floor" => Impl::Floor(Floor::connect(&urls).await.expect("floor connects")),
+            "floor+fence" => Impl::FloorFence(Floor::connect(&urls).await.expect("floor connects")),
+            other => panic!("unknown --impl {other}"),
+        }
+    });
+    // Warm-up: connections, scripts, the runtime's and the allocator's first growth.
+    rt.block_on(run(&imp, tasks, tasks * 50, "warm"));
+    let (a0, b0) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
+    rt.block_on(run(&imp, tasks, ops, "measure"));
+    let (a1, b1) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
+    let done = (ops / tasks * tasks) as f64;
+    println!(
+        "{which} tasks={tasks} ops={} allocs/op={:.2} bytes/op={:.0}",
+        ops / tasks * tasks,
+        (a1 - a0) as f64 / done,
+        (b1 - b0) as f64 / done
+    );
+    if let Impl::Ours(locks) = &imp {
+        rt.block_on(locks.flush());
+    }
+}
