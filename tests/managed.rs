@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use quorumlock::testkit::{LocalCluster, ServerOptions};
 use quorumlock::{Election, Error, NodeError, Redlock, RunOnce};
-use support::{NODE_TIMEOUT, WAIT, fence_key, init_tracing, wait_until, warm};
+use support::{Captured, NODE_TIMEOUT, WAIT, fence_key, init_tracing, wait_until, warm};
 
 const USER: &str = "quorumlock";
 const PASSWORD: &str = "lock-pw";
@@ -311,20 +311,6 @@ async fn m3_config_renamed_and_script_load_refused_work_by_eval() {
     })
     .await;
     assert!(locks.status("m3").await.unwrap().nodes[0].scripts_by_eval);
-}
-
-/// What a `tracing` subscriber receives, as formatted lines.
-#[derive(Clone, Default)]
-struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// The switch to `EVAL` is logged once per node, at info, naming the refused command: not

@@ -8,7 +8,7 @@ use std::time::Duration;
 use quorumlock::testkit::{LocalCluster, ServerOptions};
 use quorumlock::{EvictionGuard, EvictionRisk};
 
-use crate::support::{builder, conn, init_tracing, value_on, warm};
+use crate::support::{Captured, builder, conn, init_tracing, value_on, warm};
 
 const KEY: &str = "evicted";
 const TTL: Duration = Duration::from_secs(60);
@@ -140,20 +140,6 @@ async fn a_node_without_config_get_reports_an_unknown_risk_and_still_counts() {
     assert_eq!(status.answered(), 3, "{status:?}");
     assert_every_node(&status, EvictionRisk::Unknown);
     lock.release().await.unwrap();
-}
-
-/// What a `tracing` subscriber receives, as formatted lines.
-#[derive(Clone, Default)]
-struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// The warning names the node, the policy and what it risks, once per node: a reconnect (here

@@ -204,3 +204,17 @@ pub fn set_fence(url: &str, key: &str, n: u64) {
 pub fn holders(urls: &[String], key: &str) -> usize {
     urls.iter().filter(|u| value_on(u, key).is_some()).count()
 }
+
+/// What a `tracing` subscriber receives, as formatted lines.
+#[derive(Clone, Default)]
+pub struct Captured(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
