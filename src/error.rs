@@ -334,8 +334,17 @@ impl NodeError {
         }
     }
 
-    /// A short, stable label for metrics.
-    pub(crate) fn label(&self) -> &'static str {
+    /// The cause as one stable word (`timeout`, `refused`, `dropped`, `held_out`, `repairing`,
+    /// `same_server`, `evicting`, `redis`, `held`, `bad_reply`, `denied`): the `error` label of
+    /// the node metrics and the `error_kind` of `redlock status --json`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quorumlock::NodeError;
+    ///
+    /// assert_eq!(NodeError::Timeout(Duration::from_millis(50)).kind(), "timeout");
+    /// ```
+    pub fn kind(&self) -> &'static str {
         match self {
             NodeError::Timeout(_) => "timeout",
             NodeError::Refused(_) => "refused",

@@ -259,7 +259,7 @@ impl Node {
     /// A node held out (after a restart, as a second URL of one server, for its eviction
     /// policy) is not down: its own warning says why.
     fn failed(&self, op: Op, e: &NodeError) {
-        metrics::node_error(&self.name, op.as_str(), e.label());
+        metrics::node_error(&self.name, op.as_str(), e.kind());
         tracing::debug!(node = %self.name, op = op.as_str(), error = %e, "node call failed");
         if matches!(
             e,

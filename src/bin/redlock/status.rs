@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use quorumlock::{EvictionRisk, HolderView, LockStatus, NodeError, Redlock};
+use quorumlock::{EvictionRisk, HolderView, LockStatus, Redlock};
 use serde_json::{Value, json};
 
 use crate::fail;
@@ -163,7 +163,7 @@ pub(crate) fn to_json(status: &LockStatus) -> Value {
                 }
                 Err(cause) => {
                     entry["error"] = json!(cause.to_string());
-                    entry["error_kind"] = json!(error_kind(cause));
+                    entry["error_kind"] = json!(cause.kind());
                 }
             }
             entry
@@ -195,23 +195,5 @@ fn eviction(risk: &EvictionRisk) -> (&'static str, Option<&str>) {
         EvictionRisk::LockKeysAndCounters { policy } => ("lock_keys_and_counters", Some(policy)),
         // `Unknown`, and a risk a newer library adds (the enum is non-exhaustive).
         _ => ("unknown", None),
-    }
-}
-
-/// A node failure as the JSON `error_kind` field: one word per cause, for scripts.
-fn error_kind(e: &NodeError) -> &'static str {
-    match e {
-        NodeError::Timeout(_) => "timeout",
-        NodeError::Refused(_) => "refused",
-        NodeError::Dropped(_) => "dropped",
-        NodeError::HeldOut { .. } => "held_out",
-        NodeError::Repairing => "repairing",
-        NodeError::SameServer { .. } => "same_server",
-        NodeError::Evicting(_) => "evicting",
-        NodeError::Redis(_) => "redis",
-        NodeError::BadReply(_) => "bad_reply",
-        NodeError::Denied { .. } => "denied",
-        // `HeldByAnother` (never in a status read), and a cause a newer library adds.
-        _ => "other",
     }
 }
