@@ -10,7 +10,7 @@ use quorumlock::testkit::{LocalCluster, ServerOptions};
 use crate::history::Recorder;
 use crate::proxy::ProxyNet;
 use crate::resource::Resource;
-use crate::support::cluster;
+use crate::support::{WAIT, cluster, fence_on, wait_until};
 use crate::t50_data_loss::warm_up;
 use crate::workload::{ClientSpec, Held, KEY};
 
@@ -35,11 +35,27 @@ async fn after_rolling_restart(
     let b_locks = b_spec.locks();
     b_locks.status(KEY).await.unwrap();
 
-    let a = Held::acquire(&spec.locks(), 0, ttl, Duration::from_secs(5), &rec)
+    // A's client connects to every node before it acquires: a call to a node still connecting
+    // when the round has its quorum may never be sent (`support::spread`), and the scenario
+    // needs node 2 to have seen A's token.
+    let a_locks = spec.locks();
+    a_locks.status(KEY).await.unwrap();
+    let a = Held::acquire(&a_locks, 0, ttl, Duration::from_secs(5), &rec)
         .await
         .unwrap();
     let a_token = a.token;
     a.release(&rec).await.unwrap();
+    // The premise, awaited: node 2, the only node that keeps its data, stands at A's token (its
+    // acquire or its release may still be on the way when the release returns at a quorum).
+    wait_until(WAIT, "node 2 stands at A's token", || {
+        let url = urls[2].clone();
+        async move {
+            tokio::task::spawn_blocking(move || fence_on(&url, KEY) >= a_token)
+                .await
+                .unwrap()
+        }
+    })
+    .await;
     for n in [0, 1] {
         cluster.kill(n).unwrap();
         tokio::time::sleep(ttl * 3).await; // kept down well past the ttl
