@@ -239,16 +239,11 @@ fn undecided(status: &LockStatus) -> Error {
             })
         })
         .collect();
-    Error::NoQuorum {
-        key: status.key.clone(),
-        reached: status.answered(),
-        nodes: n,
-        // Unanswered nodes must stay below `quorum - top` for no value to reach a quorum.
-        needed: (n + 1 + top)
-            .saturating_sub(status.quorum)
-            .clamp(status.quorum, n),
-        failures,
-    }
+    // Unanswered nodes must stay below `quorum - top` for no value to reach a quorum.
+    let needed = (n + 1 + top)
+        .saturating_sub(status.quorum)
+        .clamp(status.quorum, n);
+    Error::no_quorum(&status.key, status.answered(), (n, needed), failures)
 }
 
 /// The state of an [`Observer::observe`] stream.
@@ -333,7 +328,9 @@ pub(crate) fn leader_from(status: &LockStatus, records: &[Record]) -> Option<Lea
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::status::NodeStatus;
     use crate::election::tests::{down, node, status};
+    use crate::error::NodeError;
 
     fn rec(s: &str) -> Record {
         Record::parse(s).expect("a record")
@@ -389,6 +386,40 @@ mod tests {
             leader_from(&late_higher, &[]).unwrap().token,
             FencingToken::new(8)
         );
+    }
+
+    #[test]
+    fn an_undecided_read_refused_by_permissions_says_so() {
+        // Two of three nodes refuse the read's GET: no answer can ever decide it.
+        let denied = || NodeStatus {
+            state: Err(NodeError::Denied {
+                command: "GET".to_owned(),
+                reason: "the command",
+            }),
+            ..down()
+        };
+        let s = status(vec![node(Some("a"), Some(900), 1), denied(), denied()]);
+        match undecided(&s) {
+            Error::PermissionDenied {
+                command, denied, ..
+            } => assert_eq!((command.as_str(), denied), ("GET", 2)),
+            other => panic!("{other:?}"),
+        }
+        // Where one refusal leaves enough nodes to decide (four answers of five wanted), it is a
+        // NoQuorum that lists it among the failures.
+        let s = status(vec![
+            node(Some("a"), Some(900), 1),
+            node(Some("b"), Some(900), 2),
+            node(None, None, 2),
+            denied(),
+            down(),
+        ]);
+        match undecided(&s) {
+            Error::NoQuorum {
+                needed, failures, ..
+            } => assert_eq!((needed, failures.len()), (4, 2)),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

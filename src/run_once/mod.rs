@@ -506,13 +506,12 @@ impl RunOnce {
         if replies.answered() >= quorum {
             return Marker::Absent;
         }
-        Marker::Unreadable(Error::NoQuorum {
-            key,
-            reached: replies.answered(),
-            nodes: replies.len(),
-            needed: quorum,
-            failures: replies.failures(),
-        })
+        Marker::Unreadable(Error::no_quorum(
+            &key,
+            replies.answered(),
+            (replies.len(), quorum),
+            replies.failures(),
+        ))
     }
 
     /// Writes the tick marker on every node; true when a quorum has it.
