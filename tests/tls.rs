@@ -1,13 +1,15 @@
 //! `rediss://` nodes end to end: real `redis-server` processes listening for TLS, with
 //! certificates from a private CA made for the test.
 
+#[path = "support/pki.rs"]
+mod pki;
 mod support;
 
 use std::time::Duration;
 
-use quorumlock::testkit::{RedisServer, ServerOptions};
+use pki::Pki;
+use quorumlock::testkit::RedisServer;
 use quorumlock::{Election, Error, Outcome, Redlock, RunOnce, SkipReason};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use support::*;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -16,76 +18,26 @@ const TTL: Duration = Duration::from_secs(30);
 /// speed.
 const TLS_NODE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A private CA with a server certificate for 127.0.0.1 and a client certificate, as PEM files.
-struct Pki {
-    dir: tempfile::TempDir,
-    ca: String,
-    client_cert: String,
-    client_key: String,
+/// TLS servers signed by the test CA; with `require_client_cert`, mutual TLS.
+fn servers(pki: &Pki, n: usize, require_client_cert: bool) -> Vec<RedisServer> {
+    init_tracing();
+    let options = pki.server_options(require_client_cert);
+    (0..n)
+        .map(|_| RedisServer::start(&options).unwrap_or_else(|e| panic!("{e}")))
+        .collect()
 }
 
-/// Certificate parameters with their own common name (rcgen's default name is the same for
-/// every certificate, which makes OpenSSL take a leaf for a self-signed one).
-fn params(name: &str, alt_names: &[&str]) -> CertificateParams {
-    let alt_names = alt_names
-        .iter()
-        .map(|n| (*n).to_owned())
-        .collect::<Vec<_>>();
-    let mut params = CertificateParams::new(alt_names).unwrap();
-    params.distinguished_name.push(DnType::CommonName, name);
-    params
-}
-
-impl Pki {
-    fn new() -> Pki {
-        let mut ca_params = params("quorumlock test CA", &[]);
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-        let server_key = KeyPair::generate().unwrap();
-        let server = params("redis test server", &["127.0.0.1", "localhost"])
-            .signed_by(&server_key, &ca)
-            .unwrap();
-        let client_key = KeyPair::generate().unwrap();
-        let client = params("quorumlock test client", &["client.test"])
-            .signed_by(&client_key, &ca)
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("server.crt"), server.pem()).unwrap();
-        std::fs::write(dir.path().join("server.key"), server_key.serialize_pem()).unwrap();
-        std::fs::write(dir.path().join("ca.crt"), ca.pem()).unwrap();
-        Pki {
-            dir,
-            ca: ca.pem(),
-            client_cert: client.pem(),
-            client_key: client_key.serialize_pem(),
-        }
-    }
-
-    fn servers(&self, n: usize, require_client_cert: bool) -> Vec<RedisServer> {
-        init_tracing();
-        let d = self.dir.path();
-        let options = ServerOptions::new().tls(
-            d.join("server.crt"),
-            d.join("server.key"),
-            d.join("ca.crt"),
-            require_client_cert,
-        );
-        (0..n)
-            .map(|_| RedisServer::start(&options).unwrap_or_else(|e| panic!("{e}")))
-            .collect()
-    }
-}
-
-impl Pki {
-    /// A lock client for `servers` trusting the CA and presenting the client certificate.
-    fn client(&self, servers: &[RedisServer]) -> Redlock {
-        Redlock::builder(tls_urls(servers))
-            .node_timeout(TLS_NODE_TIMEOUT)
-            .tls_root_certificate(self.ca.as_bytes())
-            .tls_client_certificate(self.client_cert.as_bytes(), self.client_key.as_bytes())
-            .build()
-            .unwrap()
-    }
+/// A lock client for `servers` trusting the CA and presenting the client certificate.
+fn client(pki: &Pki, servers: &[RedisServer]) -> Redlock {
+    Redlock::builder(tls_urls(servers))
+        .node_timeout(TLS_NODE_TIMEOUT)
+        .tls_root_certificate(pki.pem("ca.crt").as_bytes())
+        .tls_client_certificate(
+            pki.pem("client.crt").as_bytes(),
+            pki.pem("client.key").as_bytes(),
+        )
+        .build()
+        .unwrap()
 }
 
 fn tls_urls(servers: &[RedisServer]) -> Vec<String> {
@@ -98,10 +50,10 @@ fn tls_urls(servers: &[RedisServer]) -> Vec<String> {
 #[tokio::test]
 async fn t10_rediss_nodes_signed_by_a_private_ca() {
     let pki = Pki::new();
-    let servers = pki.servers(3, false);
+    let servers = servers(&pki, 3, false);
     let locks = Redlock::builder(tls_urls(&servers))
         .node_timeout(TLS_NODE_TIMEOUT)
-        .tls_root_certificate(pki.ca.as_bytes())
+        .tls_root_certificate(pki.pem("ca.crt").as_bytes())
         .build()
         .unwrap();
     assert!(
@@ -141,18 +93,21 @@ async fn t10_rediss_nodes_signed_by_a_private_ca() {
 #[tokio::test]
 async fn t11_mutual_tls() {
     let pki = Pki::new();
-    let servers = pki.servers(3, true);
+    let servers = servers(&pki, 3, true);
     let builder = || {
         Redlock::builder(tls_urls(&servers))
             .node_timeout(TLS_NODE_TIMEOUT)
-            .tls_root_certificate(pki.ca.as_bytes())
+            .tls_root_certificate(pki.pem("ca.crt").as_bytes())
     };
     let anonymous = builder().build().unwrap();
     let err = anonymous.try_acquire("job", TTL).await.unwrap_err();
     assert!(err.is_no_quorum(), "{err}");
 
     let locks = builder()
-        .tls_client_certificate(pki.client_cert.as_bytes(), pki.client_key.as_bytes())
+        .tls_client_certificate(
+            pki.pem("client.crt").as_bytes(),
+            pki.pem("client.key").as_bytes(),
+        )
         .build()
         .unwrap();
     let lock = locks
@@ -168,8 +123,8 @@ async fn t11_mutual_tls() {
 #[tokio::test]
 async fn t12_election_writes_its_leader_record_over_mutual_tls() {
     let pki = Pki::new();
-    let servers = pki.servers(3, true);
-    let locks = pki.client(&servers);
+    let servers = servers(&pki, 3, true);
+    let locks = client(&pki, &servers);
     let plain: Vec<String> = servers.iter().map(RedisServer::url).collect();
 
     let election = Election::builder(locks.clone(), "tls-e")
@@ -207,8 +162,8 @@ async fn t12_election_writes_its_leader_record_over_mutual_tls() {
 #[tokio::test]
 async fn t13_run_once_ticks_over_mutual_tls() {
     let pki = Pki::new();
-    let servers = pki.servers(3, true);
-    let locks = pki.client(&servers);
+    let servers = servers(&pki, 3, true);
+    let locks = client(&pki, &servers);
     let job = RunOnce::builder(locks, "tls-job")
         .ttl(TTL)
         .marker_ttl(Duration::from_secs(60))

@@ -55,6 +55,11 @@ impl Pki {
         self.dir.path().join(name)
     }
 
+    /// The text of one of the PEM files (see [`path`](Self::path)).
+    pub fn pem(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path(name)).expect("read a PEM file")
+    }
+
     /// Options for servers that also listen for TLS with the server certificate.
     pub fn server_options(&self, require_client_cert: bool) -> ServerOptions {
         ServerOptions::new().tls(
