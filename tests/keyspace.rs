@@ -96,10 +96,12 @@ async fn k1_counters_per_node_are_the_slots_used_not_the_names() {
             expected.iter().all(|k| counters.contains(k.as_str())),
             "{url}"
         );
-        // Only the counters and the durability marker: no lock key, no per-name counter.
+        // Only the counters and the markers (durability, legacy counters migrated): no lock
+        // key, no per-name counter.
+        let markers = ["quorumlock:durability-marker", "quorumlock:fence:migrated"];
         let others: Vec<&String> = keys
             .iter()
-            .filter(|k| !counters.contains(k.as_str()) && *k != "quorumlock:durability-marker")
+            .filter(|k| !counters.contains(k.as_str()) && !markers.contains(&k.as_str()))
             .collect();
         assert!(others.is_empty(), "{url}: {others:?}");
     }
@@ -161,7 +163,7 @@ async fn k3_the_first_token_after_the_upgrade_exceeds_the_legacy_counter() {
 }
 
 /// A restarted node's counters are restored from both layouts: buckets and legacy counters the
-/// others still hold.
+/// others still hold, a legacy counter into its bucket (a repair never writes a legacy counter).
 #[tokio::test]
 async fn k4_repair_restores_buckets_and_legacy_counters() {
     let mut cluster = cluster(3);
@@ -191,12 +193,65 @@ async fn k4_repair_restores_buckets_and_legacy_counters() {
             let locks = &locks;
             async move {
                 let _ = locks.status("repaired").await;
-                fence_on(&url0, "repaired") >= token
-                    && get(&url0, &legacy_fence_key("old-name")) == Some(77)
+                fence_on(&url0, "repaired") >= token && fence_on(&url0, "old-name") >= 77
             }
         },
     )
     .await;
+    assert_eq!(get(&url0, &legacy_fence_key("old-name")), None);
+}
+
+/// The run id in a node's `INFO server`.
+fn run_id(url: &str) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut conn(url))
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// The migration of a node's legacy per-name counters (before its acquires are pipelined):
+/// with a legacy counter above the bucket on every node, the first token after a new client
+/// connects is above it; the client's background migration folds every legacy counter into its
+/// bucket, names never locked again included, deletes them, and writes each node's marker with
+/// the node's run id; the next token of the name that was never locked is above its old
+/// counter too.
+#[tokio::test]
+async fn k6_a_new_client_folds_every_legacy_counter_and_marks_the_node() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    for url in &urls {
+        for (name, n) in [("hot", 1000), ("cold", 500)] {
+            let _: () = redis::cmd("SET")
+                .arg(legacy_fence_key(name))
+                .arg(n)
+                .query(&mut conn(url))
+                .unwrap();
+        }
+    }
+    let locks = client(&cluster);
+    let lock = locks.acquire("hot", TTL).await.unwrap();
+    assert!(lock.token().get() > 1000, "token {}", lock.token());
+    lock.release().await.unwrap();
+    wait_until(WAIT, "every node migrated and marked", || async {
+        let _ = locks.status("hot").await;
+        urls.iter().all(|u| {
+            get_str(u, "quorumlock:fence:migrated") == Some(run_id(u))
+                && get(u, &legacy_fence_key("hot")).is_none()
+                && get(u, &legacy_fence_key("cold")).is_none()
+        })
+    })
+    .await;
+    for url in &urls {
+        assert!(fence_on(url, "cold") >= 500, "{url}");
+        assert!(fence_on(url, "hot") >= 1000, "{url}");
+    }
+    let cold = locks.acquire("cold", TTL).await.unwrap();
+    assert!(cold.token().get() > 500, "token {}", cold.token());
 }
 
 /// The key prefix: every key of a client built with `key_prefix("billing")` starts with

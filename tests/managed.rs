@@ -454,3 +454,79 @@ async fn m5_every_documented_rule_is_needed() {
     }
     assert!(unused.is_empty(), "rules nothing needed: {unused:?}");
 }
+
+/// A pipelined node (Redis 7, migrated) whose user may `SET` but not `INCR`: the `SET` of our
+/// acquire lands and the `INCR` after it is refused at the top level (not inside a script), the
+/// node counts as failed, and its key is released like any failed node's: with one such node
+/// the lock is granted by the others and its release leaves no key anywhere; with two, the
+/// refusal is `PermissionDenied` naming `INCR`, and the undo leaves no key anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m6_a_pipelined_node_refusing_incr_fails_and_keeps_no_key() {
+    let cluster = acl_cluster(3, &documented_user(&[]), &[]);
+    let locks = client(&cluster);
+    warm(&locks).await;
+    wait_until(WAIT, "every node migrated", || async {
+        let _ = locks.status("m6").await;
+        (0..3).all(|i| {
+            redis::cmd("EXISTS")
+                .arg("quorumlock:fence:migrated")
+                .query::<bool>(&mut admin(&cluster, i))
+                .unwrap()
+        })
+    })
+    .await;
+    let _ = locks.status("m6").await;
+    let lock_key = "quorumlock:{m6}";
+    let no_key_anywhere = || async {
+        (0..3).all(|i| {
+            !redis::cmd("EXISTS")
+                .arg(lock_key)
+                .query::<bool>(&mut admin(&cluster, i))
+                .unwrap()
+        })
+    };
+    let reset_log = |i: usize| {
+        let () = redis::cmd("ACL")
+            .arg("LOG")
+            .arg("RESET")
+            .query(&mut admin(&cluster, i))
+            .unwrap();
+    };
+
+    setuser(&cluster, 0, &["-incr"]);
+    reset_log(0);
+    let lock = locks
+        .try_acquire("m6", TTL)
+        .await
+        .expect("two of three nodes allow INCR");
+    lock.release().await.unwrap();
+    wait_until(WAIT, "no lock key left on any node", no_key_anywhere).await;
+    let log: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("ACL")
+        .arg("LOG")
+        .query(&mut admin(&cluster, 0))
+        .unwrap();
+    let entry = log.first().expect("the INCR refusal is logged");
+    let text = |field: &str| match entry.get(field) {
+        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        other => format!("{other:?}"),
+    };
+    assert_eq!(text("object"), "incr", "{log:?}");
+    assert_eq!(
+        text("context"),
+        "toplevel",
+        "pipelined, not in a script: {log:?}"
+    );
+
+    setuser(&cluster, 1, &["-incr"]);
+    let err = locks.try_acquire("m6", TTL).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::PermissionDenied { command, .. } if command == "INCR"),
+        "{err}"
+    );
+    wait_until(
+        WAIT,
+        "the refused attempt undone everywhere",
+        no_key_anywhere,
+    )
+    .await;
+}

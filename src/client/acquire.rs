@@ -306,7 +306,7 @@ impl Redlock {
         let deadline = start + timing::acquire_round(self.inner.cfg.node_timeout, sent, drift);
         let fencing = self.inner.cfg.fencing;
         let (lock_key, fence_key) = (keys.lock(), keys.fence());
-        let call = acquire_call(fencing, (lock_key, fence_key, keys.legacy()), value, ttl_ms);
+        let call = self.acquire_call(fencing, (lock_key, fence_key, keys.legacy()), value, ttl_ms);
         let round = self
             .round(
                 Arc::new(call),
@@ -489,25 +489,31 @@ impl Redlock {
     }
 }
 
-/// The acquire call: the acquire-and-fence script, or a plain `SET NX PX` with fencing off.
-/// With fencing on, the script is also given the lock's per-name counter of the layout before
-/// buckets (`legacy`), which it folds into the bucket.
-fn acquire_call(
-    fencing: bool,
-    (lock_key, fence_key, legacy): (&str, &str, Option<&str>),
-    value: &str,
-    ttl_ms: u64,
-) -> ScriptCall {
-    if fencing && let Some(legacy) = legacy {
-        scripts::ACQUIRE.call(
-            &[lock_key.as_bytes(), fence_key.as_bytes(), legacy.as_bytes()],
-            &[
-                value.as_bytes(),
-                itoa::Buffer::new().format(ttl_ms).as_bytes(),
-            ],
-        )
-    } else {
-        ScriptCall::plain(scripts::set_nx_px(lock_key, value, ttl_ms))
+impl Redlock {
+    /// The acquire call: with fencing on, the acquire-and-fence script (for nodes that run it:
+    /// Redis 6, Cluster members, nodes whose legacy per-name counters (`legacy`) may not be
+    /// folded yet, which the script folds into the bucket) and/or its pipelined form (`SET NX
+    /// PX GET` + `INCR`, for the others; `node/fence.rs`), each built only if a node takes it;
+    /// a plain `SET NX PX` with fencing off.
+    fn acquire_call(
+        &self,
+        fencing: bool,
+        (lock_key, fence_key, legacy): (&str, &str, Option<&str>),
+        value: &str,
+        ttl_ms: u64,
+    ) -> ScriptCall {
+        if fencing && let Some(legacy) = legacy {
+            let nodes = &self.inner.nodes;
+            let pipelined = nodes.iter().filter(|n| n.pipelines()).count();
+            ScriptCall::fenced_acquire(
+                (lock_key, fence_key, legacy),
+                value,
+                ttl_ms,
+                (pipelined < nodes.len(), pipelined > 0),
+            )
+        } else {
+            ScriptCall::plain(scripts::set_nx_px(lock_key, value, ttl_ms))
+        }
     }
 }
 

@@ -219,7 +219,8 @@ impl Redlock {
         if !timed_out {
             answers.abandon(nodes, op, verdict);
         }
-        // A connection made during the round may have revealed a restart.
+        // A connection made during the round may have revealed a restart, or a node whose
+        // legacy fencing counters are to be folded.
         self.schedule_repairs();
         let Answers {
             tally,

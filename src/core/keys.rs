@@ -181,6 +181,36 @@ impl KeyLayout {
         format!("{}:*fence*", self.prefix)
     }
 
+    /// A `SCAN MATCH` glob for the legacy per-name counters only (`P:{*}:fence`; braces are
+    /// not glob characters). Filter with [`Self::is_legacy_counter`].
+    pub(crate) fn legacy_glob(&self) -> String {
+        format!("{}:{{*}}{LEGACY_SUFFIX}", self.prefix)
+    }
+
+    /// The migration marker of this namespace (`P:fence:migrated`): present on a node, with
+    /// that node's run id as its value, once its legacy per-name counters have been folded into
+    /// the buckets (`node/fence.rs`). Not a counter: [`Self::is_counter`] is false for it.
+    pub(crate) fn migration_marker(&self) -> String {
+        format!("{}:fence:migrated", self.prefix)
+    }
+
+    /// Whether a key is a legacy per-name counter (`P:{K}:fence`) of this namespace.
+    pub(crate) fn is_legacy_counter(&self, key: &[u8]) -> bool {
+        self.is_counter(key) && !key[self.prefix.len() + 1..].starts_with(b"fence:{")
+    }
+
+    /// The bucket a counter of this namespace belongs to: a bucket itself, or for a legacy
+    /// per-name counter `P:{K}:fence` the bucket of its lock key `P:{K}` (same hash tag, so
+    /// same slot). What a repair raises and a migration folds into: neither ever writes a
+    /// legacy counter.
+    pub(crate) fn bucket_of(&self, counter: &[u8]) -> Vec<u8> {
+        if !self.is_legacy_counter(counter) {
+            return counter.to_vec();
+        }
+        let tag = slot_tag(slot(counter));
+        format!("{}:fence:{{{tag}}}", self.prefix).into_bytes()
+    }
+
     /// Whether a key is a fencing counter of this namespace: a bucket (`P:fence:{T}`, `T` a
     /// slot tag) or a legacy per-name counter (`P:{K}:fence`). Lock keys end with `}`, so
     /// neither shape can be a lock key of this namespace.
@@ -382,6 +412,12 @@ mod tests {
             prop_assert_eq!(keys.fence(), layout.fence_key(&key));
             let legacy = layout.legacy_fence_key(&key);
             prop_assert_eq!(keys.legacy(), legacy.as_deref());
+            if let Some(legacy) = &legacy {
+                prop_assert!(layout.is_legacy_counter(legacy.as_bytes()));
+                prop_assert!(!layout.is_legacy_counter(keys.fence().as_bytes()));
+                prop_assert_eq!(layout.bucket_of(legacy.as_bytes()), keys.fence().as_bytes().to_vec());
+                prop_assert_eq!(layout.bucket_of(keys.fence().as_bytes()), keys.fence().as_bytes().to_vec());
+            }
             prop_assert_eq!(keys.waiters(), waiters_key_of(&layout.lock_key(&key)));
         }
 

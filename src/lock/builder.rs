@@ -60,6 +60,8 @@ pub struct RedlockBuilder {
     fencing: bool,
     key_prefix: String,
     compat: bool,
+    /// Members (by position) kept on the acquire script (testkit).
+    script_acquire: Vec<usize>,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
 }
@@ -110,6 +112,7 @@ impl RedlockBuilder {
             fencing: true,
             key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
             compat: false,
+            script_acquire: Vec::new(),
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -337,6 +340,16 @@ impl RedlockBuilder {
         self
     }
 
+    /// (Feature `testkit`, for tests.) Keeps the member at `position` (0-based, in the order
+    /// given) on the acquire script, as a Redis 6 node or a Cluster member is, even when it
+    /// could take the pipelined acquire: lets a test mix both forms in one client.
+    #[cfg(feature = "testkit")]
+    #[doc(hidden)]
+    pub fn testkit_script_acquire(mut self, position: usize) -> Self {
+        self.script_acquire.push(position);
+        self
+    }
+
     /// (Feature `tls`.) Trusts this CA certificate (PEM) for `rediss://` nodes, in place of the
     /// system's root certificates: for Redis servers with certificates from a private CA.
     #[cfg(feature = "tls")]
@@ -436,6 +449,8 @@ impl RedlockBuilder {
             .into_iter()
             .enumerate()
             .map(|(index, (name, client))| {
+                let mut settings = settings.clone();
+                settings.force_script = self.script_acquire.contains(&index);
                 Arc::new(Node::new(
                     name,
                     client,

@@ -53,11 +53,12 @@ impl Node {
         let node = Arc::clone(self);
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let task = tokio::spawn(async move {
-            let result = match tokio::time::timeout(node.connect_timeout, node.connect()).await {
-                Ok(Ok(conn)) => Ok((conn, generation)),
-                Ok(Err(e)) => Err(e),
-                Err(_) => Err(NodeError::Timeout(node.connect_timeout)),
-            };
+            let result =
+                match tokio::time::timeout(node.connect_timeout, node.connect(generation)).await {
+                    Ok(Ok(conn)) => Ok((conn, generation)),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(NodeError::Timeout(node.connect_timeout)),
+                };
             let mut slot = lock(&node.slot);
             *slot = match &result {
                 Ok((conn, generation)) => Slot::Ready(conn.clone(), *generation),
@@ -144,9 +145,9 @@ impl Node {
     /// taken for durable). A Sentinel member's primary is met like a standalone master, except
     /// that a new run id counts from now (a promotion does not reset the uptime) and the
     /// durability marker is not trusted (it arrives by replication).
-    pub(super) async fn connect(&self) -> Result<MemberConn, NodeError> {
+    pub(super) async fn connect(&self, generation: u64) -> Result<MemberConn, NodeError> {
         let mut cluster = match self.open_member().await? {
-            MemberConn::Single(conn) => return self.meet_server(conn).await,
+            MemberConn::Single(conn) => return self.meet_server(conn, generation).await,
             MemberConn::Cluster(cluster) => cluster,
         };
         let view = member::cluster_view(&mut cluster)
@@ -172,12 +173,21 @@ impl Node {
     ///
     /// A refused `SCRIPT LOAD` (an ACL such as `-script|load`) does not fail the connect: the
     /// node then gets its scripts as `EVAL` (see `scripts.rs`). `INFO` is required: the restart
-    /// guard cannot work without the run id and uptime.
-    async fn meet_server(&self, mut conn: MultiplexedConnection) -> Result<MemberConn, NodeError> {
+    /// guard cannot work without the run id and uptime. With fencing on, the migration marker
+    /// is read too, and with the server's version decides the fenced acquire's form
+    /// (`fence.rs`).
+    async fn meet_server(
+        &self,
+        mut conn: MultiplexedConnection,
+        generation: u64,
+    ) -> Result<MemberConn, NodeError> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         pipe.cmd("INFO").arg("server");
         pipe.cmd("INFO").arg("persistence");
+        if let Some(marker) = self.fence_marker() {
+            pipe.cmd("GET").arg(marker);
+        }
         for lua in scripts::all() {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.code());
         }
@@ -186,6 +196,7 @@ impl Node {
             .await
             .map_err(|e| self.connect_error(e))?;
         let mut replies = replies.into_iter().map(redis::Value::extract_error);
+
         let mut info = || -> Result<String, NodeError> {
             let value = replies
                 .next()
@@ -194,6 +205,15 @@ impl Node {
             redis::from_redis_value(value).map_err(|e| NodeError::BadReply(e.to_string()))
         };
         let (info, persistence) = (info()?, info()?);
+        let migrated: Option<String> = if self.fence_marker().is_some() {
+            // Unreadable (refused by an ACL, say) reads as absent: the node keeps the script.
+            replies
+                .next()
+                .and_then(Result::ok)
+                .and_then(|v| redis::from_redis_value(v).ok())
+        } else {
+            None
+        };
         match replies.find_map(Result::err) {
             Some(e) => self.use_eval(&match scripts::denial(&e, Some("SCRIPT|LOAD")) {
                 Some(NodeError::Denied { command, .. }) => command,
@@ -203,6 +223,12 @@ impl Node {
         }
         let (run_id, uptime) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
+        self.observe_fence(
+            generation,
+            super::fence::redis_major(&info),
+            migrated.as_deref(),
+            &run_id,
+        );
         let aof = persistence.lines().any(|l| l.trim() == "aof_enabled:1");
         let config = read_config(&mut conn).await;
         self.observe_config(&config);

@@ -457,7 +457,7 @@ impl Node {
         let mut pipe = redis::pipe();
         match call.eval() {
             Some(eval) => pipe.add_command(eval),
-            None => pipe.add_command(call.evalsha().clone()),
+            None => pipe.add_command(call.evalsha().into_owned()),
         };
         pipe.cmd("INFO").arg("server");
         let replies: Vec<Value> = pipe

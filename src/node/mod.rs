@@ -15,6 +15,7 @@
 
 pub(crate) mod address;
 pub(crate) mod connection;
+pub(crate) mod fence;
 pub(crate) mod gate;
 pub(crate) mod health;
 pub(crate) mod member;
@@ -69,11 +70,15 @@ impl Op {
 }
 
 /// What a node needs of the client's configuration: plain values, never the builder.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct NodeSettings {
     pub(crate) connect_timeout: Duration,
     pub(crate) restart_guard: RestartGuard,
     pub(crate) eviction_guard: EvictionGuard,
+    /// The migration marker's key when acquires carry a fencing counter (`fence.rs`).
+    pub(crate) fence_marker: Option<String>,
+    /// Keep this node on the acquire script whatever it runs (testkit only).
+    pub(crate) force_script: bool,
 }
 
 type Connected = Result<(MemberConn, u64), NodeError>;
@@ -137,6 +142,9 @@ pub(crate) struct Node {
     by_eval: AtomicBool,
     /// Whether the switch to `EVAL` was logged (once per node).
     by_eval_logged: AtomicBool,
+    /// The script or the pipelined fenced acquire, and the legacy-counter migration
+    /// (`fence.rs`).
+    fence: fence::FencePath,
 }
 
 impl std::fmt::Debug for Node {
@@ -176,6 +184,7 @@ impl Node {
             incarnation: AtomicU64::new(0),
             by_eval: AtomicBool::new(false),
             by_eval_logged: AtomicBool::new(false),
+            fence: fence::FencePath::new(settings.fence_marker, settings.force_script),
         }
     }
 
@@ -324,6 +333,16 @@ impl Node {
             return Ok(None);
         }
         let mut conn = match conn {
+            // The fenced acquire without Lua, where the node takes it (`fence.rs`).
+            MemberConn::Single(mut conn)
+                if let Some(pipe) = call.pipelined()
+                    && self.pipelines_on(generation) =>
+            {
+                return self
+                    .send_pipelined(&mut conn, pipe, generation)
+                    .await
+                    .map(Some);
+            }
             MemberConn::Single(conn) => conn,
             // Boxed, as the fallback below: the cold paths stay out of the call's future, which
             // a round moves several times per node (`FuturesUnordered::push`), so its size is
@@ -350,7 +369,7 @@ impl Node {
         }
         // A server error comes back as a value; `extract_error` turns it into an error.
         let reply = match conn
-            .send_packed_command(call.evalsha())
+            .send_packed_command(&call.evalsha())
             .await
             .and_then(Value::extract_error)
         {

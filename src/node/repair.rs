@@ -18,7 +18,8 @@ impl Node {
     /// scan is complete) and the page's counters, `(counter key, value)` (`SCAN ... COUNT
     /// count` then one `MGET`), bounded by `timeout`. Both layouts are read (the slot buckets and
     /// the legacy per-name counters, see [`crate::core::keys`]): one glob covers both, and keys of
-    /// other shapes it matches are dropped before the `MGET`.
+    /// other shapes it matches are dropped before the `MGET`. A legacy counter is returned as
+    /// its bucket (several may then name one bucket: the caller keeps the highest).
     pub(crate) async fn fence_counters_page(
         self: &Arc<Self>,
         keys: &KeyLayout,
@@ -58,11 +59,13 @@ impl Node {
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| self.call_error(e, generation))?;
+                // A legacy per-name counter counts for its bucket: a repair never writes a
+                // legacy counter (`fence.rs`).
                 counters.extend(
                     found
                         .into_iter()
                         .zip(values)
-                        .filter_map(|(k, v)| Some((k, v?.parse().ok()?))),
+                        .filter_map(|(k, v)| Some((keys.bucket_of(&k), v?.parse().ok()?))),
                 );
             }
             Ok((next, counters))

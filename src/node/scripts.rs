@@ -15,10 +15,11 @@
 //!
 //! The keys the scripts are given are laid out by [`crate::core::keys`].
 
+use std::borrow::Cow;
 use std::sync::LazyLock;
 use std::sync::atomic::Ordering;
 
-use redis::{Cmd, Script};
+use redis::{Cmd, Pipeline, Script};
 
 use super::Node;
 use crate::error::NodeError;
@@ -63,6 +64,7 @@ impl Lua {
         ScriptCall {
             lua: Some(self),
             cmd: evalsha,
+            pipe: None,
         }
     }
 }
@@ -80,21 +82,79 @@ pub(crate) fn set_nx_px(key: &str, value: &str, ttl_ms: u64) -> Cmd {
     set
 }
 
-/// A ready-to-send invocation: a script by its SHA1, or (fencing off) a plain command.
+/// A ready-to-send invocation: a script by its SHA1, or (fencing off) a plain command; for the
+/// fenced acquire also (or only) its pipelined form, `SET NX PX GET` + `INCR` (`node/fence.rs`).
 #[derive(Debug)]
 pub(crate) struct ScriptCall {
     lua: Option<&'static Lua>,
+    /// Empty (`Cmd::new()`, no allocation) when only the pipelined form was built: the script
+    /// form is then rebuilt from it if a node needs it after all (see [`Self::evalsha`]).
     cmd: Cmd,
+    pipe: Option<Pipeline>,
 }
 
 impl ScriptCall {
     /// A plain command with no script behind it.
     pub(crate) fn plain(cmd: Cmd) -> Self {
-        ScriptCall { lua: None, cmd }
+        ScriptCall {
+            lua: None,
+            cmd,
+            pipe: None,
+        }
     }
 
-    pub(crate) fn evalsha(&self) -> &Cmd {
-        &self.cmd
+    /// The fenced acquire of one round: the [`ACQUIRE`] script's call when `script`, its
+    /// pipelined form `SET lock value NX PX ttl GET` + `INCR fence` when `pipelined` (both when
+    /// the round's nodes take both; at least one is built). Sized once.
+    pub(crate) fn fenced_acquire(
+        (lock, fence, legacy): (&str, &str, &str),
+        value: &str,
+        ttl_ms: u64,
+        (script, pipelined): (bool, bool),
+    ) -> Self {
+        let mut digits = itoa::Buffer::new();
+        let ttl = digits.format(ttl_ms).as_bytes();
+        let mut call = if script || !pipelined {
+            ACQUIRE.call(
+                &[lock.as_bytes(), fence.as_bytes(), legacy.as_bytes()],
+                &[value.as_bytes(), ttl],
+            )
+        } else {
+            ScriptCall {
+                lua: Some(&ACQUIRE),
+                cmd: Cmd::new(),
+                pipe: None,
+            }
+        };
+        if pipelined {
+            let mut pipe = Pipeline::with_capacity(2);
+            let mut set = Cmd::with_capacity(7, 3 + lock.len() + value.len() + 4 + ttl.len() + 3);
+            set.arg("SET")
+                .arg(lock)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl)
+                .arg("GET");
+            let mut incr = Cmd::with_capacity(2, 4 + fence.len());
+            incr.arg("INCR").arg(fence);
+            pipe.add_command(set).add_command(incr);
+            call.pipe = Some(pipe);
+        }
+        call
+    }
+
+    /// The pipelined form of a fenced acquire, if built.
+    pub(crate) fn pipelined(&self) -> Option<&Pipeline> {
+        self.pipe.as_ref()
+    }
+
+    /// The command as sent to a node that runs the script (or the plain command).
+    pub(crate) fn evalsha(&self) -> Cow<'_, Cmd> {
+        match &self.pipe {
+            Some(pipe) if self.cmd.args_iter().len() == 0 => Cow::Owned(script_form(pipe)),
+            _ => Cow::Borrowed(&self.cmd),
+        }
     }
 
     /// Whether this call runs a script (and so has an `EVAL` form).
@@ -108,13 +168,32 @@ impl ScriptCall {
         let lua = self.lua?;
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(lua.code);
-        for arg in self.cmd.args_iter().skip(2) {
+        for arg in self.evalsha().args_iter().skip(2) {
             if let redis::Arg::Simple(bytes) = arg {
                 cmd.arg(bytes);
             }
         }
         Some(cmd)
     }
+}
+
+/// The acquire script's `EVALSHA` rebuilt from the pipelined form (a cold path: a node that
+/// switched to the script between the call's building and its sending, e.g. restarted with
+/// its legacy counters unfolded). The legacy counter is the lock key with `:fence` appended.
+fn script_form(pipe: &Pipeline) -> Cmd {
+    let mut cmds = pipe.cmd_iter();
+    let arg = |cmd: Option<&Cmd>, i: usize| -> Vec<u8> {
+        match cmd.and_then(|c| c.args_iter().nth(i)) {
+            Some(redis::Arg::Simple(b)) => b.to_vec(),
+            _ => Vec::new(),
+        }
+    };
+    let set = cmds.next();
+    let incr = cmds.next();
+    let (lock, value, ttl, fence) = (arg(set, 1), arg(set, 2), arg(set, 5), arg(incr, 1));
+    let mut legacy = lock.clone();
+    legacy.extend_from_slice(b":fence");
+    ACQUIRE.call(&[&lock, &fence, &legacy], &[&value, &ttl]).cmd
 }
 
 /// Reads an ACL refusal out of a server error: `None` for any other error.
@@ -237,7 +316,12 @@ pub(crate) fn all() -> [&'static Lua; 7] {
     ]
 }
 
-/// Acquire and fence in one atomic step.
+/// Acquire and fence in one atomic step: the fenced acquire of nodes that do not take the
+/// pipelined form (`SET NX PX GET` + `INCR`, [`ScriptCall::fenced_acquire`], `node/fence.rs`):
+/// Redis 6, Redis Cluster members, and Redis 7 nodes until their legacy per-name counters are
+/// folded (this script folds a lock's own when it sets the lock). Both forms reply alike, and
+/// mix safely in one client (`docs/safety.md`, "The pipelined increment"): the pipelined form
+/// also `INCR`s where the `SET` was refused, and its `INCR` is not atomic with the `SET`.
 ///
 /// - KEYS[1]: lock key, KEYS[2]: fencing counter (the bucket of the lock key's hash slot, shared
 ///   with the other lock keys of that slot; never expires), KEYS[3]: the lock's per-name counter
@@ -252,7 +336,8 @@ pub(crate) fn all() -> [&'static Lua; 7] {
 /// Migration: when the key was set and a legacy counter exists, the bucket is first raised to
 /// at least it and the legacy counter deleted, so a name's first token in the bucket layout
 /// exceeds every token it had before (see `CHANGELOG.md`). Absent (the usual case), it costs
-/// one `GET`.
+/// one `GET`: the cost the pipelined form drops, once the node's background migration has
+/// folded every legacy counter and written its marker (`client/migrate.rs`).
 ///
 /// With fencing off, the plain `SET NX PX` answers nil on refusal, without the value (`SET ...
 /// NX GET` needs Redis 7): such refusals count as unknown values, and contention is then never

@@ -7,7 +7,8 @@
 #   tools/compare/cost.sh [BINARY] [TASKS] [N]
 #
 # BINARY defaults to tools/compare/target/release/cost (build it with
-# `cargo build --release --manifest-path tools/compare/Cargo.toml --bin cost`).
+# `cargo build --release --manifest-path tools/compare/Cargo.toml --bin cost`). IMPLS (a
+# space-separated list, the floor first) narrows the implementations run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${1:-$here/target/release/cost}
@@ -26,7 +27,7 @@ irefs() {
     return 1
 }
 floor=
-for impl in floor floor+fence quorumlock quorumlock-nofence; do
+for impl in ${IMPLS:-floor floor+fence floor+pipefence quorumlock quorumlock-nofence}; do
     small=$(irefs "$impl" "$n")
     large=$(irefs "$impl" $((3 * n)))
     per_op=$(( (large - small) / (2 * n) ))

@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! cargo run --release --manifest-path tools/compare/Cargo.toml --bin cost -- \
-//!     [--impl quorumlock|quorumlock-nofence|floor|floor+fence] [--ops N] [--tasks T]
+//!     [--impl quorumlock|quorumlock-nofence|floor|floor+fence|floor+pipefence] [--ops N] [--tasks T]
 //! ```
 //!
 //! Five local `redis-server` nodes (quorumlock's `testkit`), a current-thread tokio runtime (so
@@ -68,6 +68,7 @@ enum Impl {
     Ours(Redlock),
     Floor(Floor),
     FloorFence(Floor),
+    FloorPipeFence(Floor),
 }
 
 impl Impl {
@@ -86,6 +87,15 @@ impl Impl {
                 let (lock_key, fence_key) = floor::fenced_keys(key);
                 let value = Floor::new_value();
                 assert!(f.acquire_fenced(&lock_key, &fence_key, &value, TTL_MS).await);
+                assert!(f.release(&lock_key, &value).await);
+            }
+            Impl::FloorPipeFence(f) => {
+                let (lock_key, fence_key) = floor::fenced_keys(key);
+                let value = Floor::new_value();
+                assert!(
+                    f.acquire_pipelined(&lock_key, &fence_key, &value, TTL_MS)
+                        .await
+                );
                 assert!(f.release(&lock_key, &value).await);
             }
         }
@@ -142,6 +152,9 @@ fn main() {
             ),
             "floor" => Impl::Floor(Floor::connect(&urls).await.expect("floor connects")),
             "floor+fence" => Impl::FloorFence(Floor::connect(&urls).await.expect("floor connects")),
+            "floor+pipefence" => {
+                Impl::FloorPipeFence(Floor::connect(&urls).await.expect("floor connects"))
+            }
             other => panic!("unknown --impl {other}"),
         }
     });

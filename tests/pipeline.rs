@@ -1,0 +1,130 @@
+//! The fenced acquire without Lua (issue 17): what a Redis 7 node receives once its legacy
+//! counters are folded (`SET NX PX GET` + `INCR`, no `EVALSHA`), and nodes kept on the acquire
+//! script beside pipelined ones in one client, against another client.
+
+mod support;
+
+use std::time::Duration;
+
+use quorumlock::{Error, Redlock};
+use support::*;
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// `calls` of one command in a node's `INFO commandstats` (0 when never called).
+fn calls(url: &str, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn(url))
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until every node's migration marker is written: a client that connects from then on
+/// pipelines its acquires to the node at once.
+async fn migrated(locks: &Redlock, urls: &[String]) {
+    wait_until(WAIT, "every node marked as migrated", || async {
+        let _ = locks.status("warm-up").await;
+        urls.iter().all(|u| {
+            redis::cmd("EXISTS")
+                .arg("quorumlock:fence:migrated")
+                .query::<bool>(&mut conn(u))
+                .unwrap()
+        })
+    })
+    .await;
+}
+
+/// Once migrated, an acquisition costs each node one `SET` and one `INCR` and no script: after
+/// `N` acquire+release, every node counts `N` `EVALSHA` (the releases), `N` `SET`s and `N`
+/// `INCR`s.
+#[tokio::test]
+async fn p1_a_redis_7_node_receives_set_and_incr_and_no_acquire_script() {
+    const N: u64 = 20;
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let first = client(&cluster);
+    warm(&first).await;
+    migrated(&first, &urls).await;
+    let locks = client(&cluster);
+    warm(&locks).await;
+    for url in &urls {
+        let () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut conn(url))
+            .unwrap();
+    }
+    let mut last = 0;
+    for _ in 0..N {
+        let lock = locks.acquire("p1", TTL).await.unwrap();
+        assert!(lock.token().get() > last);
+        last = lock.token().get();
+        lock.release().await.unwrap();
+    }
+    // Every node has run the last release (its key is gone) and all the acquires before it.
+    wait_until(WAIT, "every node ran every call", || async {
+        urls.iter()
+            .all(|u| value_on(u, "p1").is_none() && calls(u, "incr") >= N)
+    })
+    .await;
+    for url in &urls {
+        let seen = [calls(url, "evalsha"), calls(url, "set"), calls(url, "incr")];
+        assert_eq!(seen, [N, N, N], "{url}: evalsha, set, incr");
+    }
+}
+
+/// Nodes kept on the acquire script (1 and 3 of five, in client `a` only) beside pipelined
+/// ones: mutual exclusion holds against a client whose nodes all pipeline, tokens strictly
+/// increase across both, and the script nodes did run acquire scripts.
+#[tokio::test]
+async fn p2_script_and_pipelined_nodes_interoperate() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let first = client(&cluster);
+    warm(&first).await;
+    migrated(&first, &urls).await;
+    let a = builder(&cluster)
+        .testkit_script_acquire(1)
+        .testkit_script_acquire(3)
+        .build()
+        .unwrap();
+    let b = client(&cluster);
+    for locks in [&a, &b] {
+        warm(locks).await;
+    }
+    for url in &urls {
+        let () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut conn(url))
+            .unwrap();
+    }
+    let mut last = 0;
+    for round in 0..10 {
+        let (holder, other) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        let lock = holder.acquire("p2", TTL).await.unwrap();
+        let token = lock.token().get();
+        assert!(token > last, "round {round}: {token} after {last}");
+        last = token;
+        let err = other.try_acquire("p2", TTL).await.unwrap_err();
+        assert!(matches!(err, Error::Held { .. }), "round {round}: {err}");
+        lock.release().await.unwrap();
+    }
+    // Both clients send their releases everywhere (10 per node); `a` also sends its acquire
+    // scripts, 5 winning and 5 refused, to nodes 1 and 3 only.
+    wait_until(WAIT, "every node ran every release", || async {
+        urls.iter().all(|u| value_on(u, "p2").is_none())
+    })
+    .await;
+    let evalsha: Vec<u64> = urls.iter().map(|u| calls(u, "evalsha")).collect();
+    for (i, n) in evalsha.iter().enumerate() {
+        if i == 1 || i == 3 {
+            assert!(*n >= 20, "node {i}: {evalsha:?}");
+        } else {
+            assert!(*n < 20, "node {i}: {evalsha:?}");
+        }
+    }
+}
