@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use quorumlock::{Error, Redlock};
+use quorumlock::Error;
 use support::*;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -24,21 +24,6 @@ fn calls(url: &str, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Waits until every node's migration marker is written: a client that connects from then on
-/// pipelines its acquires to the node at once.
-async fn migrated(locks: &Redlock, urls: &[String]) {
-    wait_until(WAIT, "every node marked as migrated", || async {
-        let _ = locks.status("warm-up").await;
-        urls.iter().all(|u| {
-            redis::cmd("EXISTS")
-                .arg("quorumlock:fence:migrated")
-                .query::<bool>(&mut conn(u))
-                .unwrap()
-        })
-    })
-    .await;
-}
-
 /// Once migrated, an acquisition costs each node one `SET` and one `INCR` and no script: after
 /// `N` acquire+release, every node counts `N` `EVALSHA` (the releases), `N` `SET`s and `N`
 /// `INCR`s.
@@ -47,9 +32,7 @@ async fn p1_a_redis_7_node_receives_set_and_incr_and_no_acquire_script() {
     const N: u64 = 20;
     let cluster = cluster(3);
     let urls = cluster.urls();
-    let first = client(&cluster);
-    warm(&first).await;
-    migrated(&first, &urls).await;
+    migrate_all(&cluster).await;
     let locks = client(&cluster);
     warm(&locks).await;
     for url in &urls {
@@ -84,9 +67,7 @@ async fn p1_a_redis_7_node_receives_set_and_incr_and_no_acquire_script() {
 async fn p2_script_and_pipelined_nodes_interoperate() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    let first = client(&cluster);
-    warm(&first).await;
-    migrated(&first, &urls).await;
+    migrate_all(&cluster).await;
     let a = builder(&cluster)
         .testkit_script_acquire(1)
         .testkit_script_acquire(3)

@@ -61,15 +61,16 @@ async fn patient(cluster: &quorumlock::testkit::LocalCluster) -> Redlock {
 
 /// Waits until a waiter of another client has made its second round (refused, registered,
 /// refused again) and is subscribed with its marker set on every node: from then on it only
-/// waits. A round refused by a holder on every node is one `EVALSHA` per node (no undo: w16);
-/// `before` counts those made so far.
+/// waits. On migrated nodes ([`migrate_all`]) each acquire round is one `INCR` per node, refused
+/// or not (and a round refused by a holder on every node has no undo: w16); `before` counts
+/// those made so far.
 async fn until_waiting(urls: &[String], key: &str, before: &[u64]) {
     let state = || {
         urls.iter()
             .zip(before)
             .map(|(u, b)| {
                 (
-                    calls(u, "evalsha").saturating_sub(*b),
+                    calls(u, "incr").saturating_sub(*b),
                     subscribers(u, key),
                     marker_on(u, key),
                 )
@@ -97,12 +98,13 @@ async fn until_waiting(urls: &[String], key: &str, before: &[u64]) {
 async fn w10_a_release_wakes_a_waiter_of_another_client() {
     let cluster = cluster(5);
     let urls = cluster.urls();
+    migrate_all(&cluster).await;
     let holder = client(&cluster);
     let waiter = patient(&cluster).await;
     let ttl = Duration::from_secs(60);
     let lock = holder.acquire("w10", ttl).await.unwrap();
     spread(&lock, &urls).await;
-    let before: Vec<u64> = urls.iter().map(|u| calls(u, "evalsha")).collect();
+    let before: Vec<u64> = urls.iter().map(|u| calls(u, "incr")).collect();
     let task = tokio::spawn(async move { waiter.acquire_timeout("w10", ttl, NEVER).await });
     until_waiting(&urls, "w10", &before).await;
     let first = lock.token();
@@ -122,6 +124,7 @@ async fn w10_a_release_wakes_a_waiter_of_another_client() {
 async fn w11_only_a_waited_for_release_publishes() {
     let cluster = cluster(5);
     let urls = cluster.urls();
+    migrate_all(&cluster).await;
     let holder = client(&cluster);
     let ttl = Duration::from_secs(60);
     for _ in 0..5 {
@@ -136,7 +139,7 @@ async fn w11_only_a_waited_for_release_publishes() {
     let waiter = patient(&cluster).await;
     let lock = holder.acquire("w11", ttl).await.unwrap();
     spread(&lock, &urls).await;
-    let before: Vec<u64> = urls.iter().map(|u| calls(u, "evalsha")).collect();
+    let before: Vec<u64> = urls.iter().map(|u| calls(u, "incr")).collect();
     let task = tokio::spawn(async move { waiter.acquire_timeout("w11", ttl, NEVER).await });
     until_waiting(&urls, "w11", &before).await;
     lock.release().await.unwrap();
@@ -181,12 +184,13 @@ async fn w12_without_a_notice_polling_acquires() {
 async fn w13_killed_subscriptions_still_acquire() {
     let cluster = cluster(5);
     let urls = cluster.urls();
+    migrate_all(&cluster).await;
     let holder = client(&cluster);
     let waiter = patient(&cluster).await;
     let ttl = Duration::from_secs(60);
     let lock = holder.acquire("w13", ttl).await.unwrap();
     spread(&lock, &urls).await;
-    let before: Vec<u64> = urls.iter().map(|u| calls(u, "evalsha")).collect();
+    let before: Vec<u64> = urls.iter().map(|u| calls(u, "incr")).collect();
     let task = tokio::spawn(async move { waiter.acquire_timeout("w13", ttl, NEVER).await });
     until_waiting(&urls, "w13", &before).await;
     for u in &urls {
@@ -287,40 +291,45 @@ async fn contend(clients: Vec<Redlock>, key: &'static str, total: usize) -> Vec<
 async fn w16_a_refused_round_sends_no_undo_where_it_was_refused() {
     let cluster = cluster(5);
     let urls = cluster.urls();
+    migrate_all(&cluster).await;
     let holder = client(&cluster);
     let other = client(&cluster);
     warm(&other).await;
     let ttl = Duration::from_secs(60);
     let lock = holder.acquire("w16", ttl).await.unwrap();
     spread(&lock, &urls).await;
-    let before: Vec<u64> = urls.iter().map(|u| calls(u, "evalsha")).collect();
+    // Per node: the round's `INCR` (each round is one `SET NX PX GET` + `INCR` per node on
+    // migrated nodes) and the undo's `EVALSHA` (the release script).
+    let count = || -> Vec<(u64, u64)> {
+        urls.iter()
+            .map(|u| (calls(u, "incr"), calls(u, "evalsha")))
+            .collect()
+    };
+    let made = |before: &[(u64, u64)]| -> Vec<(u64, u64)> {
+        count()
+            .iter()
+            .zip(before)
+            .map(|(now, b)| (now.0 - b.0, now.1 - b.1))
+            .collect()
+    };
+    let before = count();
     let err = other.try_acquire("w16", ttl).await.unwrap_err();
     assert!(err.is_held(), "{err}");
     other.flush().await;
-    let made: Vec<u64> = urls
-        .iter()
-        .zip(&before)
-        .map(|(u, b)| calls(u, "evalsha") - b)
-        .collect();
     assert_eq!(
-        made,
-        vec![1; 5],
-        "script calls per node for one refused round"
+        made(&before),
+        vec![(1, 0); 5],
+        "(round, undo) calls per node for one refused round"
     );
     // Split: two nodes free, three held. The two that said yes get the undo, the others not.
     del_lock(&urls[0], "w16");
     del_lock(&urls[1], "w16");
-    let before: Vec<u64> = urls.iter().map(|u| calls(u, "evalsha")).collect();
+    let before = count();
     assert!(other.try_acquire("w16", ttl).await.unwrap_err().is_held());
     other.flush().await;
-    let made: Vec<u64> = urls
-        .iter()
-        .zip(&before)
-        .map(|(u, b)| calls(u, "evalsha") - b)
-        .collect();
     assert_eq!(
-        made,
-        vec![2, 2, 1, 1, 1],
+        made(&before),
+        vec![(1, 1), (1, 1), (1, 0), (1, 0), (1, 0)],
         "the undo goes where the round said yes"
     );
     assert_eq!(value_on(&urls[0], "w16"), None, "undone");
@@ -335,6 +344,7 @@ async fn w16_a_refused_round_sends_no_undo_where_it_was_refused() {
 async fn w17_a_round_does_not_wait_for_a_node_known_down() {
     let mut cluster = cluster(5);
     let urls = cluster.urls();
+    migrate_all(&cluster).await;
     let node_timeout = Duration::from_secs(10);
     let locks = builder(&cluster)
         .node_timeout(node_timeout)
@@ -350,7 +360,7 @@ async fn w17_a_round_does_not_wait_for_a_node_known_down() {
         .expect("flush is bounded by the node timeout");
     set_foreign(&urls[1], "w17", "someone-else", ttl);
     set_foreign(&urls[2], "w17", "someone-else", ttl);
-    let before = calls(&urls[3], "evalsha");
+    let before = (calls(&urls[3], "incr"), calls(&urls[3], "evalsha"));
     let refused = tokio::time::timeout(node_timeout / 2, locks.try_acquire("w17", ttl))
         .await
         .expect("the round did not wait for the node known down")
@@ -362,8 +372,8 @@ async fn w17_a_round_does_not_wait_for_a_node_known_down() {
     cluster.resume(0).unwrap();
     locks.flush().await;
     assert_eq!(
-        calls(&urls[3], "evalsha"),
-        before + 2,
+        (calls(&urls[3], "incr"), calls(&urls[3], "evalsha")),
+        (before.0 + 1, before.1 + 1),
         "the round and its undo where it said yes"
     );
     assert_eq!(value_on(&urls[3], "w17"), None);

@@ -196,7 +196,6 @@ impl Node {
             .await
             .map_err(|e| self.connect_error(e))?;
         let mut replies = replies.into_iter().map(redis::Value::extract_error);
-
         let mut info = || -> Result<String, NodeError> {
             let value = replies
                 .next()

@@ -156,6 +156,25 @@ pub async fn warm(locks: &Redlock) {
     .await;
 }
 
+/// Runs a throwaway client until every node's legacy fencing counters are migrated (its
+/// marker `quorumlock:fence:migrated` written): clients that connect from then on send their
+/// fenced acquires to these Redis 7 nodes as `SET NX PX GET` + `INCR`, never as a script, so
+/// tests that count commands see one form only.
+pub async fn migrate_all(cluster: &quorumlock::testkit::LocalCluster) {
+    let urls = cluster.urls();
+    let first = client(cluster);
+    wait_until(WAIT, "every node marked as migrated", || async {
+        let _ = first.status("warm-up").await;
+        urls.iter().all(|u| {
+            redis::cmd("EXISTS")
+                .arg("quorumlock:fence:migrated")
+                .query::<bool>(&mut conn(u))
+                .expect("EXISTS")
+        })
+    })
+    .await;
+}
+
 /// The lock value stored on one node for `key` (None when absent).
 pub fn value_on(url: &str, key: &str) -> Option<String> {
     redis::cmd("GET")
