@@ -4,8 +4,9 @@
 //!    at a quorum, as `benches/support/floor.rs` does) with three scripts:
 //!    - `per-name`: the layout before item 1, `SET NX PX` + `INCR` of the name's own counter
 //!      (the floor's `acquire-fenced`; the baseline);
-//!    - `slot`: the library's `ACQUIRE` today, `SET NX PX` + `GET` of the legacy per-name
-//!      counter (the migration) + `INCR` of the slot's counter;
+//!    - `slot`: the library's acquire script (read from the library: its form on nodes that do
+//!      not pipeline, `docs/safety.md`), `SET NX PX` + `GET` of the legacy per-name counter
+//!      (the migration) + `INCR` of the slot's counter;
 //!    - `slot-no-legacy-get`: the same without the migration's `GET`, to isolate it.
 //!
 //!    Before criterion, each script's Redis-side cost (`usec_per_call` of `EVALSHA` in
@@ -39,20 +40,6 @@ const SLICES: usize = 9;
 const PER_SLICE: u32 = 300;
 
 const PER_NAME: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0";
-/// The library's `ACQUIRE` (`src/node/scripts.rs`), copied so it can run beside the others.
-const SLOT: &str = r#"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local legacy = redis.call('GET', KEYS[3])
-  if legacy then
-    if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(legacy) then
-      redis.call('SET', KEYS[2], legacy)
-    end
-    redis.call('DEL', KEYS[3])
-  end
-  return redis.call('INCR', KEYS[2])
-end
-return redis.call('GET', KEYS[1]) or 0
-"#;
 const SLOT_NO_LEGACY_GET: &str = r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return redis.call('INCR', KEYS[2])
@@ -119,7 +106,7 @@ fn variants() -> Vec<(Variant, &'static str)> {
                 format!("quorumlock:{{{k}}}:fence"),
             ]
         }),
-        v("slot", SLOT, |k| {
+        v("slot", quorumlock::testkit::acquire_script_source(), |k| {
             vec![
                 format!("quorumlock:{{{k}}}"),
                 format!("quorumlock:fence:{{{}}}", slot_tag(k)),

@@ -662,3 +662,11 @@ impl LocalCluster {
 pub fn deadline_clock_now() -> Duration {
     crate::core::clock::now().since_origin()
 }
+
+/// Benchmark support (not a stable API): the body of the library's acquire script, the fenced
+/// acquire's form on nodes that do not take the pipelined one (Redis 6, Cluster members, nodes
+/// not yet migrated; `docs/safety.md`, "Fencing tokens").
+#[doc(hidden)]
+pub fn acquire_script_source() -> &'static str {
+    crate::node::scripts::ACQUIRE.code()
+}
