@@ -293,6 +293,39 @@ async fn k5_the_key_prefix_is_a_namespace() {
     }
 }
 
+/// The restart guard's durability marker lives under the key prefix too, so that a user whose
+/// ACL grants only `~billing:*` can write it: on nodes running `appendfsync always`, a client
+/// built with `key_prefix("billing")` writes `billing:durability-marker` (the node's run id) and
+/// nothing under `quorumlock:`.
+#[tokio::test]
+async fn k7_the_durability_marker_is_under_the_key_prefix() {
+    let cluster = quorumlock::testkit::LocalCluster::start_with(
+        3,
+        &quorumlock::testkit::ServerOptions::new().aof_always(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let billing = builder(&cluster).key_prefix("billing").build().unwrap();
+    billing.status("job").await.unwrap();
+    billing
+        .acquire("job", TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for url in &cluster.urls() {
+        let keys = all_keys(url);
+        assert!(
+            keys.iter().any(|k| k == "billing:durability-marker"),
+            "{url}: {keys:?}"
+        );
+        assert!(
+            keys.iter().all(|k| !k.starts_with("quorumlock:")),
+            "{url}: {keys:?}"
+        );
+    }
+}
+
 /// The keyspace measurement of issue 15: keys per node after `QUORUMLOCK_NAMES` (default one
 /// million) distinct lock names, each acquired and released once.
 /// `cargo test --release --features testkit --test keyspace measure_keys -- --ignored --nocapture`.

@@ -33,6 +33,7 @@ impl Config {
             restart_guard: self.restart_guard,
             eviction_guard: self.eviction_guard,
             fence_marker: self.fencing.then(|| self.keys.migration_marker()),
+            durability_marker: self.keys.durability_marker(),
             force_script: false,
         }
     }

@@ -194,6 +194,12 @@ impl KeyLayout {
         format!("{}:fence:migrated", self.prefix)
     }
 
+    /// The restart guard's durability marker of this namespace (`P:durability-marker`; see
+    /// `node/health.rs`). Not a counter.
+    pub(crate) fn durability_marker(&self) -> String {
+        format!("{}:durability-marker", self.prefix)
+    }
+
     /// Whether a key is a legacy per-name counter (`P:{K}:fence`) of this namespace.
     pub(crate) fn is_legacy_counter(&self, key: &[u8]) -> bool {
         self.is_counter(key) && !key[self.prefix.len() + 1..].starts_with(b"fence:{")

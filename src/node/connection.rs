@@ -233,7 +233,7 @@ impl Node {
         self.observe_config(&config);
         let fsync_always = aof && config.appendfsync.as_deref() == Some("always");
         let marker = if fsync_always {
-            durability_marker(&mut conn, &run_id).await
+            durability_marker(&mut conn, &self.durability_marker, &run_id).await
         } else {
             None
         };

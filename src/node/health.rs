@@ -33,11 +33,6 @@ pub(crate) struct Health {
     unchecked: Vec<&'static str>,
 }
 
-/// The key of a node's durability marker: written once (`SET NX`) on a node that runs with
-/// `appendfsync always`, holding the run id of the server it was written to. Found after a
-/// restart holding an earlier run id, it shows the keyspace survived the restart.
-pub(crate) const MARKER_KEY: &str = "quorumlock:durability-marker";
-
 /// `Node::started` when no restart hold-out applies.
 pub(crate) const NOT_STARTED: i64 = i64::MIN;
 
@@ -419,21 +414,25 @@ pub(crate) async fn read_config(conn: &mut MultiplexedConnection) -> NodeConfig 
     }
 }
 
-/// Writes the node's durability marker if it has none (`SET NX`, the current run id: acknowledged
-/// only once fsynced under `appendfsync always`) and reads it back. `None` on any error (a node
-/// out of memory under `noeviction`, say): the node's data is then not trusted to survive.
+/// Writes the node's durability marker (`key`: `P:durability-marker`) if it has none (`SET NX`,
+/// the current run id: acknowledged only once fsynced under `appendfsync always`) and reads it
+/// back. Written once on a node that runs with `appendfsync always`, holding the run id of the
+/// server it was written to; found after a restart holding an earlier run id, it shows the
+/// keyspace survived the restart. `None` on any error (a node out of memory under `noeviction`,
+/// a user whose ACL refuses the key, say): the node's data is then not trusted to survive.
 pub(crate) async fn durability_marker(
     conn: &mut MultiplexedConnection,
+    key: &str,
     run_id: &str,
 ) -> Option<String> {
     let mut pipe = redis::pipe();
     pipe.cmd("SET")
-        .arg(MARKER_KEY)
+        .arg(key)
         .arg(run_id)
         .arg("NX")
         .ignore()
         .cmd("GET")
-        .arg(MARKER_KEY);
+        .arg(key);
     let reply: redis::RedisResult<(Option<String>,)> = pipe.query_async(conn).await;
     reply.ok().and_then(|(marker,)| marker)
 }

@@ -79,6 +79,8 @@ pub(crate) struct NodeSettings {
     pub(crate) fence_marker: Option<String>,
     /// Keep this node on the acquire script whatever it runs (testkit only).
     pub(crate) force_script: bool,
+    /// The key of the node's durability marker (`health.rs`), under the key prefix.
+    pub(crate) durability_marker: String,
 }
 
 type Connected = Result<(MemberConn, u64), NodeError>;
@@ -145,6 +147,8 @@ pub(crate) struct Node {
     /// The script or the pipelined fenced acquire, and the legacy-counter migration
     /// (`fence.rs`).
     fence: fence::FencePath,
+    /// The key of the restart guard's durability marker (`health.rs`).
+    durability_marker: String,
 }
 
 impl std::fmt::Debug for Node {
@@ -185,6 +189,7 @@ impl Node {
             by_eval: AtomicBool::new(false),
             by_eval_logged: AtomicBool::new(false),
             fence: fence::FencePath::new(settings.fence_marker, settings.force_script),
+            durability_marker: settings.durability_marker,
         }
     }
 
