@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::FuturesUnordered;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use redis::Value;
 use smallvec::SmallVec;
 use tokio::time::Instant;
@@ -181,9 +181,12 @@ impl Redlock {
             .iter()
             .enumerate()
             .map(|(i, node)| {
-                let fut =
-                    Arc::clone(node).call(Arc::clone(&call), hold_out, op, Some((gate.clone(), i)));
-                async move { (i, fut.await) }
+                // A combinator, not `async move { (i, fut.await) }`: an async block holds the
+                // captured future and the awaited one in separate slots, twice its size, and a
+                // round moves each call's future several times (`FuturesUnordered::push`).
+                Arc::clone(node)
+                    .call(Arc::clone(&call), hold_out, op, Some((gate.clone(), i)))
+                    .map(move |reply| (i, reply))
             })
             .collect();
         let mut answers = Answers::new(n);
