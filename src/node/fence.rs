@@ -128,7 +128,7 @@ impl Node {
     /// key we set there is undone like any failed node's.
     pub(super) async fn send_pipelined(
         &self,
-        conn: &mut redis::aio::MultiplexedConnection,
+        mut conn: redis::aio::MultiplexedConnection,
         pipe: &Pipeline,
         generation: u64,
     ) -> Result<Value, NodeError> {

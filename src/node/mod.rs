@@ -337,27 +337,38 @@ impl Node {
         {
             return Ok(None);
         }
-        let mut conn = match conn {
+        // Each send is a future of its own that takes the connection and the gate: the state
+        // this call keeps while it waits for the reply is that future's, not a copy of it
+        // beside the locals above (a round moves every call's future several times).
+        match conn {
             // The fenced acquire without Lua, where the node takes it (`fence.rs`).
-            MemberConn::Single(mut conn)
+            MemberConn::Single(conn)
                 if let Some(pipe) = call.pipelined()
                     && self.pipelines_on(generation) =>
             {
-                return self
-                    .send_pipelined(&mut conn, pipe, generation)
-                    .await
-                    .map(Some);
+                self.send_pipelined(conn, pipe, generation).await.map(Some)
             }
-            MemberConn::Single(conn) => conn,
+            MemberConn::Single(conn) => self.send_script(conn, call, gate, generation).await,
             // Boxed, as the fallback below: the cold paths stay out of the call's future, which
             // a round moves several times per node (`FuturesUnordered::push`), so its size is
             // paid in copies on every call.
             MemberConn::Cluster(mut cluster) => {
-                return Box::pin(self.run_on_cluster(&mut cluster, call, generation))
+                Box::pin(self.run_on_cluster(&mut cluster, call, generation))
                     .await
-                    .map(Some);
+                    .map(Some)
             }
-        };
+        }
+    }
+
+    /// Sends a script call (or a plain command) on a single server's connection, with the
+    /// `EVAL` fallback. `Ok(None)`: the fallback was not sent because the round was closed.
+    async fn send_script(
+        &self,
+        mut conn: MultiplexedConnection,
+        call: &ScriptCall,
+        gate: Option<(RoundGate, usize)>,
+        generation: u64,
+    ) -> Result<Option<Value>, NodeError> {
         // A node that refuses `SCRIPT LOAD` / `EVALSHA` gets the body at once.
         if self.by_eval.load(Ordering::Relaxed)
             && let Some(eval) = call.eval()
