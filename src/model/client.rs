@@ -1,7 +1,7 @@
 //! The client's steps: start an attempt, extend, release, and what is done with each round's
 //! verdict (token, raise, grant, undo and retry, extension outcome).
 
-use super::{Ans, LockS, Op, Phase, Redlock, Round, State, Val, secs};
+use super::{AcquireMode, Ans, LockS, Op, Phase, Redlock, Round, State, Val, secs};
 use crate::core::quorum::{self, Acquisition, Refusal, Tally, Verdict};
 use crate::core::timing::{self, Extension};
 use crate::core::token::{fencing_max, raised_to_quorum};
@@ -22,7 +22,10 @@ impl Redlock {
             self.cfg.ttl(),
             self.cfg.drift(),
         );
-        let round = self.fan_out(s, c, Op::Acquire(val), deadline);
+        let round = match self.cfg.acquire {
+            AcquireMode::Script => self.fan_out(s, c, &[Op::Acquire(val)], deadline),
+            AcquireMode::Pipelined => self.fan_out(s, c, &[Op::SetNx(val), Op::Incr], deadline),
+        };
         s.clients[c].phase = Phase::Acquire { val, round };
         self.progress(s, c, false);
     }
@@ -44,14 +47,14 @@ impl Redlock {
             timing::extend_round(secs(self.cfg.node_timeout), budget_end, lock.deadline)
         };
         let op = Op::Extend(lock.val, lock.token);
-        let round = self.fan_out(s, c, op, deadline);
+        let round = self.fan_out(s, c, &[op], deadline);
         s.clients[c].phase = Phase::Extend { round };
         self.progress(s, c, false);
     }
 
     pub(super) fn release(&self, s: &mut State, c: usize) {
         let lock = s.clients[c].lock.take().expect("holding");
-        self.release_everywhere(s, c, lock.val, lock.token);
+        self.release_everywhere(s, c, lock.val, lock.token, &[]);
         s.seen.released |= 1 << c;
         self.retry_later(s, c);
     }
@@ -60,7 +63,8 @@ impl Redlock {
     pub(super) fn progress(&self, s: &mut State, c: usize, timed_out: bool) {
         match s.clients[c].phase.clone() {
             Phase::Acquire { val, round } => {
-                let t = self.tally(&round.answers);
+                // Nodes known down are not waited for: they count as failed.
+                let t = self.tally_down(s, c, &round.answers);
                 let verdict = if timed_out {
                     Some(self.final_verdict(&t))
                 } else {
@@ -92,7 +96,7 @@ impl Redlock {
                     if raised_to_quorum(usize::from(at_max), raised, self.cfg.nodes) {
                         self.grant(s, c, val, max, since);
                     } else {
-                        self.fail_attempt(s, c, val);
+                        self.fail_attempt(s, c, val, &[]);
                     }
                 }
             }
@@ -123,9 +127,20 @@ impl Redlock {
         t: &Tally,
         v: Verdict,
     ) {
+        // mirrors client/acquire.rs attempt(): a round not won undoes its value everywhere but
+        // on the nodes that refused it (another value holds the key there, ours is not).
+        let skip: Vec<bool> = if t.no() > 0 && v != Verdict::Quorum {
+            round
+                .answers
+                .iter()
+                .map(|a| matches!(a, Some(Ans::No(_))))
+                .collect()
+        } else {
+            Vec::new()
+        };
         match quorum::acquisition(v, || self.refusal(&round.answers, t)) {
             Acquisition::Won => {
-                let yes: Vec<(usize, u8)> = round
+                let mut yes: Vec<(usize, u8)> = round
                     .answers
                     .iter()
                     .enumerate()
@@ -134,6 +149,17 @@ impl Redlock {
                         _ => None,
                     })
                     .collect();
+                // The `missing_incr_counted` mutant: a yes without its INCR's counter is taken
+                // to stand at the token.
+                // (With no counter known at all it has no token to take: the attempt fails.)
+                let known = yes.iter().map(|&(_, k)| k).max().unwrap_or(0);
+                if known == 0 {
+                    self.fail_attempt(s, c, val, &[]);
+                    return;
+                }
+                for (_, k) in yes.iter_mut().filter(|(_, k)| *k == 0) {
+                    *k = known;
+                }
                 let counters: Vec<u64> = yes.iter().map(|&(_, k)| u64::from(k)).collect();
                 let (max, settled) =
                     fencing_max(&counters, self.cfg.nodes).expect("a quorum said yes");
@@ -174,19 +200,24 @@ impl Redlock {
             }
             // Contenders split the nodes: undo and re-try (the library re-tries at once after a
             // short pause; the model retries later, which only widens the interleavings).
-            Acquisition::Held { contended: true } => self.fail_attempt(s, c, val),
+            Acquisition::Held { contended: true } => self.fail_attempt(s, c, val, &skip),
             Acquisition::Held { contended: false } => {
                 // Error::Held
                 self.check_refused(s, &round.answers, t, true);
-                self.fail_attempt(s, c, val);
+                self.fail_attempt(s, c, val, &skip);
             }
             // Error::NoQuorum
-            Acquisition::Unreachable => self.fail_attempt(s, c, val),
+            Acquisition::Unreachable => self.fail_attempt(s, c, val, &skip),
         }
     }
 
-    pub(super) fn fail_attempt(&self, s: &mut State, c: usize, val: Val) {
-        self.release_everywhere(s, c, val, 0);
+    /// The undo of a failed attempt (a release of its value, token 0, but on the nodes of
+    /// `skip`), then a retry later. A refused round's nodes that had not answered are sent the
+    /// release at once, behind their ACQUIRE: the library waits for their answer and skips those
+    /// that refused too, where the release would change nothing (the model's release there is a
+    /// no-op, delivered at once by `normalize`).
+    pub(super) fn fail_attempt(&self, s: &mut State, c: usize, val: Val, skip: &[bool]) {
+        self.release_everywhere(s, c, val, 0, skip);
         self.retry_later(s, c);
     }
 
@@ -194,7 +225,7 @@ impl Redlock {
     pub(super) fn grant(&self, s: &mut State, c: usize, val: Val, token: u8, since: u8) {
         let elapsed = secs(since);
         let Some(validity) = timing::validity(self.cfg.ttl(), elapsed, self.cfg.drift()) else {
-            self.fail_attempt(s, c, val);
+            self.fail_attempt(s, c, val, &[]);
             return;
         };
         if token <= s.max_token {
@@ -281,16 +312,39 @@ impl Redlock {
             }
             _ => return,
         };
-        if round.rid != rid || round.answers[n].is_some() {
+        if round.rid != rid {
             return;
         }
-        round.answers[n] = Some(ans);
+        match (round.answers[n], ans) {
+            (None, Ans::Set(_)) => {
+                round.answers[n] = Some(ans);
+                return;
+            }
+            // The INCR's reply completes a pipelined acquire's answer: a yes with its counter
+            // when the SET was ours, else the SET's refusal.
+            (Some(Ans::Set(set)), Ans::Yes(k)) => {
+                round.answers[n] = Some(match set {
+                    None => Ans::Yes(k),
+                    Some(holder) => Ans::No(Some(holder)),
+                });
+            }
+            (Some(Ans::Set(set)), Ans::Failed) => {
+                round.answers[n] = Some(missing_incr(set, self.cfg.mutants.missing_incr_counted));
+            }
+            (None, _) => round.answers[n] = Some(ans),
+            _ => return,
+        }
         self.progress(s, c, false);
     }
 
     /// A connection broke: its queues are lost, the pending call fails.
     pub(super) fn break_conn(&self, s: &mut State, c: usize, n: usize) {
         let ix = self.ix(c, n);
+        // A round call in flight fails: the node is down for this client (releases' replies
+        // are not modelled).
+        if s.req[ix].iter().any(|r| !matches!(r.op, Op::Release(..))) {
+            s.clients[c].conns[n].down = true;
+        }
         s.req[ix].clear();
         s.clients[c].conns[n].live = false;
         let rid = match &s.clients[c].phase {
@@ -300,5 +354,16 @@ impl Redlock {
             _ => return,
         };
         self.record(s, c, n, rid, Ans::Failed);
+    }
+}
+
+/// A pipelined acquire whose INCR reply never came: a failure (the library's rule), or under
+/// the `missing_incr_counted` mutant a yes whose counter is unknown (`Yes(0)`: taken to stand
+/// at the token) when the SET was ours.
+pub(super) fn missing_incr(set: Option<Val>, mutant: bool) -> Ans {
+    if set.is_none() && mutant {
+        Ans::Yes(0)
+    } else {
+        Ans::Failed
     }
 }

@@ -124,7 +124,7 @@ fn cycle(faults: Config) -> Config {
 /// Explores every history of `cfg` (depth-first, symmetry-reduced, no depth bound), asserts the
 /// safety properties held on all of them, that the run was complete, and that a history where
 /// both clients acquired, extended and released was reached.
-fn assert_cycle(label: &str, cfg: Config) {
+pub(super) fn assert_cycle(label: &str, cfg: Config) {
     let (r, complete) = run_full(label, cfg, &[]);
     assert_safe(&r, &SAFETY);
     assert!(
@@ -175,4 +175,33 @@ fn deep_cycle_with_a_stalled_second() {
         ..Config::base()
     };
     assert_cycle("cycle: delays, pauses, 1 stalled second", cycle(cfg));
+}
+
+/// The crash run split by the kind of restart: with one crash per history, every history
+/// restarts its node with its data or empty (or not at all), so these two runs together cover
+/// exactly the histories of `deep_cycle_with_a_crash`.
+#[test]
+#[ignore = "deep profile"]
+fn deep_cycle_with_a_crash_restarting_with_data() {
+    let cfg = Config {
+        crashes: 1,
+        empty_restarts: false,
+        ..Config::base()
+    };
+    assert_cycle(
+        "cycle: delays, pauses, 1 crash, restart with data",
+        cycle(cfg),
+    );
+}
+
+/// The other half of `deep_cycle_with_a_crash`: the node restarts empty.
+#[test]
+#[ignore = "deep profile"]
+fn deep_cycle_with_a_crash_restarting_empty() {
+    let cfg = Config {
+        crashes: 1,
+        data_restarts: false,
+        ..Config::base()
+    };
+    assert_cycle("cycle: delays, pauses, 1 crash, restart empty", cycle(cfg));
 }

@@ -42,6 +42,8 @@ mod timeline;
 mod checks;
 #[cfg(test)]
 mod deep;
+#[cfg(test)]
+mod pipelined;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -69,6 +71,26 @@ pub(crate) struct Mutants {
     /// longer say yes and the failures alone do not rule it out), mirrored here, instead of the
     /// library's `Tally::verdict`.
     pub(crate) old_verdict: bool,
+    /// The pipelined acquire, a wrong rule: a node whose `SET` was ours but whose `INCR` reply
+    /// is missing (the connection broke, or the round's deadline came, between the two) counts
+    /// as a yes standing at the token, as if its `INCR` had landed.
+    pub(crate) missing_incr_counted: bool,
+}
+
+/// How an acquisition is sent to each node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum AcquireMode {
+    /// The ACQUIRE script: `SET NX PX` and, when set, `INCR`, one atomic step (Redis < 7,
+    /// Cluster members).
+    #[default]
+    Script,
+    /// `SET lock v NX PX ttl GET` then `INCR counter`, sent back to back on the node's one
+    /// connection but executed as two steps: other clients' commands, a crash, a broken
+    /// connection and the key's expiry may come between them. The `INCR` runs whatever the
+    /// `SET` did; the node's answer is read when both replies are (one pipeline): a yes with
+    /// the `INCR`'s counter when the `SET` replied nil (ours), a refusal naming the holder the
+    /// `SET` returned, a failure when either reply is missing.
+    Pipelined,
 }
 
 /// A model configuration: sizes, timing, fault budgets and which assumptions hold.
@@ -101,8 +123,13 @@ pub(crate) struct Config {
     pub(crate) jump: u8,
     /// Lock keys a node may evict (a `volatile-*` policy under memory pressure).
     pub(crate) evictions: u8,
-    /// Whether a crashed node may come back empty (else only with its data).
+    /// Whether a crashed node may come back empty.
     pub(crate) empty_restarts: bool,
+    /// Whether a crashed node may come back with its data (one of the two is on; a run with a
+    /// crash budget of 1 splits in two runs, one per kind of restart, that cover its histories).
+    pub(crate) data_restarts: bool,
+    /// How an acquisition is sent (script or pipelined).
+    pub(crate) acquire: AcquireMode,
     /// The restart guard: `Restarted` (the default), `Strict` or `Off`.
     pub(crate) guard: RestartGuard,
     /// Nodes run with `appendfsync always` (what an empty restart then breaks).
@@ -145,6 +172,8 @@ impl Config {
             jump: 3,
             evictions: 0,
             empty_restarts: true,
+            data_restarts: true,
+            acquire: AcquireMode::Script,
             guard: RestartGuard::Restarted,
             durable: false,
             fresh_clients: false,
@@ -189,6 +218,10 @@ impl fmt::Display for Val {
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Op {
     Acquire(Val),
+    /// The pipelined acquire's first command: `SET lock v NX PX ttl GET`.
+    SetNx(Val),
+    /// The pipelined acquire's second command: `INCR counter`, whatever the `SET` did.
+    Incr,
     RaiseFence(Val, u8),
     Extend(Val, u8),
     /// Fire-and-forget in the model: nothing reads a release's reply.
@@ -199,6 +232,8 @@ impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Op::Acquire(v) => write!(f, "ACQUIRE {v}"),
+            Op::SetNx(v) => write!(f, "SET {v} NX PX GET"),
+            Op::Incr => write!(f, "INCR"),
             Op::RaiseFence(v, t) => write!(f, "RAISE_FENCE {v} token {t}"),
             Op::Extend(v, t) => write!(f, "EXTEND {v} token {t}"),
             Op::Release(v, t) => write!(f, "RELEASE {v} token {t}"),
@@ -236,6 +271,9 @@ pub(crate) struct ConnS {
     /// Hold-out left, on the client's clock.
     held_until: Option<Duration>,
     repair: bool,
+    /// The node is known down: a round call of this client to it failed, and no round call has
+    /// answered since (`Node::is_down`). An acquisition round does not wait for it.
+    down: bool,
 }
 
 /// One node's answer in a round (the model's hashable twin of [`Answer`], with the counter of a
@@ -245,6 +283,9 @@ pub(crate) enum Ans {
     Yes(u8),
     No(Option<Val>),
     Failed,
+    /// Pipelined acquire: the `SET`'s reply is read (`None`: set by us; else the holder it
+    /// returned), the `INCR`'s is awaited. Still pending for the verdict.
+    Set(Option<Val>),
 }
 
 impl Ans {
@@ -253,6 +294,7 @@ impl Ans {
             Ans::Yes(_) => Answer::Yes,
             Ans::No(_) => Answer::No,
             Ans::Failed => Answer::Failed,
+            Ans::Set(_) => unreachable!("a half-answered node is pending"),
         }
     }
 }

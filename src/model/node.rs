@@ -23,6 +23,19 @@ impl Redlock {
                 node.counter += 1;
                 Some((node.counter as i8, None))
             }
+            // SET NX PX GET: nil (0 here) when set, else the value that holds the key.
+            Op::SetNx(val) => {
+                if holder.is_some() {
+                    return Some((0, holder));
+                }
+                node.key = Some((val, ttl));
+                Some((1, None))
+            }
+            // INCR, whatever the SET did.
+            Op::Incr => {
+                node.counter += 1;
+                Some((node.counter as i8, None))
+            }
             Op::RaiseFence(val, token) => {
                 if holder != Some(val) {
                     return Some((0, holder));
@@ -108,6 +121,7 @@ impl Redlock {
 
     /// `is_lost()` is recorded once true; the quiet phase notes a valid holder.
     pub(super) fn normalize(&self, s: &mut State) {
+        self.noop_releases(s);
         for c in 0..s.clients.len() {
             let lost = !self.valid(s, c);
             if let Some(l) = s.clients[c].lock.as_mut() {
@@ -117,6 +131,33 @@ impl Redlock {
             }
         }
         self.canonical_rids(s);
+    }
+
+    /// Delivers at once every release at the head of its queue that changes nothing at its node
+    /// (its value does not hold the key there, its token is not above the counter). Sound (a
+    /// stuttering equivalence, `docs/verification.md`): such a release stays a no-op until it is
+    /// delivered (only its own client sends its value, on this connection, where nothing with
+    /// that value is queued behind it; the counter only grows while a request is queued, a crash
+    /// clearing the queues), nothing reads a release's reply, and the requests behind it may be
+    /// delayed by the checker anyway.
+    fn noop_releases(&self, s: &mut State) {
+        for c in 0..s.clients.len() {
+            for n in 0..self.cfg.nodes {
+                let ix = self.ix(c, n);
+                while let Some(&super::Req {
+                    op: Op::Release(val, token),
+                    ..
+                }) = s.req[ix].front()
+                {
+                    let node = &s.nodes[n];
+                    let noop = node.key.is_none_or(|(v, _)| v != val) && token <= node.counter;
+                    if !noop {
+                        break;
+                    }
+                    s.req[ix].pop_front();
+                }
+            }
+        }
     }
 
     /// Renames round ids to 1 (the calls of the client's current round, and the round) and 0
@@ -183,10 +224,12 @@ impl Redlock {
         }
         for n in 0..n_nodes {
             if !s.nodes[n].up {
-                out.push(Action::Restart {
-                    n: n as u8,
-                    empty: false,
-                });
+                if self.cfg.data_restarts {
+                    out.push(Action::Restart {
+                        n: n as u8,
+                        empty: false,
+                    });
+                }
                 if self.cfg.empty_restarts {
                     out.push(Action::Restart {
                         n: n as u8,

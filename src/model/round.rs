@@ -14,7 +14,27 @@ impl Redlock {
     pub(super) fn tally(&self, answers: &[Option<Ans>]) -> Tally {
         let mut t = Tally::new(self.cfg.nodes);
         for a in answers.iter().flatten() {
-            t.record(a.answer());
+            if !matches!(a, Ans::Set(_)) {
+                t.record(a.answer());
+            }
+        }
+        t
+    }
+
+    /// The tally with the pending nodes known down counted as failed (an acquisition round
+    /// does not wait for them).
+    // mirrors client/round.rs Answers::decided() + pending_down() (decided inside the round's
+    // I/O code, not in core), and abandon(): a round not won records them as failed.
+    pub(super) fn tally_down(&self, s: &State, c: usize, answers: &[Option<Ans>]) -> Tally {
+        let mut t = self.tally(answers);
+        let conns = &s.clients[c].conns;
+        let down = answers
+            .iter()
+            .enumerate()
+            .filter(|&(n, a)| matches!(a, None | Some(Ans::Set(_))) && conns[n].down)
+            .count();
+        for _ in 0..down.min(t.pending()) {
+            t.record(Answer::Failed);
         }
         t
     }
@@ -148,7 +168,24 @@ impl Redlock {
         op: Op,
         respect: bool,
     ) -> bool {
+        self.send_all(s, c, n, rid, &[op], respect)
+    }
+
+    /// Sends calls back to back on one connection (a pipeline): `false` when they fail at once.
+    /// A round call (`respect`) failing on a down node marks the node down for this client.
+    pub(super) fn send_all(
+        &self,
+        s: &mut State,
+        c: usize,
+        n: usize,
+        rid: u8,
+        ops: &[Op],
+        respect: bool,
+    ) -> bool {
         if !s.nodes[n].up {
+            if respect {
+                s.clients[c].conns[n].down = true;
+            }
             return false;
         }
         self.connect(s, c, n);
@@ -156,16 +193,18 @@ impl Redlock {
             return false;
         }
         let ix = self.ix(c, n);
-        s.req[ix].push_back(Req { rid, op });
+        for &op in ops {
+            s.req[ix].push_back(Req { rid, op });
+        }
         true
     }
 
-    /// A round: `op` to every node; the answers of the calls that fail at once are recorded.
-    pub(super) fn fan_out(&self, s: &mut State, c: usize, op: Op, deadline: Duration) -> Round {
+    /// A round: `ops` to every node; the answers of the calls that fail at once are recorded.
+    pub(super) fn fan_out(&self, s: &mut State, c: usize, ops: &[Op], deadline: Duration) -> Round {
         s.clients[c].rid += 1;
         let rid = s.clients[c].rid;
         let answers = (0..self.cfg.nodes)
-            .map(|n| (!self.send(s, c, n, rid, op, true)).then_some(Ans::Failed))
+            .map(|n| (!self.send_all(s, c, n, rid, ops, true)).then_some(Ans::Failed))
             .collect();
         Round {
             rid,
@@ -175,11 +214,21 @@ impl Redlock {
         }
     }
 
-    /// The undo of a failed attempt: a release of its value (token 0) to every node.
-    // mirrors redlock.rs UndoRelease + spawn_release()
-    pub(super) fn release_everywhere(&self, s: &mut State, c: usize, val: Val, token: u8) {
+    /// A release of a value to every node (a held lock's release, or the undo of a failed
+    /// attempt with token 0), except the nodes of `skip`.
+    // mirrors client/acquire.rs UndoRelease + client/release.rs release_on()
+    pub(super) fn release_everywhere(
+        &self,
+        s: &mut State,
+        c: usize,
+        val: Val,
+        token: u8,
+        skip: &[bool],
+    ) {
         for n in 0..self.cfg.nodes {
-            self.send(s, c, n, 0, Op::Release(val, token), false);
+            if !skip.get(n).copied().unwrap_or(false) {
+                self.send(s, c, n, 0, Op::Release(val, token), false);
+            }
         }
     }
 

@@ -5,7 +5,8 @@ use std::collections::VecDeque;
 
 use stateright::{Model, Property};
 
-use super::{Action, Ans, ClientS, ConnS, Flags, NodeS, Phase, Redlock, Seen, State};
+use super::client::missing_incr;
+use super::{Action, Ans, ClientS, ConnS, Flags, NodeS, Op, Phase, Redlock, Seen, State};
 
 impl Model for Redlock {
     type State = State;
@@ -21,6 +22,7 @@ impl Model for Redlock {
                 seen_epoch: Some(0),
                 held_until: None,
                 repair: false,
+                down: false,
             }
         };
         let marker = (!self.cfg.fresh_clients).then_some(0);
@@ -143,13 +145,19 @@ impl Model for Redlock {
                 let req = s.req[self.ix(c, n)].pop_front()?;
                 let reply = self.apply(&mut s, n, req.op);
                 if let Action::DeliverLoseReply { .. } = action {
+                    // The call in flight fails (`break_conn` marks the node down).
+                    s.req[self.ix(c, n)].push_front(req);
                     s.disconnects += 1;
                     self.break_conn(&mut s, c, n);
                 } else if let Some((int, holder)) = reply {
-                    let ans = match (&s.clients[c].phase, int > 0) {
-                        (Phase::Raise { .. }, _) if int == 1 => Ans::Yes(1),
-                        (Phase::Raise { .. }, _) | (_, false) => Ans::No(holder),
-                        (_, true) => Ans::Yes(int as u8),
+                    // A round call answered: the node is up again for this client.
+                    s.clients[c].conns[n].down = false;
+                    let ans = match (&s.clients[c].phase, req.op, int > 0) {
+                        (_, Op::SetNx(_), _) => Ans::Set(holder),
+                        (_, Op::Incr, _) => Ans::Yes(int as u8),
+                        (Phase::Raise { .. }, _, _) if int == 1 => Ans::Yes(1),
+                        (Phase::Raise { .. }, _, _) | (_, _, false) => Ans::No(holder),
+                        (_, _, true) => Ans::Yes(int as u8),
                     };
                     self.record(&mut s, c, n, req.rid, ans);
                 }
@@ -160,10 +168,20 @@ impl Model for Redlock {
                 | Phase::Raise { round, .. }
                 | Phase::Extend { round } = &mut s.clients[c].phase
                 {
-                    for a in &mut round.answers {
-                        if a.is_none() {
-                            *a = Some(Ans::Failed);
-                        }
+                    // Whoever has not answered failed, and is down for this client.
+                    let missing = self.cfg.mutants.missing_incr_counted;
+                    let mut down = Vec::new();
+                    for (n, a) in round.answers.iter_mut().enumerate() {
+                        let failed = match *a {
+                            None => Ans::Failed,
+                            Some(Ans::Set(set)) => missing_incr(set, missing),
+                            Some(_) => continue,
+                        };
+                        *a = Some(failed);
+                        down.push(n);
+                    }
+                    for n in down {
+                        s.clients[c].conns[n].down = true;
                     }
                 }
                 self.progress(&mut s, c, true);

@@ -91,6 +91,8 @@ fn rename_clients(s: &State, perm: &[usize]) -> State {
     };
     let op = |o: Op| match o {
         Op::Acquire(v) => Op::Acquire(val(v)),
+        Op::SetNx(v) => Op::SetNx(val(v)),
+        Op::Incr => Op::Incr,
         Op::RaiseFence(v, t) => Op::RaiseFence(val(v), t),
         Op::Extend(v, t) => Op::Extend(val(v), t),
         Op::Release(v, t) => Op::Release(val(v), t),
@@ -138,7 +140,7 @@ fn rename_clients(s: &State, perm: &[usize]) -> State {
 
 fn rename_answers(answers: &mut [Option<Ans>], val: &impl Fn(Val) -> Val) {
     for a in answers.iter_mut() {
-        if let Some(Ans::No(Some(v))) = a {
+        if let Some(Ans::No(Some(v)) | Ans::Set(Some(v))) = a {
             *v = val(*v);
         }
     }

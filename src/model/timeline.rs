@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Action, Phase, Redlock, State};
+use super::{Action, Op, Phase, Redlock, State};
 
 /// Real time and each client's clock along the path (the states only hold relative times).
 #[derive(Debug, Clone, Default)]
@@ -121,10 +121,13 @@ fn step(m: &Redlock, tm: &Times, before: &State, action: Action, after: &State) 
             let (c, n) = (usize::from(c), usize::from(n));
             let head = before.req[m.ix(c, n)].front();
             let req = head.map(|r| r.op.to_string());
+            let set = head.is_some_and(|r| matches!(r.op, Op::SetNx(_)));
             let reply = head
                 .and_then(|r| m.apply(&mut before.clone(), n, r.op))
                 .map(|(int, holder)| match holder {
+                    Some(h) if set => format!(" -> {h} (held: not set)"),
                     Some(h) => format!(" -> {int} (held by {h})"),
+                    None if set => " -> nil (set)".to_owned(),
                     None => format!(" -> {int}"),
                 })
                 .unwrap_or_default();
@@ -180,6 +183,10 @@ fn sent(m: &Redlock, before: &State, after: &State, c: usize) -> String {
         let ix = m.ix(c, n);
         if after.req[ix].len() > before.req[ix].len() {
             to.push(format!("n{n}"));
+        } else if matches!(after.clients[c].phase, Phase::Idle { .. }) && after.nodes[n].up {
+            // A release that changes nothing there is applied at once (`noop_releases`), or
+            // an undo that skips a node that refused.
+            to.push(format!("n{n} (no-op)"));
         } else {
             failed.push(format!("n{n}"));
         }
@@ -253,7 +260,7 @@ fn events(m: &Redlock, tm: &Times, before: &State, action: Action, after: &State
             && a.lock.is_none();
         if failed {
             ev.push(format!(
-                "c{c}'s attempt fails (undo: RELEASE of its value to every node)"
+                "c{c}'s attempt fails (undo: RELEASE of its value, but to the nodes that refused it)"
             ));
         }
         if matches!(b.phase, Phase::Acquire { .. }) && matches!(a.phase, Phase::Raise { .. }) {
