@@ -20,6 +20,7 @@ pub(super) const SPLIT: &str = "held never on a split vote";
 pub(super) const LIVE: &str = "liveness: after faults stop a client is granted the lock";
 pub(super) const BOTH: &str = "coverage: both clients acquired";
 pub(super) const CYCLE: &str = "coverage: acquire, extend, release by both";
+pub(super) const CYCLE_CRASH: &str = "coverage: acquire, extend, release by both, with a crash";
 pub(super) const REPAIRED: &str = "coverage: a restarted node repaired";
 pub(super) const ONE_CYCLE: &str = "coverage: one client acquired, extended and released";
 
@@ -122,7 +123,9 @@ pub(super) fn run_full(label: &str, cfg: Config, stop_at: &[&'static str]) -> (R
     }
     let started = Instant::now();
     let r = collect(&model, builder.spawn_dfs().join(), started);
-    let complete = r.states < cap && limit.is_none_or(|t| started.elapsed() < t);
+    // A run asked to stop at a discovery and that made one is not a whole-space run.
+    let stopped = stop_at.iter().any(|p| r.found.contains_key(p));
+    let complete = r.states < cap && limit.is_none_or(|t| started.elapsed() < t) && !stopped;
     println!(
         "[{label}] nodes {} clients {}: {} states ({} classes), every history (longest path {}), \
          {:.1}s, {}; found: {:?}",
@@ -135,7 +138,7 @@ pub(super) fn run_full(label: &str, cfg: Config, stop_at: &[&'static str]) -> (R
         if complete {
             "complete"
         } else {
-            "STOPPED AT THE STATE CAP OR THE TIMEOUT"
+            "STOPPED (STATE CAP, TIMEOUT OR A DISCOVERY ASKED FOR)"
         },
         r.found.keys().collect::<Vec<_>>()
     );

@@ -205,3 +205,25 @@ fn deep_cycle_with_a_crash_restarting_empty() {
     };
     assert_cycle("cycle: delays, pauses, 1 crash, restart empty", cycle(cfg));
 }
+
+/// A witness for the crash runs: a history where a node crashed (and restarted, with its data
+/// or empty: `RESTART=data|empty`) and both clients acquired, extended and released (the
+/// depth-first run stops at the first one and prints it).
+#[test]
+#[ignore = "deep profile"]
+fn deep_cycle_with_a_crash_witness() {
+    let kind = std::env::var("RESTART").unwrap_or_default();
+    let cfg = Config {
+        crashes: 1,
+        empty_restarts: kind != "data",
+        data_restarts: kind != "empty",
+        ..Config::base()
+    };
+    let (r, _) = run_full("cycle with a crash: witness", cycle(cfg), &[CYCLE_CRASH]);
+    assert_safe(&r, &SAFETY);
+    let trace = r
+        .found
+        .get(CYCLE_CRASH)
+        .expect("no history with a crash where both clients acquired, extended and released");
+    println!("a history with a crash and both cycles:\n{trace}");
+}

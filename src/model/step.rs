@@ -274,6 +274,15 @@ impl Model for Redlock {
                 },
             ),
             Property::sometimes(
+                "coverage: acquire, extend, release by both, with a crash",
+                |_, s: &State| {
+                    s.seen.granted == 0b11
+                        && s.seen.extended == 0b11
+                        && s.seen.released == 0b11
+                        && s.crashes > 0
+                },
+            ),
+            Property::sometimes(
                 "coverage: one client acquired, extended and released",
                 |_, s: &State| s.seen.granted & s.seen.extended & s.seen.released != 0,
             ),
