@@ -22,11 +22,23 @@
 //! within five connect timeouts, and retry that back to back). The highest value per counter is
 //! then raised on the restarted node in pipelines of [`PAGE`] keys, paced the same way.
 //!
-//! Why resuming is safe: the counters a repair must restore are those of tokens issued before
-//! the restart (the node counts toward no quorum until the repair ends, so no later token needs
-//! it). A counter on a clean peer is at least every such token from the moment the token was
-//! issued, and never goes down, so a read at any time during the repair gives at least it; a
-//! read early is only lower than tokens issued since, which do not need the restarted node.
+//! # When it reads
+//!
+//! The counters a repair must restore are those of tokens that needed the restarted node: the
+//! tokens of rounds that counted an answer it gave before it restarted (the node counts toward
+//! no quorum from the restart until the repair ends, so no round counts an answer it gives
+//! after). Such a round may still be *granted after* the restart — it does not call the node
+//! again — and its token reaches the clean nodes only with its raises, which land before its
+//! validity ends, within a max ttl of the restart. So the repair reads its sources only once
+//! the node's hold-out (the max ttl since its start) is over; read earlier, it could miss such a
+//! token and a later quorum with the restarted node could hand it out again (finding 5 of
+//! `docs/verification.md`, found by the model checker; `tests/safety/s14_repair_after_hold_out.rs`).
+//! The node is held out for that long anyway, so this costs no availability beyond the repair
+//! itself.
+//!
+//! Why resuming is safe: a counter on a clean peer is at least every such token from the moment
+//! the token was granted, and never goes down, so a read at any time after the hold-out gives at
+//! least it.
 //! Counter keys are never deleted, so a complete `SCAN` pass returns every counter the peer had
 //! when the pass began. A pass counts only if it completed within one incarnation of the peer
 //! (a peer restarting mid-pass, which this client sees as a new run id on reconnect, starts its
@@ -47,6 +59,9 @@ use crate::core::quorum::quorum;
 use crate::core::repair::{MIN_PAUSE, PAGE, next_page, repair_pause, repair_ready};
 use crate::error::NodeError;
 use crate::node::Node;
+
+/// How often a repair waiting out its node's hold-out checks that it is still wanted.
+const HOLD_OUT_CHECK: Duration = Duration::from_secs(1);
 
 /// Calls to one node that may time out in a row before a repair warns (a timeout is first
 /// retried with a smaller page).
@@ -217,6 +232,17 @@ async fn repair(client: Weak<Inner>, nodes: Vec<Arc<Node>>, i: usize, claim: Cla
         );
         claim.finish(true);
         return;
+    }
+    // The sources are read only once the node's hold-out is over (the max ttl since its
+    // start): a round that counted an answer the node gave before it restarted may still be
+    // granted after the restart, and its token stands on the clean nodes only once its raises
+    // have landed, which is before its validity ends (finding 5 of `docs/verification.md`,
+    // `tests/safety/s14_repair_after_hold_out.rs`).
+    while let Some(left) = target.restart_hold_out() {
+        if !claim.current(&client) {
+            return;
+        }
+        tokio::time::sleep(left.min(HOLD_OUT_CHECK)).await;
     }
     let started = Instant::now();
     // Every other node is read (a node awaiting its own repair adds nothing wrong: its

@@ -170,7 +170,7 @@ impl Node {
 
     /// How much longer the restart guard holds the node out: until the max ttl in use now has
     /// passed since the node's start.
-    pub(super) fn restart_hold_out(&self) -> Option<Duration> {
+    pub(crate) fn restart_hold_out(&self) -> Option<Duration> {
         let start = self.started.load(Ordering::Acquire);
         if start == NOT_STARTED {
             return None;

@@ -20,3 +20,4 @@ mod s11_suspend;
 mod s12_small;
 mod s12d_strict_hold_out;
 mod s13_model_findings;
+mod s14_repair_after_hold_out;
