@@ -43,6 +43,8 @@ mod checks;
 #[cfg(test)]
 mod deep;
 #[cfg(test)]
+mod finding5;
+#[cfg(test)]
 mod pipelined;
 
 use std::collections::VecDeque;
@@ -75,6 +77,10 @@ pub(crate) struct Mutants {
     /// is missing (the connection broke, or the round's deadline came, between the two) counts
     /// as a yes standing at the token, as if its `INCR` had landed.
     pub(crate) missing_incr_counted: bool,
+    /// Finding 5 put back: a repair reads its sources as soon as the client sees the restart,
+    /// not once the node's restart hold-out is over (a round that counted the node's answer
+    /// from before the restart may still be raising its token on the sources).
+    pub(crate) repair_before_hold_out_ends: bool,
 }
 
 /// How an acquisition is sent to each node.

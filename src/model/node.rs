@@ -241,11 +241,20 @@ impl Redlock {
     }
 
     /// A repair of node `n` by client `c` would find enough clean nodes (only then is it a
-    /// step: a repair that cannot succeed changes nothing).
+    /// step: a repair that cannot succeed changes nothing), and the node's restart hold-out is
+    /// over for this client.
+    // mirrors repair.rs repair(): the sources are read only once the target's restart hold-out
+    // (`Node::restart_hold_out`, the max ttl since its start) has passed: every round that
+    // counted an answer the node gave before its restart has granted or failed by then, and
+    // its raises have landed (finding 5 of docs/verification.md). Until the repair is done the
+    // node still counts toward no quorum (`held_out`: `conn.repair`).
     pub(super) fn repair_possible(&self, s: &State, c: usize, n: usize) -> bool {
         let nodes = self.cfg.nodes;
         let conns = &s.clients[c].conns;
         if !conns[n].repair || !s.nodes[n].up {
+            return false;
+        }
+        if conns[n].held_until.is_some() && !self.cfg.mutants.repair_before_hold_out_ends {
             return false;
         }
         let clean = (0..nodes).filter(|&j| j != n && !conns[j].repair).count();
