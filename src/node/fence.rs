@@ -175,20 +175,7 @@ impl Node {
                 .into_iter()
                 .filter(|k| keys.is_legacy_counter(k))
                 .collect();
-            let mut counters = Vec::with_capacity(found.len());
-            if !found.is_empty() {
-                let values: Vec<Option<String>> = redis::cmd("MGET")
-                    .arg(&found)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| self.call_error(e, generation))?;
-                counters.extend(
-                    found
-                        .into_iter()
-                        .zip(values)
-                        .filter_map(|(k, v)| Some((k, v?.parse().ok()?))),
-                );
-            }
+            let counters = self.counter_values(&mut conn, found, generation).await?;
             Ok((next, counters))
         };
         tokio::time::timeout(timeout, read)

@@ -52,27 +52,40 @@ impl Node {
                     .map_err(|e| self.call_error(e, generation))?,
             };
             let found: Vec<Vec<u8>> = found.into_iter().filter(|k| keys.is_counter(k)).collect();
-            let mut counters = Vec::with_capacity(found.len());
-            if !found.is_empty() {
-                let values: Vec<Option<String>> = redis::cmd("MGET")
-                    .arg(&found)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| self.call_error(e, generation))?;
-                // A legacy per-name counter counts for its bucket: a repair never writes a
-                // legacy counter (`fence.rs`).
-                counters.extend(
-                    found
-                        .into_iter()
-                        .zip(values)
-                        .filter_map(|(k, v)| Some((keys.bucket_of(&k), v?.parse().ok()?))),
-                );
+            let mut counters = self.counter_values(&mut conn, found, generation).await?;
+            // A legacy per-name counter counts for its bucket: a repair never writes a legacy
+            // counter (`fence.rs`).
+            for (key, _) in &mut counters {
+                *key = keys.bucket_of(key);
             }
             Ok((next, counters))
         };
         tokio::time::timeout(timeout, read)
             .await
             .unwrap_or(Err(NodeError::Timeout(timeout)))
+    }
+
+    /// The values of the counters `found` on one page (one `MGET`), with their keys; a counter
+    /// whose value is not a number is left out.
+    pub(super) async fn counter_values(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+        found: Vec<Vec<u8>>,
+        generation: u64,
+    ) -> Result<Vec<(Vec<u8>, u64)>, NodeError> {
+        if found.is_empty() {
+            return Ok(Vec::new());
+        }
+        let values: Vec<Option<String>> = redis::cmd("MGET")
+            .arg(&found)
+            .query_async(conn)
+            .await
+            .map_err(|e| self.call_error(e, generation))?;
+        Ok(found
+            .into_iter()
+            .zip(values)
+            .filter_map(|(k, v)| Some((k, v?.parse().ok()?)))
+            .collect())
     }
 
     /// Raises this node's counters to at least the given values, in one pipeline of `EVALSHA`s
