@@ -35,12 +35,7 @@ async fn p1_a_redis_7_node_receives_set_and_incr_and_no_acquire_script() {
     migrate_all(&cluster).await;
     let locks = client(&cluster);
     warm(&locks).await;
-    for url in &urls {
-        let () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query(&mut conn(url))
-            .unwrap();
-    }
+    reset_stats(&urls);
     let mut last = 0;
     for _ in 0..N {
         let lock = locks.acquire("p1", TTL).await.unwrap();
@@ -77,12 +72,7 @@ async fn p2_script_and_pipelined_nodes_interoperate() {
     for locks in [&a, &b] {
         warm(locks).await;
     }
-    for url in &urls {
-        let () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query(&mut conn(url))
-            .unwrap();
-    }
+    reset_stats(&urls);
     let mut last = 0;
     for round in 0..10 {
         let (holder, other) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
@@ -107,5 +97,15 @@ async fn p2_script_and_pipelined_nodes_interoperate() {
         } else {
             assert!(*n < 20, "node {i}: {evalsha:?}");
         }
+    }
+}
+
+/// Zeroes every node's command statistics (`CONFIG RESETSTAT`).
+fn reset_stats(urls: &[String]) {
+    for url in urls {
+        let () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut conn(url))
+            .unwrap();
     }
 }

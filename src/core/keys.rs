@@ -275,6 +275,11 @@ pub(crate) const WAITERS_SUFFIX: &str = ":waiters";
 /// What the legacy per-name counter adds to the lock key.
 const LEGACY_SUFFIX: &str = ":fence";
 
+/// The legacy per-name counter of a lock key (`P:{K}` → `P:{K}:fence`).
+pub(crate) fn legacy_counter_of(lock_key: &[u8]) -> Vec<u8> {
+    [lock_key, LEGACY_SUFFIX.as_bytes()].concat()
+}
+
 /// Appends the lock key of `key` (`P:{K}`, or `K` in compat mode) to `buf`.
 fn push_lock_key(buf: &mut String, prefix: &str, key: &str, compat: bool) {
     if compat {
@@ -420,6 +425,7 @@ mod tests {
             prop_assert_eq!(keys.legacy(), legacy.as_deref());
             if let Some(legacy) = &legacy {
                 prop_assert!(layout.is_legacy_counter(legacy.as_bytes()));
+                prop_assert_eq!(legacy_counter_of(keys.lock().as_bytes()), legacy.as_bytes().to_vec());
                 prop_assert!(!layout.is_legacy_counter(keys.fence().as_bytes()));
                 prop_assert_eq!(layout.bucket_of(legacy.as_bytes()), keys.fence().as_bytes().to_vec());
                 prop_assert_eq!(layout.bucket_of(keys.fence().as_bytes()), keys.fence().as_bytes().to_vec());

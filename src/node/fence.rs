@@ -162,15 +162,9 @@ impl Node {
             let MemberConn::Single(mut conn) = conn else {
                 return Ok((0, Vec::new()));
             };
-            let (next, found): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(keys.legacy_glob())
-                .arg("COUNT")
-                .arg(count)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.call_error(e, generation))?;
+            let (next, found) = self
+                .scan_page(&mut conn, cursor, &keys.legacy_glob(), count, generation)
+                .await?;
             let found: Vec<Vec<u8>> = found
                 .into_iter()
                 .filter(|k| keys.is_legacy_counter(k))

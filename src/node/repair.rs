@@ -41,15 +41,10 @@ impl Node {
                     self.check_cluster_run_ids([run_id], generation)?;
                     (next, found)
                 }
-                MemberConn::Single(_) => redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&glob)
-                    .arg("COUNT")
-                    .arg(count)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| self.call_error(e, generation))?,
+                MemberConn::Single(_) => {
+                    self.scan_page(&mut conn, cursor, &glob, count, generation)
+                        .await?
+                }
             };
             let found: Vec<Vec<u8>> = found.into_iter().filter(|k| keys.is_counter(k)).collect();
             let mut counters = self.counter_values(&mut conn, found, generation).await?;
@@ -63,6 +58,27 @@ impl Node {
         tokio::time::timeout(timeout, read)
             .await
             .unwrap_or(Err(NodeError::Timeout(timeout)))
+    }
+
+    /// One `SCAN ... MATCH glob COUNT count` page of a single server from `cursor`: the next
+    /// cursor and the keys found.
+    pub(super) async fn scan_page(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+        cursor: u64,
+        glob: &str,
+        count: usize,
+        generation: u64,
+    ) -> Result<(u64, Vec<Vec<u8>>), NodeError> {
+        redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(glob)
+            .arg("COUNT")
+            .arg(count)
+            .query_async(conn)
+            .await
+            .map_err(|e| self.call_error(e, generation))
     }
 
     /// The values of the counters `found` on one page (one `MGET`), with their keys; a counter

@@ -179,7 +179,7 @@ impl ScriptCall {
 
 /// The acquire script's `EVALSHA` rebuilt from the pipelined form (a cold path: a node that
 /// switched to the script between the call's building and its sending, e.g. restarted with
-/// its legacy counters unfolded). The legacy counter is the lock key with `:fence` appended.
+/// its legacy counters unfolded).
 fn script_form(pipe: &Pipeline) -> Cmd {
     let mut cmds = pipe.cmd_iter();
     let arg = |cmd: Option<&Cmd>, i: usize| -> Vec<u8> {
@@ -191,8 +191,7 @@ fn script_form(pipe: &Pipeline) -> Cmd {
     let set = cmds.next();
     let incr = cmds.next();
     let (lock, value, ttl, fence) = (arg(set, 1), arg(set, 2), arg(set, 5), arg(incr, 1));
-    let mut legacy = lock.clone();
-    legacy.extend_from_slice(b":fence");
+    let legacy = crate::core::keys::legacy_counter_of(&lock);
     ACQUIRE.call(&[&lock, &fence, &legacy], &[&value, &ttl]).cmd
 }
 
@@ -547,6 +546,22 @@ mod tests {
     }
 
     /// A server error as the connection would hand it over.
+    #[test]
+    fn a_script_form_rebuilt_from_the_pipelined_one_is_the_one_built_directly() {
+        let keys = (
+            "quorumlock:{job}",
+            "quorumlock:fence:{x}",
+            "quorumlock:{job}:fence",
+        );
+        let direct = ScriptCall::fenced_acquire(keys, "v1", 30_000, (true, false));
+        let rebuilt = ScriptCall::fenced_acquire(keys, "v1", 30_000, (false, true));
+        assert!(direct.pipelined().is_none() && rebuilt.pipelined().is_some());
+        assert_eq!(
+            rebuilt.evalsha().get_packed_command(),
+            direct.evalsha().get_packed_command()
+        );
+    }
+
     fn server_error(line: &str) -> redis::RedisError {
         let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
         value.extract_error().unwrap_err()
