@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::Redlock;
 use super::round::{Round, Tail, int_reply, positive};
-use super::state::LockState;
+use super::state::{LockState, Seen, SeenAt};
 use super::wait::{KeyWait, MARKER_REFRESH, Ticket, Woken};
 use crate::core::clock::{self, Stamp};
 use crate::core::keys::{LockKeys, new_value, waiters_key_of};
@@ -31,6 +31,9 @@ const CONTENTION_ROUNDS: u32 = 6;
 /// After this many rounds in a row lost after a notice, a waiter tries at once on the next
 /// notice instead of deferring to other clients (`wait::defer`): no waiter starves.
 const MAX_DEFERRED_LOSSES: u32 = 2;
+
+/// A granted round's token, and where the counter was seen at it.
+type Granted = (FencingToken, SeenAt);
 
 /// How long an acquisition keeps trying: it gives up once it has made `rounds` attempt rounds
 /// *and* the next one would start more than `wait` after the call.
@@ -104,7 +107,7 @@ impl Redlock {
                 )
                 .await;
             let err = match result {
-                Ok((token, measured, validity, tail)) => {
+                Ok(((token, seen), measured, validity, tail)) => {
                     undo.disarm();
                     if let Some((_, ticket)) = &mut waiter {
                         ticket.won(epoch);
@@ -114,11 +117,15 @@ impl Redlock {
                     let state = Arc::new(LockState::new(
                         keys,
                         value,
-                        token,
+                        (token, seen),
                         ttl,
                         measured.saturating_add(validity),
                     ));
-                    self.settle(tail, true);
+                    // Closed (no call of the round is sent from now on), and kept by the lock:
+                    // the nodes that answer after the verdict tell where else its counter
+                    // stands at the token.
+                    tail.gate.close();
+                    state.keep_tail(tail);
                     return Ok(state);
                 }
                 Err(e) => e,
@@ -296,7 +303,7 @@ impl Redlock {
         ttl: Duration,
         drift: Duration,
         (contended, held_elsewhere, tail): (&mut bool, &mut Vec<bool>, &mut Option<Tail>),
-    ) -> Result<(FencingToken, Stamp, Duration, Tail), Error> {
+    ) -> Result<(Granted, Stamp, Duration, Tail), Error> {
         metrics::attempt();
         let start = Instant::now();
         let started = clock::now();
@@ -307,6 +314,17 @@ impl Redlock {
         let fencing = self.inner.cfg.fencing;
         let (lock_key, fence_key) = (keys.lock(), keys.fence());
         let call = self.acquire_call(fencing, (lock_key, fence_key, keys.legacy()), value, ttl_ms);
+        // Before any call: a node whose yes carries the token was answered on this connection
+        // generation or a later one (`Node::process_generation`).
+        let generations: Seen = if fencing {
+            self.inner
+                .nodes
+                .iter()
+                .map(|n| n.process_generation())
+                .collect()
+        } else {
+            Seen::new()
+        };
         let round = self
             .round(
                 Arc::new(call),
@@ -366,9 +384,17 @@ impl Redlock {
             self.raise_fence(key, lock_key, fence_key, value, max, &round.yes, budget_end)
                 .await?;
         }
+        // Where our own `INCR` returned the token, the counter stands at it for as long as that
+        // connection lives: the release and extensions need not raise it there.
+        let at_token = round
+            .yes
+            .iter()
+            .filter(|&&(_, c)| c.max(0) as u64 == max)
+            .map(|&(i, _)| i);
+        let seen = SeenAt::new(generations, at_token);
         self.grant(
             key,
-            FencingToken::new(max),
+            (FencingToken::new(max), seen),
             round,
             started,
             (ttl, sent, drift),
@@ -380,11 +406,11 @@ impl Redlock {
     fn grant(
         &self,
         key: &str,
-        token: FencingToken,
+        (token, seen): (FencingToken, SeenAt),
         round: Round,
         started: Stamp,
         (ttl, sent, drift): (Duration, Duration, Duration),
-    ) -> Result<(FencingToken, Stamp, Duration, Tail), Error> {
+    ) -> Result<(Granted, Stamp, Duration, Tail), Error> {
         let now = clock::now();
         let elapsed = now.saturating_duration_since(started);
         let Some(validity) = timing::validity(sent, elapsed, drift) else {
@@ -407,7 +433,7 @@ impl Redlock {
         );
         // The deadline is `start + ttl − drift`: counted from the start, elapsed would count
         // twice.
-        Ok((token, now, validity, round.rest))
+        Ok(((token, seen), now, validity, round.rest))
     }
 
     /// The error of a round that could not reach a quorum for lack of answers: warned once per

@@ -60,14 +60,8 @@ impl Redlock {
             lock_deadline.saturating_duration_since(started),
         );
         let deadline = start + length;
-        let call = scripts::EXTEND.call(
-            &[state.lock_key().as_bytes(), state.fence_key().as_bytes()],
-            &[
-                state.value().as_bytes(),
-                itoa::Buffer::new().format(ttl_ms).as_bytes(),
-                itoa::Buffer::new().format(state.token().get()).as_bytes(),
-            ],
-        );
+        state.collect_tail();
+        let call = extend_call(state, ttl_ms);
         let round = self
             .round(
                 Arc::new(call),
@@ -152,4 +146,28 @@ impl Redlock {
             }
         }
     }
+}
+
+/// The extension of a held lock: the EXTEND script, and, on the nodes whose counter was seen at
+/// the token on the connection the call runs on ([`LockState::seen`]), its lean form (a fourth
+/// argument), which does not read the counter where our key is present (`scripts::EXTEND`).
+fn extend_call(state: &LockState, ttl_ms: u64) -> scripts::ScriptCall {
+    let keys: [&[u8]; 2] = [state.lock_key().as_bytes(), state.fence_key().as_bytes()];
+    let mut ttl = itoa::Buffer::new();
+    let mut token = itoa::Buffer::new();
+    let args = [
+        state.value().as_bytes(),
+        ttl.format(ttl_ms).as_bytes(),
+        token.format(state.token().get()).as_bytes(),
+    ];
+    let call = scripts::EXTEND.call(&keys, &args);
+    let seen = state.seen();
+    if seen.iter().all(|&g| g == 0) {
+        return call;
+    }
+    let [value, ttl, token] = args;
+    call.with_lean(
+        scripts::EXTEND.call(&keys, &[value, ttl, token, b"1"]),
+        &seen,
+    )
 }

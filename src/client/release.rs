@@ -14,7 +14,7 @@ use crate::core::clock;
 use crate::core::keys::waiters_key_of;
 use crate::core::quorum::Verdict;
 use crate::error::{Error, LostReason};
-use crate::node::scripts;
+use crate::node::scripts::{self, ScriptCall};
 use crate::node::{HoldOut, Op};
 
 impl Redlock {
@@ -26,17 +26,8 @@ impl Redlock {
         let expired = state.deadline() <= clock::now();
         // Lost before the release (its signal fired): that is what the release reports.
         let lost = state.reason();
-        let call = scripts::RELEASE.call(
-            &[
-                state.lock_key().as_bytes(),
-                state.fence_key().as_bytes(),
-                state.waiters_key().as_bytes(),
-            ],
-            &[
-                state.value().as_bytes(),
-                itoa::Buffer::new().format(state.token().get()).as_bytes(),
-            ],
-        );
+        state.collect_tail();
+        let call = release_call(state);
         // Before the round: its notices may arrive before its answers.
         self.inner
             .waiting
@@ -57,6 +48,10 @@ impl Redlock {
         // The unanswered releases must reach their nodes: dropped, a queued command may be
         // skipped by its connection, and the key would outlive the release by up to a ttl.
         self.settle(round.rest, false);
+        // The acquisition's own late calls: queued before the release on each connection.
+        if let Some(tail) = state.take_tail() {
+            self.settle(tail, false);
+        }
         let key = state.key();
         match round.verdict {
             Verdict::Refused => {
@@ -97,14 +92,12 @@ impl Redlock {
         let key = state.lock_key().to_owned();
         self.spawn_release_task(&key, async move {
             let _serial = state.serial().await;
-            client
-                .release_everywhere(
-                    state.lock_key(),
-                    state.fence_key(),
-                    state.value(),
-                    state.token().get(),
-                )
-                .await;
+            state.collect_tail();
+            let call = Arc::new(release_call(&state));
+            client.release_with(call, &[]).await;
+            if let Some(tail) = state.take_tail() {
+                client.settle(tail, false);
+            }
         });
     }
 
@@ -124,21 +117,10 @@ impl Redlock {
         self.inner.tasks.spawn_on(release, &handle);
     }
 
-    /// A release of `value` on every node, each bounded by the node timeout from now. Built
-    /// before it is awaited, so the caller's borrows end here.
-    pub(super) fn release_everywhere(
-        &self,
-        lock_key: &str,
-        fence_key: &str,
-        value: &str,
-        token: u64,
-    ) -> impl Future<Output = ()> + Send + 'static {
-        self.release_on(lock_key, fence_key, value, token, &[])
-    }
-
-    /// [`release_everywhere`](Self::release_everywhere) except on the nodes `skip` marks (an
-    /// undo skips the nodes that answered that another value holds the key: ours is not
-    /// there).
+    /// A release of `value` with `token` on every node except those `skip` marks (an undo skips
+    /// the nodes that answered that another value holds the key: ours is not there), each
+    /// bounded by the node timeout from now. Built before it is awaited, so the caller's borrows
+    /// end here.
     pub(super) fn release_on(
         &self,
         lock_key: &str,
@@ -159,6 +141,16 @@ impl Redlock {
                 itoa::Buffer::new().format(token).as_bytes(),
             ],
         ));
+        self.release_with(call, skip)
+    }
+
+    /// Sends a release call to every node but those `skip` marks, each bounded by the node
+    /// timeout from now.
+    fn release_with(
+        &self,
+        call: Arc<ScriptCall>,
+        skip: &[bool],
+    ) -> impl Future<Output = ()> + Send + 'static {
         let deadline = Instant::now() + self.inner.cfg.node_timeout;
         let calls: FuturesUnordered<_> = self
             .inner
@@ -172,4 +164,30 @@ impl Redlock {
             .collect();
         calls.for_each(|_| async {})
     }
+}
+
+/// The release of a held lock: the RELEASE script with the lock's token, so that every node's
+/// counter ends at or above it, and, on the nodes whose counter was seen at the token on the
+/// connection the release runs on ([`LockState::seen`]), the same script with token `0`, which
+/// skips that raise (it would find the counter there already: `docs/safety.md`, "Release raises
+/// counters everywhere").
+fn release_call(state: &LockState) -> ScriptCall {
+    let keys: [&[u8]; 3] = [
+        state.lock_key().as_bytes(),
+        state.fence_key().as_bytes(),
+        state.waiters_key().as_bytes(),
+    ];
+    let value = state.value().as_bytes();
+    let call = scripts::RELEASE.call(
+        &keys,
+        &[
+            value,
+            itoa::Buffer::new().format(state.token().get()).as_bytes(),
+        ],
+    );
+    let seen = state.seen();
+    if seen.iter().all(|&g| g == 0) {
+        return call;
+    }
+    call.with_lean(scripts::RELEASE.call(&keys, &[value, b"0"]), &seen)
 }

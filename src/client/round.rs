@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::Redlock;
+use super::state::LockState;
 use crate::core::clock::Stamp;
 use crate::core::quorum::{self, Answer, Refusal, Tally, Verdict};
 use crate::error::{NodeError, NodeFailure};
@@ -123,9 +124,20 @@ impl Tail {
     /// without registering a waker (the calls still wake the round's task, which ignores it).
     /// True once every call has answered: nothing is left that must be kept.
     pub(super) fn collect(&mut self) -> bool {
+        self.collect_granted(None)
+    }
+
+    /// [`collect`](Self::collect), reporting the late yes-answers of a won acquisition's round
+    /// to the lock it granted ([`LockState::late_yes`]): where else its counter stands at the
+    /// token.
+    pub(super) fn collect_granted(&mut self, granted: Option<&LockState>) -> bool {
         if let Some(calls) = &mut self.calls {
             let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            while let std::task::Poll::Ready(Some(_)) = calls.poll_next_unpin(&mut cx) {}
+            while let std::task::Poll::Ready(Some((i, reply))) = calls.poll_next_unpin(&mut cx) {
+                if let (Some(state), Ok(Value::Int(counter))) = (granted, &reply) {
+                    state.late_yes(i, *counter);
+                }
+            }
         }
         self.is_empty()
     }

@@ -3,17 +3,66 @@
 //! reason, and the lock that serialises extensions with the release.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::round::Tail;
 use crate::core::clock::{self, Stamp};
 use crate::core::keys::LockKeys;
 use crate::core::lock;
 use crate::core::token::FencingToken;
 use crate::error::{Error, LostReason};
 use crate::metrics;
+
+/// Per node, the connection generation on which the node's fencing counter was seen at or
+/// above the lock's token (its `INCR` in the winning round returned the token or more, before
+/// the verdict or late); `0` where nothing is known (the node refused, failed, was raised, is
+/// not one plain server, or fencing is off). While that connection lives the counter stays
+/// there (counters never decrease while the server process lives), so the release and
+/// extensions skip raising it on that node (`ScriptCall::with_lean`).
+pub(crate) type Seen = smallvec::SmallVec<[u64; 8]>;
+
+/// Where a lock's counter was seen at its token: the connection generations taken before the
+/// winning round (`Node::process_generation`), and which nodes answered that round with the
+/// token or more (one bit per node; a late answer sets its bit after the grant).
+#[derive(Debug)]
+pub(crate) struct SeenAt {
+    generations: Seen,
+    at_token: AtomicU64,
+}
+
+impl SeenAt {
+    /// The generations of a round, and the nodes whose answer in it carried the token.
+    pub(crate) fn new(generations: Seen, at_token: impl IntoIterator<Item = usize>) -> Self {
+        let seen = SeenAt {
+            generations,
+            at_token: AtomicU64::new(0),
+        };
+        for i in at_token {
+            seen.mark(i);
+        }
+        seen
+    }
+
+    /// Node `i` answered the round with the token or more.
+    pub(crate) fn mark(&self, i: usize) {
+        if i < 64 && i < self.generations.len() {
+            self.at_token.fetch_or(1 << i, Ordering::Relaxed);
+        }
+    }
+
+    /// The [`Seen`] of now.
+    fn get(&self) -> Seen {
+        let bits = self.at_token.load(Ordering::Relaxed);
+        self.generations
+            .iter()
+            .enumerate()
+            .map(|(i, &g)| if i < 64 && bits & (1 << i) != 0 { g } else { 0 })
+            .collect()
+    }
+}
 
 /// Shared state of one held lock (the guard, its lease task and any watcher).
 #[derive(Debug)]
@@ -22,6 +71,7 @@ pub(crate) struct LockState {
     keys: LockKeys,
     value: String,
     token: FencingToken,
+    seen: SeenAt,
     /// The lease length: the ttl of the acquisition, or of the last successful extension.
     ttl: Mutex<Duration>,
     /// On the deadline clock (`CLOCK_BOOTTIME` where there is one: see `crate::clock`).
@@ -29,6 +79,11 @@ pub(crate) struct LockState {
     lost: CancellationToken,
     reason: Mutex<Option<LostReason>>,
     released: AtomicBool,
+    /// The winning round's calls still unanswered at the grant (closed: none is sent any more),
+    /// kept here rather than parked on the client so that their answers can be read when the
+    /// release or an extension is built (where else the counter stands at the token); handed
+    /// to the client's parked list by the release.
+    tail: Mutex<Option<Tail>>,
     /// Held for a whole extension round and by the release: no extension is sent after (or
     /// during) a release, so an extension can never re-set a key the release removed.
     serial: tokio::sync::Mutex<()>,
@@ -38,7 +93,7 @@ impl LockState {
     pub(crate) fn new(
         keys: LockKeys,
         value: String,
-        token: FencingToken,
+        (token, seen): (FencingToken, SeenAt),
         ttl: Duration,
         deadline: Stamp,
     ) -> Self {
@@ -46,11 +101,13 @@ impl LockState {
             keys,
             value,
             token,
+            seen,
             ttl: Mutex::new(ttl),
             deadline: Mutex::new(deadline),
             lost: CancellationToken::new(),
             reason: Mutex::new(None),
             released: AtomicBool::new(false),
+            tail: Mutex::new(None),
             serial: tokio::sync::Mutex::new(()),
         }
     }
@@ -78,6 +135,40 @@ impl LockState {
     }
     pub(crate) fn token(&self) -> FencingToken {
         self.token
+    }
+    /// Where the counter was seen at the token, as of now (see [`Seen`]).
+    pub(crate) fn seen(&self) -> Seen {
+        self.seen.get()
+    }
+
+    /// Keeps the winning round's unanswered calls (closed) until the release.
+    pub(crate) fn keep_tail(&self, tail: Tail) {
+        if !tail.is_empty() {
+            *lock(&self.tail) = Some(tail);
+        }
+    }
+
+    /// Reads the answers the winning round's calls have given since the grant, without
+    /// waiting; once all have answered, the calls are dropped.
+    pub(crate) fn collect_tail(&self) {
+        let mut tail = lock(&self.tail);
+        if let Some(t) = tail.as_mut()
+            && t.collect_granted(Some(self))
+        {
+            *tail = None;
+        }
+    }
+
+    /// The winning round's calls still unanswered, for the client's parked list.
+    pub(crate) fn take_tail(&self) -> Option<Tail> {
+        lock(&self.tail).take()
+    }
+
+    /// A late answer of the winning round: node `i` said yes with counter `counter`.
+    pub(crate) fn late_yes(&self, i: usize, counter: i64) {
+        if counter > 0 && counter as u64 >= self.token.get() {
+            self.seen.mark(i);
+        }
     }
     pub(crate) fn ttl(&self) -> Duration {
         *lock(&self.ttl)

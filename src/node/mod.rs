@@ -199,6 +199,21 @@ impl Node {
         self.member.kind() == member::MemberKind::Cluster
     }
 
+    /// The generation of the node's connection as of now, for [`ScriptCall::with_lean`]: a
+    /// call made after this returns runs on this connection or a later one (generations only
+    /// grow, one per connect), so a later call that runs on *this* generation ran on the same
+    /// connection, to the same server process, as every call in between. `0` for members that
+    /// are not one plain server (Cluster, Sentinel): their connection is not one server
+    /// process's for its whole life (a Cluster's spans shards; a Sentinel member's primary can
+    /// be demoted and resynchronised under it), so nothing is known across calls.
+    pub(crate) fn process_generation(&self) -> u64 {
+        if self.member.kind() == member::MemberKind::Standalone {
+            self.generation.load(Ordering::Acquire)
+        } else {
+            0
+        }
+    }
+
     /// The node's address, password redacted.
     pub(crate) fn name(&self) -> &str {
         &self.name
@@ -324,6 +339,8 @@ impl Node {
         gate: Option<(RoundGate, usize)>,
     ) -> Result<Option<Value>, NodeError> {
         let (conn, generation) = self.connection().await?;
+        // The lean form where this connection is known to have seen the token (release).
+        let call = call.for_node(self.index, generation);
         // Checked after connecting: a (re)connect is what reads the node's run id and uptime.
         if hold_out == HoldOut::Respect
             && let Some(reason) = self.held_out()

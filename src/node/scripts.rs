@@ -65,6 +65,7 @@ impl Lua {
             lua: Some(self),
             cmd: evalsha,
             pipe: None,
+            lean: None,
         }
     }
 }
@@ -91,15 +92,52 @@ pub(crate) struct ScriptCall {
     /// form is then rebuilt from it if a node needs it after all (see [`Self::evalsha`]).
     cmd: Cmd,
     pipe: Option<Pipeline>,
+    /// A leaner call for the nodes whose connection is known to have seen the lock's token
+    /// (see [`Self::with_lean`]).
+    lean: Option<Box<Lean>>,
+}
+
+/// The lean form of a call, and where it applies: node `i` takes it when its connection's
+/// generation is `on[i]` (`0`: never).
+#[derive(Debug)]
+struct Lean {
+    call: ScriptCall,
+    on: smallvec::SmallVec<[u64; 8]>,
 }
 
 impl ScriptCall {
+    /// Gives this call a lean form for the nodes whose counter is known to stand at or above
+    /// the lock's token: node `i` gets `lean` instead when its call runs on connection
+    /// generation `on[i]` ([`Node::process_generation`] taken before the round that saw the
+    /// counter there; `0` never matches). The lean form differs only by skipping a counter
+    /// raise that would do nothing there: counters never decrease while the server process
+    /// lives, and a connection's generation names one process (`docs/safety.md`, "Release
+    /// raises counters everywhere").
+    pub(crate) fn with_lean(mut self, lean: ScriptCall, on: &[u64]) -> Self {
+        if on.iter().any(|&g| g != 0) {
+            self.lean = Some(Box::new(Lean {
+                call: lean,
+                on: on.into(),
+            }));
+        }
+        self
+    }
+
+    /// The form node `index` is sent on connection generation `generation`.
+    pub(crate) fn for_node(&self, index: usize, generation: u64) -> &ScriptCall {
+        match &self.lean {
+            Some(lean) if generation != 0 && lean.on.get(index) == Some(&generation) => &lean.call,
+            _ => self,
+        }
+    }
+
     /// A plain command with no script behind it.
     pub(crate) fn plain(cmd: Cmd) -> Self {
         ScriptCall {
             lua: None,
             cmd,
             pipe: None,
+            lean: None,
         }
     }
 
@@ -124,6 +162,7 @@ impl ScriptCall {
                 lua: Some(&ACQUIRE),
                 cmd: Cmd::new(),
                 pipe: None,
+                lean: None,
             }
         };
         if pipelined {
@@ -414,8 +453,15 @@ return 0
 /// then not re-set, and the lock stands on the nodes that hold it. A token of 0 (fencing off: no
 /// counters) never re-sets an absent key, for the same reason.
 ///
+/// Where our value is present and the node's counter is known to stand at or above our token
+/// (its `INCR` returned the token on the connection this call runs on), the call carries a
+/// fourth argument and the script only `PEXPIRE`s: the counter is not read, and the raise it
+/// skips would do nothing there (`ScriptCall::with_lean`). Where the key is absent it reads
+/// the counter either way (the re-set rule needs it).
+///
 /// - KEYS[1]: lock key, KEYS[2]: fencing counter
-/// - ARGV[1]: our value, ARGV[2]: new ttl in milliseconds, ARGV[3]: our token (0: fencing off)
+/// - ARGV[1]: our value, ARGV[2]: new ttl in milliseconds, ARGV[3]: our token (0: fencing off),
+///   ARGV[4] (optional): present when the counter is known at or above the token here
 /// - Reply: `1` extended, `2` re-set on a node that had lost the key, `0` another value holds
 ///   it, or it is absent and may have been held by someone else since (not re-set).
 pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
@@ -423,15 +469,23 @@ pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
         r#"
 local v = redis.call('GET', KEYS[1])
 local t = tonumber(ARGV[3])
-local c = tonumber(redis.call('GET', KEYS[2]) or '0')
 local r = 1
 if v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-elseif v == false and t > 0 and c <= t then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  r = 2
-else
+  if ARGV[4] then
+    return 1
+  end
+elseif v ~= false or t == 0 then
   return 0
+else
+  r = 2
+end
+local c = tonumber(redis.call('GET', KEYS[2]) or '0')
+if r == 2 then
+  if c > t then
+    return 0
+  end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
 if c < t then
   redis.call('SET', KEYS[2], ARGV[3])
@@ -455,7 +509,8 @@ return r
 ///
 /// - KEYS[1]: lock key, KEYS[2]: fencing counter, KEYS[3] (optional): waiters marker, also the
 ///   channel
-/// - ARGV[1]: our value, ARGV[2]: our token (`0` when the attempt failed before it had one)
+/// - ARGV[1]: our value, ARGV[2]: our token (`0` when the attempt failed before it had one, and
+///   on a node whose counter is known to stand at the token already: `ScriptCall::with_lean`)
 /// - Reply: `1` deleted, `0` the key is absent, `-1` another value holds it (left alone).
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(

@@ -5,8 +5,13 @@
 //!
 //! ```sh
 //! cargo run --release --manifest-path tools/compare/Cargo.toml --bin cost -- \
-//!     [--impl quorumlock|quorumlock-nofence|floor|floor+fence|floor+pipefence] [--ops N] [--tasks T]
+//!     [--impl quorumlock|quorumlock-nofence|floor|floor+fence|floor+pipefence] [--ops N] [--tasks T] [--redis]
 //! ```
+//!
+//! With `--redis`, a second line gives the nodes' side of the measured run: their CPU per
+//! operation (`INFO cpu`, user + system, summed over the five) and, per command, calls and
+//! microseconds per operation from `INFO commandstats` (reset after the warm-up; commands a
+//! script calls are counted too, so a `GET` inside the release script shows as `get`).
 //!
 //! Five local `redis-server` nodes (quorumlock's `testkit`), a current-thread tokio runtime (so
 //! that instruction counts do not depend on how work spreads over threads), `T` tasks each
@@ -62,6 +67,96 @@ static GLOBAL: Counting = Counting;
 
 const TTL: Duration = Duration::from_secs(10);
 const TTL_MS: u64 = 10_000;
+
+/// With `--redis`: what the five nodes did per operation, from `INFO commandstats` (calls and
+/// the server's own microseconds per command) after a `CONFIG RESETSTAT` taken after warm-up.
+mod redis_side {
+    use std::collections::BTreeMap;
+
+    pub async fn connect(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
+        let mut out = Vec::new();
+        for u in urls {
+            let client = redis::Client::open(u.as_str()).expect("url");
+            out.push(
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connects"),
+            );
+        }
+        out
+    }
+
+    /// One section of a server's `INFO`.
+    async fn info(server: &redis::aio::MultiplexedConnection, section: &str) -> String {
+        redis::cmd("INFO")
+            .arg(section)
+            .query_async(&mut server.clone())
+            .await
+            .expect("info")
+    }
+
+    /// The servers' CPU seconds so far (user + system), summed.
+    pub async fn cpu(servers: &[redis::aio::MultiplexedConnection]) -> f64 {
+        let mut sum = 0.0;
+        for s in servers {
+            for line in info(s, "cpu").await.lines() {
+                for f in ["used_cpu_sys:", "used_cpu_user:"] {
+                    if let Some(v) = line.strip_prefix(f) {
+                        sum += v.trim().parse::<f64>().unwrap_or(0.0);
+                    }
+                }
+            }
+        }
+        sum
+    }
+
+    pub async fn reset(servers: &[redis::aio::MultiplexedConnection]) {
+        for s in servers {
+            let mut s = s.clone();
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut s)
+                .await
+                .expect("resetstat");
+        }
+    }
+
+    /// `redis calls/op … usec/op …` per command, summed over the nodes (this call's own
+    /// `INFO` excluded).
+    pub async fn report(servers: &[redis::aio::MultiplexedConnection], ops: f64) -> String {
+        let mut calls: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        for s in servers {
+            for line in info(s, "commandstats").await.lines() {
+                let Some(rest) = line.strip_prefix("cmdstat_") else {
+                    continue;
+                };
+                let Some((name, fields)) = rest.split_once(':') else {
+                    continue;
+                };
+                if name == "info" || name == "config|resetstat" {
+                    continue;
+                }
+                let field = |f: &str| -> f64 {
+                    fields
+                        .split(',')
+                        .find_map(|kv| kv.strip_prefix(f))
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0.0)
+                };
+                let e = calls.entry(name.to_owned()).or_default();
+                e.0 += field("calls=");
+                e.1 += field("usec=");
+            }
+        }
+        let total: f64 = calls.values().map(|c| c.1).sum::<f64>() / ops;
+        let mut line = format!("redis usec/op={total:.2} (commandstats, 5 nodes):");
+        for (name, (c, u)) in calls {
+            line += &format!(" {name} {:.2}x {:.2}us", c / ops, u / ops);
+        }
+        line
+    }
+}
 
 #[derive(Clone)]
 enum Impl {
@@ -160,6 +255,9 @@ fn main() {
     });
     // Warm-up: connections, scripts, the runtime's and the allocator's first growth.
     rt.block_on(run(&imp, tasks, tasks * 50, "warm"));
+    let servers = rt.block_on(redis_side::connect(&urls));
+    rt.block_on(redis_side::reset(&servers));
+    let cpu0 = rt.block_on(redis_side::cpu(&servers));
     let (a0, b0) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
     rt.block_on(run(&imp, tasks, ops, "measure"));
     let (a1, b1) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
@@ -170,6 +268,14 @@ fn main() {
         (a1 - a0) as f64 / done,
         (b1 - b0) as f64 / done
     );
+    if args.iter().any(|a| a == "--redis") {
+        let cpu = rt.block_on(redis_side::cpu(&servers)) - cpu0;
+        println!(
+            "redis cpu usec/op={:.1} {}",
+            cpu * 1e6 / done,
+            rt.block_on(redis_side::report(&servers, done))
+        );
+    }
     if let Impl::Ours(locks) = &imp {
         rt.block_on(locks.flush());
     }
