@@ -60,7 +60,6 @@ impl Redlock {
             lock_deadline.saturating_duration_since(started),
         );
         let deadline = start + length;
-        state.collect_tail();
         let call = extend_call(state, ttl_ms);
         let round = self
             .round(
@@ -161,13 +160,8 @@ fn extend_call(state: &LockState, ttl_ms: u64) -> scripts::ScriptCall {
         token.format(state.token().get()).as_bytes(),
     ];
     let call = scripts::EXTEND.call(&keys, &args);
-    let seen = state.seen();
-    if seen.iter().all(|&g| g == 0) {
-        return call;
-    }
     let [value, ttl, token] = args;
-    call.with_lean(
-        scripts::EXTEND.call(&keys, &[value, ttl, token, b"1"]),
-        &seen,
-    )
+    call.with_lean(&state.seen(), || {
+        scripts::EXTEND.call(&keys, &[value, ttl, token, b"1"])
+    })
 }

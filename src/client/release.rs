@@ -26,7 +26,6 @@ impl Redlock {
         let expired = state.deadline() <= clock::now();
         // Lost before the release (its signal fired): that is what the release reports.
         let lost = state.reason();
-        state.collect_tail();
         let call = release_call(state);
         // Before the round: its notices may arrive before its answers.
         self.inner
@@ -92,7 +91,6 @@ impl Redlock {
         let key = state.lock_key().to_owned();
         self.spawn_release_task(&key, async move {
             let _serial = state.serial().await;
-            state.collect_tail();
             let call = Arc::new(release_call(&state));
             client.release_with(call, &[]).await;
             if let Some(tail) = state.take_tail() {
@@ -185,9 +183,7 @@ fn release_call(state: &LockState) -> ScriptCall {
             itoa::Buffer::new().format(state.token().get()).as_bytes(),
         ],
     );
-    let seen = state.seen();
-    if seen.iter().all(|&g| g == 0) {
-        return call;
-    }
-    call.with_lean(scripts::RELEASE.call(&keys, &[value, b"0"]), &seen)
+    call.with_lean(&state.seen(), || {
+        scripts::RELEASE.call(&keys, &[value, b"0"])
+    })
 }

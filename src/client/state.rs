@@ -136,8 +136,10 @@ impl LockState {
     pub(crate) fn token(&self) -> FencingToken {
         self.token
     }
-    /// Where the counter was seen at the token, as of now (see [`Seen`]).
+    /// Where the counter was seen at the token, as of now (see [`Seen`]): the winning round's
+    /// answers that have come since the grant are read first.
     pub(crate) fn seen(&self) -> Seen {
+        self.collect_tail();
         self.seen.get()
     }
 
@@ -150,7 +152,7 @@ impl LockState {
 
     /// Reads the answers the winning round's calls have given since the grant, without
     /// waiting; once all have answered, the calls are dropped.
-    pub(crate) fn collect_tail(&self) {
+    fn collect_tail(&self) {
         let mut tail = lock(&self.tail);
         if let Some(t) = tail.as_mut()
             && t.collect_granted(Some(self))

@@ -112,11 +112,11 @@ impl ScriptCall {
     /// counter there; `0` never matches). The lean form differs only by skipping a counter
     /// raise that would do nothing there: counters never decrease while the server process
     /// lives, and a connection's generation names one process (`docs/safety.md`, "Release
-    /// raises counters everywhere").
-    pub(crate) fn with_lean(mut self, lean: ScriptCall, on: &[u64]) -> Self {
+    /// raises counters everywhere"). `lean` is built only when some node may take it.
+    pub(crate) fn with_lean(mut self, on: &[u64], lean: impl FnOnce() -> ScriptCall) -> Self {
         if on.iter().any(|&g| g != 0) {
             self.lean = Some(Box::new(Lean {
-                call: lean,
+                call: lean(),
                 on: on.into(),
             }));
         }
