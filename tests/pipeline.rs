@@ -188,3 +188,112 @@ async fn p4_a_release_raises_the_counter_of_a_node_restarted_since_the_acquisiti
         assert_eq!(fence_on(url, "p4"), token, "{url}");
     }
 }
+
+/// Counts the wake-ups of the task that polls the future it wraps, also after the future has
+/// finished: whatever kept the task's waker past the end of the call is seen waking it.
+struct CountWakes {
+    wakes: std::sync::atomic::AtomicUsize,
+    task: std::task::Waker,
+}
+
+impl std::task::Wake for CountWakes {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.wakes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.task.wake_by_ref();
+    }
+}
+
+/// Runs `fut` to its end with every poll's waker counted; returns its output and the counter.
+async fn counting_wakes<F: std::future::Future>(fut: F) -> (F::Output, std::sync::Arc<CountWakes>) {
+    let mut fut = std::pin::pin!(fut);
+    let mut counter: Option<std::sync::Arc<CountWakes>> = None;
+    let out = std::future::poll_fn(|cx| {
+        let count = counter.get_or_insert_with(|| {
+            std::sync::Arc::new(CountWakes {
+                wakes: 0.into(),
+                task: cx.waker().clone(),
+            })
+        });
+        let waker = std::task::Waker::from(std::sync::Arc::clone(count));
+        fut.as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker))
+    })
+    .await;
+    (out, counter.expect("polled at least once"))
+}
+
+/// The calls of a decided round that answer after the verdict (two nodes paused while the
+/// acquisition and the release are decided by the other three) do not wake the task that
+/// acquired or released: nothing in it reads them there (the lock reads its round's late
+/// answers when it releases, the client collects the release's whenever a round settles). They
+/// used to, two wake-ups per acquisition and two per release for nothing (issue 17).
+#[tokio::test]
+async fn p5_answers_after_the_verdict_do_not_wake_the_caller() {
+    let mut cluster = cluster(5);
+    migrate_all(&cluster).await;
+    let locks = client(&cluster);
+    warm(&locks).await;
+    // Every node has answered everything sent to it before: `status` waits for all five on
+    // the same connections, behind the calls of the round before it.
+    let all_answered = |what: &'static str| {
+        let locks = &locks;
+        async move {
+            let status = locks.status("p5").await.unwrap();
+            for (i, node) in status.nodes.iter().enumerate() {
+                assert!(node.state.is_ok(), "{what}: node {i}: {:?}", node.state);
+            }
+        }
+    };
+    let paused = |cluster: &mut quorumlock::testkit::LocalCluster, pause: bool| {
+        for i in [3, 4] {
+            let server = cluster.server(i).unwrap();
+            if pause {
+                server.pause().unwrap();
+            } else {
+                server.resume().unwrap();
+            }
+        }
+    };
+
+    paused(&mut cluster, true);
+    let (lock, acquired) = counting_wakes(locks.acquire("p5", TTL)).await;
+    let lock = lock.unwrap();
+    let at_grant = acquired.wakes.load(std::sync::atomic::Ordering::SeqCst);
+    paused(&mut cluster, false);
+    all_answered("after the acquisition").await;
+    let status = locks.status("p5").await.unwrap();
+    let ours = status
+        .nodes
+        .iter()
+        .filter(|n| n.state.as_ref().is_ok_and(|s| s.value.is_some()))
+        .count();
+    assert_eq!(ours, 5, "the paused nodes' acquire calls ran");
+    assert_eq!(
+        acquired.wakes.load(std::sync::atomic::Ordering::SeqCst),
+        at_grant,
+        "wake-ups of the acquiring task after its acquisition returned"
+    );
+
+    paused(&mut cluster, true);
+    let (released, releasing) = counting_wakes(lock.release()).await;
+    released.unwrap();
+    let at_release = releasing.wakes.load(std::sync::atomic::Ordering::SeqCst);
+    paused(&mut cluster, false);
+    all_answered("after the release").await;
+    let status = locks.status("p5").await.unwrap();
+    assert!(
+        status
+            .nodes
+            .iter()
+            .all(|n| n.state.as_ref().is_ok_and(|s| s.value.is_none())),
+        "the paused nodes' release calls ran: {status:?}"
+    );
+    assert_eq!(
+        releasing.wakes.load(std::sync::atomic::Ordering::SeqCst),
+        at_release,
+        "wake-ups of the releasing task after its release returned"
+    );
+}

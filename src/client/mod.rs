@@ -154,11 +154,13 @@ impl Redlock {
     /// tails piled up under load and their frees cost the client a fifth of its time (issue 17).
     /// A release's calls still waiting for a connection, or a full parking queue, get a task
     /// that drives them.
-    pub(crate) fn settle(&self, tail: Tail, close: bool) {
+    pub(crate) fn settle(&self, mut tail: Tail, close: bool) {
         if close {
             tail.gate.close();
         }
-        if tail.is_empty() {
+        // Collected at once: what has answered is dropped, and the calls' later answers no
+        // longer wake the task that ran the round (`Tail::collect`).
+        if tail.collect() {
             return;
         }
         if tail.can_park() {

@@ -120,9 +120,11 @@ impl Tail {
         self.unanswered() == 0
     }
 
-    /// Collects the answers that have arrived since the round ended, without waiting and
-    /// without registering a waker (the calls still wake the round's task, which ignores it).
-    /// True once every call has answered: nothing is left that must be kept.
+    /// Collects the answers that have arrived since the round ended, without waiting, and
+    /// leaves the calls' wake-ups to nobody: polled with a no-op waker, the calls no longer
+    /// wake the task that ran the round (before the first such poll, every late answer woke it
+    /// for nothing: the round is over and it reads the tail only here). True once every call
+    /// has answered: nothing is left that must be kept.
     pub(super) fn collect(&mut self) -> bool {
         self.collect_granted(None)
     }

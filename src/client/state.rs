@@ -143,9 +143,11 @@ impl LockState {
         self.seen.get()
     }
 
-    /// Keeps the winning round's unanswered calls (closed) until the release.
-    pub(crate) fn keep_tail(&self, tail: Tail) {
-        if !tail.is_empty() {
+    /// Keeps the winning round's unanswered calls (closed) until the release. Collected at
+    /// once: the answers already in are read, and the later ones no longer wake the task that
+    /// acquired (`Tail::collect`).
+    pub(crate) fn keep_tail(&self, mut tail: Tail) {
+        if !tail.collect_granted(Some(self)) {
             *lock(&self.tail) = Some(tail);
         }
     }
