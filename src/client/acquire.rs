@@ -389,7 +389,7 @@ impl Redlock {
         let at_token = round
             .yes
             .iter()
-            .filter(|&&(_, c)| c.max(0) as u64 == max)
+            .filter(|&&(_, c)| SeenAt::shows(c, max))
             .map(|&(i, _)| i);
         let seen = SeenAt::new(generations, at_token);
         self.grant(

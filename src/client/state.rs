@@ -46,6 +46,12 @@ impl SeenAt {
         seen
     }
 
+    /// Whether an acquire answer's counter (its `INCR`'s reply) shows the node's counter at
+    /// `token` or above: the one rule for the answers read at the verdict and the late ones.
+    pub(crate) fn shows(counter: i64, token: u64) -> bool {
+        counter > 0 && counter as u64 >= token
+    }
+
     /// Node `i` answered the round with the token or more.
     pub(crate) fn mark(&self, i: usize) {
         if i < 64 && i < self.generations.len() {
@@ -170,7 +176,7 @@ impl LockState {
 
     /// A late answer of the winning round: node `i` said yes with counter `counter`.
     pub(crate) fn late_yes(&self, i: usize, counter: i64) {
-        if counter > 0 && counter as u64 >= self.token.get() {
+        if SeenAt::shows(counter, self.token.get()) {
             self.seen.mark(i);
         }
     }
