@@ -33,7 +33,9 @@ fn b10_a_program_without_a_runtime_acquires_extends_and_releases() {
     assert!(other.is_held(), "{other}");
 
     let validity = lock.extend(TTL).expect("extend");
-    assert!(validity > TTL - Duration::from_secs(2));
+    // The new validity: the ttl less the round and the drift (0.6 s of a 60 s ttl); the rest
+    // of the margin covers a loaded box's slow round.
+    assert!(validity > TTL - Duration::from_secs(5), "{validity:?}");
     lock.keep_alive();
     assert!(!lock.is_lost());
 

@@ -50,8 +50,10 @@ async fn t11_lost_fires_when_a_quorum_of_nodes_dies() {
         .await
         .expect("lost fires");
     let late = Instant::now().saturating_duration_since(deadline);
+    // A timer at the deadline; the slack covers a loaded box (timers and the lease task can
+    // run hundreds of ms late there), far short of what a missed deadline would take.
     assert!(
-        late < Duration::from_millis(1500),
+        late < Duration::from_secs(3),
         "fired {late:?} after the deadline"
     );
     assert!(
@@ -87,8 +89,10 @@ async fn t12_lost_fires_at_the_deadline_even_if_no_node_answers() {
         .await
         .expect("lost fires");
     let late = Instant::now().saturating_duration_since(deadline);
+    // A timer at the deadline; the slack covers a loaded box (timers and the lease task can
+    // run hundreds of ms late there), far short of what a missed deadline would take.
     assert!(
-        late < Duration::from_millis(1500),
+        late < Duration::from_secs(3),
         "fired {late:?} after the deadline"
     );
     assert!(matches!(lock.lost_reason(), Some(LostReason::Expired)));
@@ -240,7 +244,7 @@ async fn t21_with_lock_stops_the_work_when_the_lock_is_lost() {
     .expect("with_lock returns instead of hanging");
     assert!(matches!(result, Err(Error::Lost { .. })), "{result:?}");
     assert!(
-        start.elapsed() < ttl + Duration::from_millis(1500),
+        start.elapsed() < ttl + Duration::from_secs(3),
         "{:?}",
         start.elapsed()
     );

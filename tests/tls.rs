@@ -17,6 +17,9 @@ const TTL: Duration = Duration::from_secs(30);
 /// can take longer than the plain tests' [`NODE_TIMEOUT`]. These tests pin certificates, not
 /// speed.
 const TLS_NODE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The same for connecting: a debug build's mutual handshake on a loaded 2-core box can take
+/// longer than the default 1 s connect timeout.
+const TLS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// TLS servers signed by the test CA; with `require_client_cert`, mutual TLS.
 fn servers(pki: &Pki, n: usize, require_client_cert: bool) -> Vec<RedisServer> {
@@ -31,6 +34,7 @@ fn servers(pki: &Pki, n: usize, require_client_cert: bool) -> Vec<RedisServer> {
 fn client(pki: &Pki, servers: &[RedisServer]) -> Redlock {
     Redlock::builder(tls_urls(servers))
         .node_timeout(TLS_NODE_TIMEOUT)
+        .connect_timeout(TLS_CONNECT_TIMEOUT)
         .tls_root_certificate(pki.pem("ca.crt").as_bytes())
         .tls_client_certificate(
             pki.pem("client.crt").as_bytes(),
@@ -53,6 +57,7 @@ async fn t10_rediss_nodes_signed_by_a_private_ca() {
     let servers = servers(&pki, 3, false);
     let locks = Redlock::builder(tls_urls(&servers))
         .node_timeout(TLS_NODE_TIMEOUT)
+        .connect_timeout(TLS_CONNECT_TIMEOUT)
         .tls_root_certificate(pki.pem("ca.crt").as_bytes())
         .build()
         .unwrap();
@@ -72,6 +77,7 @@ async fn t10_rediss_nodes_signed_by_a_private_ca() {
 
     let untrusting = Redlock::builder(tls_urls(&servers))
         .node_timeout(TLS_NODE_TIMEOUT)
+        .connect_timeout(TLS_CONNECT_TIMEOUT)
         .build()
         .unwrap();
     let err = untrusting.try_acquire("job", TTL).await.unwrap_err();
@@ -97,6 +103,7 @@ async fn t11_mutual_tls() {
     let builder = || {
         Redlock::builder(tls_urls(&servers))
             .node_timeout(TLS_NODE_TIMEOUT)
+            .connect_timeout(TLS_CONNECT_TIMEOUT)
             .tls_root_certificate(pki.pem("ca.crt").as_bytes())
     };
     let anonymous = builder().build().unwrap();

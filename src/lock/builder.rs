@@ -148,8 +148,8 @@ impl RedlockBuilder {
     ///
     /// - **Kept** from your client: the address (TCP, TLS or Unix socket), TLS certificates
     ///   and hostname checks, username and password, db, RESP version (2 or 3), library name.
-    ///   [`tls_root_certificate`](Self::tls_root_certificate) and
-    ///   [`tls_client_certificate`](Self::tls_client_certificate) apply to URL members only.
+    ///   The builder's own certificates (`tls_root_certificate` and `tls_client_certificate`,
+    ///   feature `tls`) apply to URL members only.
     /// - **Replaced**: TCP settings, by the crate's (keepalive and `TCP_USER_TIMEOUT`, which
     ///   break a connection to a silently dead peer).
     /// - **Ours**, since they belong to a connection, not to a client: the connect timeout

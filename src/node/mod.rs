@@ -358,14 +358,13 @@ impl Node {
         // this call keeps while it waits for the reply is that future's, not a copy of it
         // beside the locals above (a round moves every call's future several times).
         match conn {
-            // The fenced acquire without Lua, where the node takes it (`fence.rs`).
-            MemberConn::Single(conn)
-                if let Some(pipe) = call.pipelined()
-                    && self.pipelines_on(generation) =>
-            {
-                self.send_pipelined(conn, pipe, generation).await.map(Some)
-            }
-            MemberConn::Single(conn) => self.send_script(conn, call, gate, generation).await,
+            MemberConn::Single(conn) => match call.pipelined() {
+                // The fenced acquire without Lua, where the node takes it (`fence.rs`).
+                Some(pipe) if self.pipelines_on(generation) => {
+                    self.send_pipelined(conn, pipe, generation).await.map(Some)
+                }
+                _ => self.send_script(conn, call, gate, generation).await,
+            },
             // Boxed, as the fallback below: the cold paths stay out of the call's future, which
             // a round moves several times per node (`FuturesUnordered::push`), so its size is
             // paid in copies on every call.

@@ -87,17 +87,28 @@ async fn a_forward_jump_under_a_bare_majority_breaks_exclusion_and_fencing_catch
 /// on that node for its bare majority: otherwise the run tested nothing); overlaps are
 /// possible; every one is caught: tokens still grow, no write that fencing should refuse gets
 /// through, nothing hangs, the other clients keep acquiring during each jump, and the lock is
-/// acquired again within 5 s of every heal.
+/// acquired again within 7.5 s of every heal.
+///
+/// Whether a jump fires depends on timing (the cut client must win the lock within half the
+/// fault's hold while two others contend), so a run whose five jumps all missed is run again
+/// with the next seed, up to five runs; each run must be safe either way. False-failure bound:
+/// loaded runs fired 8 of 15 jumps (2, 3 and 3 of 5); with a floor of p = 0.35 per jump, a run
+/// misses all five with at most 0.65^5 = 0.116, and five runs in a row with at most 2.1e-5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_clock_jumps_are_caught_by_fencing() {
     let scn = Scenario::new("clock-jump", &[FaultKind::ClockJump]);
-    let out = run(&scn, seed(70), SHORT * 2).await;
-    assert!(
-        out.report.jumps_fired >= 1,
-        "no clock jump hit a bare-majority holder: the run tested nothing\n{}",
-        out.explain()
-    );
-    out.assert_busy(10);
-    out.assert_caught();
-    out.assert_recovered();
+    let first = seed(70);
+    for attempt in 0..5 {
+        let out = run(&scn, first + attempt, SHORT * 2).await;
+        out.assert_busy(10);
+        out.assert_caught();
+        out.assert_recovered();
+        if out.report.jumps_fired >= 1 {
+            return;
+        }
+        println!(
+            "[chaos clock-jump] no jump hit a bare-majority holder in run {attempt}: running again"
+        );
+    }
+    panic!("no clock jump hit a bare-majority holder in five runs: the test tested nothing");
 }

@@ -18,7 +18,7 @@ pub const SURVIVABLE: &[FaultKind] = &[
 /// latency, blackholes, resets and per-client partitions, drawn at random.
 ///
 /// Expected: no overlap, strictly growing tokens, no write past validity, no hung operation;
-/// the lock is acquired again within 5 s of every heal.
+/// the lock is acquired again within 7.5 s of every heal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survivable_faults_mixed_keep_exclusion() {
     expect_safe(Scenario::new("mixed", SURVIVABLE), 80, SHORT * 2).await;

@@ -44,7 +44,8 @@ async fn after_rolling_restart(
         .await
         .unwrap();
     let a_token = a.token;
-    a.release(&rec).await.unwrap();
+    // The 500 ms lease may have run out on a loaded box: the release is not the point here.
+    let _ = a.release(&rec).await;
     // The premise, awaited: node 2, the only node that keeps its data, stands at A's token (its
     // acquire or its release may still be on the way when the release returns at a quorum).
     wait_until(WAIT, "node 2 stands at A's token", || {
@@ -64,7 +65,7 @@ async fn after_rolling_restart(
     if cut_node_2 {
         net.link(0, 2).set_blackhole(true);
     }
-    let b = Held::acquire(&b_locks, 1, ttl, Duration::from_secs(5), &rec).await;
+    let b = Held::acquire(&b_locks, 1, ttl, Duration::from_secs(10), &rec).await;
     (a_token, b)
 }
 
@@ -95,7 +96,7 @@ async fn delayed_restarts_without_the_guard_keep_tokens_growing() {
 /// wanted. The repair used to wait for a second one forever, locking every long-lived client
 /// out; it now restores from every clean node there is (node 2 must answer), best effort.
 ///
-/// Expected: B acquires within 5 s, with a token above A's (node 2 kept A's counter).
+/// Expected: B acquires within 10 s, with a token above A's (node 2 kept A's counter).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_in_a_quiet_period_leaves_the_lock_usable() {
     let (a_token, b) = after_rolling_restart(RestartGuard::Restarted, false).await;
@@ -113,7 +114,7 @@ async fn a_rolling_restart_in_a_quiet_period_leaves_the_lock_usable() {
 /// persisted with `appendfsync always` now reloads its counters with its keys and needs no
 /// repair (it still waits out the max ttl).
 ///
-/// Expected: the lock is acquired again within 5 s, with a higher token.
+/// Expected: the lock is acquired again within 10 s, with a higher token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_majority_restarted_with_aof_is_usable_again() {
     let mut cluster = LocalCluster::start_with(3, &ServerOptions::new().aof_always())
@@ -122,13 +123,14 @@ async fn a_majority_restarted_with_aof_is_usable_again() {
     let locks = ClientSpec::new(0, cluster.urls(), ttl, 0).locks();
     let before = locks.acquire(KEY, ttl).await.unwrap();
     let token = before.token();
-    before.release().await.unwrap();
+    // The 500 ms lease may have run out on a loaded box: the release is not the point here.
+    let _ = before.release().await;
     for n in [0, 1] {
         cluster.kill(n).unwrap();
         cluster.restart(n).unwrap();
     }
     let after = locks
-        .acquire_timeout(KEY, ttl, Duration::from_secs(5))
+        .acquire_timeout(KEY, ttl, Duration::from_secs(10))
         .await
         .expect("nothing was lost: the lock is usable again");
     assert!(after.token() > token);

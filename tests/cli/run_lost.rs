@@ -16,9 +16,14 @@ async fn t50_paused_past_its_ttl_exits_79_after_terminating_cmd() {
     let dir = scratch();
     let pidfile = file(&dir, "pid");
     let script = format!("echo $$ > {}; exec sleep 60", path_str(&pidfile));
-    let child = run_sh(redlock(&cluster), &["--ttl", "2s"], &script)
-        .spawn()
-        .unwrap();
+    // A SIGKILL would come 30 s after the SIGTERM: the bound below tells the two apart.
+    let child = run_sh(
+        redlock(&cluster),
+        &["--ttl", "2s", "--kill-after", "30s"],
+        &script,
+    )
+    .spawn()
+    .unwrap();
     let (cmd_pid, _guard) = cmd_in(&pidfile).await;
     let redlock_pid = pid_of(&child);
 
@@ -41,7 +46,7 @@ async fn t50_paused_past_its_ttl_exits_79_after_terminating_cmd() {
     );
     assert!(!is_alive(cmd_pid), "CMD was terminated");
     assert!(
-        out.took < Duration::from_secs(4),
+        out.took < Duration::from_secs(15),
         "SIGTERM was enough, no --kill-after wait: {:?}",
         out.took
     );
@@ -183,9 +188,14 @@ async fn t56_on_loss_cmds_whole_process_group_is_terminated() {
         path_str(&gpidfile),
         path_str(&pidfile)
     );
-    let child = run_sh(redlock(&cluster), &["--ttl", "3s"], &script)
-        .spawn()
-        .unwrap();
+    // A SIGKILL would come 30 s after the SIGTERM: the bound below tells the two apart.
+    let child = run_sh(
+        redlock(&cluster),
+        &["--ttl", "3s", "--kill-after", "30s"],
+        &script,
+    )
+    .spawn()
+    .unwrap();
     let (cmd_pid, _guard) = cmd_in(&pidfile).await;
     let grandchild = pid_in(&gpidfile).await;
     let _grandchild_guard = KillProcess(grandchild);
@@ -212,7 +222,7 @@ async fn t56_on_loss_cmds_whole_process_group_is_terminated() {
     assert!(is_gone(cmd_pid), "CMD is gone");
     assert!(is_gone(grandchild), "the grandchild is gone too");
     assert!(
-        out.took < Duration::from_secs(4),
+        out.took < Duration::from_secs(15),
         "SIGTERM was enough: {:?}",
         out.took
     );

@@ -77,8 +77,8 @@ async fn t62_sigterm_while_waiting_gives_up_and_leaves_no_keys() {
     let out = finish(child, signalled).await;
     assert_eq!(out.code(), 128 + 15, "{out:?}");
     assert!(
-        out.took < Duration::from_secs(5),
-        "gave up at once: {out:?}"
+        out.took < Duration::from_secs(15),
+        "gave up at once (not at the end of its 30 s wait): {out:?}"
     );
     assert!(!marker.exists(), "CMD never ran");
     for url in &urls[3..] {

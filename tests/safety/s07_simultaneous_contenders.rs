@@ -26,9 +26,16 @@ async fn three_simultaneous_fresh_contenders_produce_exactly_one_winner() {
     for trial in 0..TRIALS {
         let key = format!("cron-{trial}");
         // Fresh clients, not warmed: each connects during its first round, as a new process
-        // would.
+        // would. A generous node timeout: this is about contention, and on a loaded box a
+        // fresh connection's first call can take longer than the suite's 300 ms (a timed-out
+        // node is a failure, which no contention round resolves).
         let clients: Vec<Redlock> = (0..CONTENDERS)
-            .map(|_| builder(&cluster).build().unwrap())
+            .map(|_| {
+                builder(&cluster)
+                    .node_timeout(Duration::from_secs(3))
+                    .build()
+                    .unwrap()
+            })
             .collect();
         let barrier = Arc::new(Barrier::new(CONTENDERS));
         let tasks: Vec<_> = clients

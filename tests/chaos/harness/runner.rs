@@ -15,7 +15,7 @@ use crate::history::{History, Mono, Recorder};
 use crate::nemesis::{self, Env, FaultKind};
 use crate::proxy::ProxyNet;
 use crate::resource::Resource;
-use crate::workload::{CONNECT_TIMEOUT, ClientSpec, SLACK, run_client};
+use crate::workload::{CONNECT_TIMEOUT, ClientSpec, LIVENESS_SLACK, run_client};
 
 /// The ttl every chaos client uses.
 pub const TTL: Duration = Duration::from_secs(1);
@@ -79,7 +79,7 @@ impl Scenario {
             aof: false,
             faults,
             child: faults.contains(&FaultKind::PauseClient),
-            reacquire_bound: TTL * 3 + CONNECT_TIMEOUT + SLACK,
+            reacquire_bound: TTL * 3 + CONNECT_TIMEOUT + LIVENESS_SLACK,
         }
     }
 

@@ -20,6 +20,10 @@ pub const KEY: &str = "chaos";
 pub const ACQUIRE_WAIT: Duration = Duration::from_secs(2);
 /// Scheduling slack on a loaded 2-core box, added to every operation's nominal bound.
 pub const SLACK: Duration = Duration::from_millis(1500);
+/// Slack in the liveness bound (the lock is acquired again after a heal): a loaded 2-core box
+/// can stretch a recovery that takes about 1 s when it is busy (`stress-ng --cpu 2`) further;
+/// a lock that does not come back fails all the same.
+pub const LIVENESS_SLACK: Duration = Duration::from_millis(4000);
 /// How long a node connection may take (TCP, handshake, scripts).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// Validity a client wants left, beyond its planned work, before it writes.
