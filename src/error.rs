@@ -9,6 +9,15 @@ use std::time::Duration;
 /// The variants separate the outcomes a caller reacts to differently: [`Error::Held`] is normal
 /// contention (skip quietly), [`Error::NoQuorum`] means the lock service is degraded (log it,
 /// alert), [`Error::Lost`] means a lock you held is no longer yours (stop acting on it).
+/// [`is_retryable`](Self::is_retryable) tells the outcomes worth another try later.
+///
+/// **Stability.** New variants may come in minor releases (the enum is `#[non_exhaustive]`:
+/// match with a `_` arm). A variant's fields are part of the contract, so you can build an
+/// `Error` in your own tests; new information comes as a new variant or a method.
+/// [`NodeFailure`] is built with [`NodeFailure::new`]. Node causes ([`NodeError`]) that came
+/// from the `redis` crate carry its error, also as their [`source`](std::error::Error::source):
+/// that is the crate re-exported as [`quorumlock::redis`](crate::redis) (redis 1.x, at least
+/// 1.8), the same one a bring-your-own [`redis::Client`](crate::redis::Client) must come from.
 ///
 /// ```
 /// # use quorumlock::Error;
@@ -182,8 +191,18 @@ impl Error {
         }
     }
 
-    /// Whether another attempt later may succeed (contention, unreachable nodes, slow rounds).
-    pub(crate) fn is_retryable(&self) -> bool {
+    /// Whether another attempt later may succeed: the lock is held, too few nodes answered, or
+    /// a round was too slow to leave any validity. Not retryable: a lost lock, refused
+    /// permissions, bad arguments or configuration (fix those first).
+    ///
+    /// ```
+    /// # fn decide(err: &quorumlock::Error) {
+    /// if err.is_retryable() {
+    ///     // back off and try again later
+    /// }
+    /// # }
+    /// ```
+    pub fn is_retryable(&self) -> bool {
         matches!(
             self,
             Error::Held { .. } | Error::NoQuorum { .. } | Error::ValidityExpired { .. }
@@ -238,12 +257,24 @@ impl fmt::Display for LostReason {
 /// One node that failed during an operation, with the cause.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{node}: {cause}")]
+#[non_exhaustive]
 pub struct NodeFailure {
     /// The node's address, with any password redacted.
     pub node: String,
     /// Why it failed.
     #[source]
     pub cause: NodeError,
+}
+
+impl NodeFailure {
+    /// A failure of `node` (an address, with any password already redacted) for `cause`: for
+    /// tests of your own error handling; the library builds its own.
+    pub fn new(node: impl Into<String>, cause: NodeError) -> Self {
+        NodeFailure {
+            node: node.into(),
+            cause,
+        }
+    }
 }
 
 /// Why one node failed.
@@ -495,7 +526,9 @@ fn humanize(d: Duration) -> String {
     if d >= Duration::from_secs(1) {
         format!("{:.1}s", d.as_secs_f64())
     } else if d >= Duration::from_millis(1) {
-        format!("{}ms", d.as_millis())
+        // Rounded up: a 250 ms node timeout's call started a few µs into its round, so it had
+        // 249.9 ms, which reads as the 250 ms configured rather than 249.
+        format!("{}ms", d.as_micros().div_ceil(1000))
     } else {
         format!("{}µs", d.as_micros())
     }

@@ -22,6 +22,7 @@ use crate::node::scripts;
 /// A write refused because a newer holder has already written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("stale fencing token {token}: a holder with token {highest} has already written")]
+#[non_exhaustive]
 pub struct StaleToken {
     /// The token that was refused.
     pub token: FencingToken,

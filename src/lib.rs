@@ -29,9 +29,16 @@ mod semaphore;
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
 
-/// The `redis` crate this crate is built on, re-exported: [`fenced_set`] takes its
-/// connections, and a `redis` of another version in your `Cargo.toml` would not fit.
+/// The `redis` crate this crate is built on (redis 1.x, at least 1.8), re-exported:
+/// [`fenced_set`] takes its connections, [`RedlockBuilder::client`] its clients, and node
+/// errors carry its errors. Use it through this path (`quorumlock::redis`), or keep the
+/// `redis` of your own `Cargo.toml` at a 1.x that Cargo unifies with ours: a `redis` of another
+/// major version is another crate, whose types would not fit. A move to redis 2 will come
+/// with a new major version of this crate.
 pub use redis;
+/// The token type [`Lock::lost_token`] and [`LockContext::lost_token`] return (from
+/// `tokio-util`), re-exported so that you can name it without depending on `tokio-util`.
+pub use tokio_util::sync::CancellationToken;
 
 pub use crate::client::Redlock;
 pub use crate::client::status::{KeyState, LockStatus, NodeStatus};

@@ -118,6 +118,26 @@ async fn t13_lost_token_fires_at_the_deadline_without_keep_alive() {
     assert!(matches!(lock.lost_reason(), Some(LostReason::Expired)));
 }
 
+/// A plain lock with nothing watching it (no keep-alive, no `lost()`, no token): once its
+/// deadline passed, `is_lost()` and `lost_reason()` agree that it expired, without a call to
+/// the nodes.
+#[tokio::test]
+async fn t13b_lost_reason_agrees_with_is_lost_after_the_deadline() {
+    let cluster = cluster(3);
+    let locks = client(&cluster);
+    let ttl = Duration::from_millis(300);
+    let lock = locks.acquire("unwatched", ttl).await.unwrap();
+    assert_eq!(lock.lost_reason().map(|r| r.to_string()), None);
+    let deadline = Instant::from_std(lock.deadline());
+    tokio::time::sleep_until(deadline + Duration::from_millis(10)).await;
+    assert!(lock.is_lost());
+    assert!(
+        matches!(lock.lost_reason(), Some(LostReason::Expired)),
+        "{:?}",
+        lock.lost_reason()
+    );
+}
+
 /// Releasing stops the extension: the key does not come back after release, even with the
 /// lease extending every millisecond on another worker thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

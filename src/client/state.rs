@@ -254,8 +254,21 @@ impl LockState {
         }
     }
 
+    /// Why the lock was lost. A deadline that passed unextended is recorded here as
+    /// [`LostReason::Expired`] when it is first seen, whether or not anything watched it (no
+    /// keep-alive, no `lost()` future): `is_lost()` and this agree. `None` while held and after
+    /// a normal release.
     pub(crate) fn reason(&self) -> Option<LostReason> {
-        lock(&self.reason).clone()
+        let reason = lock(&self.reason).clone();
+        if reason.is_none()
+            && !self.is_released()
+            && !self.lost.is_cancelled()
+            && self.deadline() <= clock::now()
+        {
+            self.lose(LostReason::Expired);
+            return lock(&self.reason).clone();
+        }
+        reason
     }
 
     /// Resolves when the lock is lost: the signal fired, or the deadline passed unextended.

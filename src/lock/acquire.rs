@@ -55,6 +55,12 @@ impl Redlock {
     /// Acquires with the configured retries: up to `1 + retry_count` rounds, a pause after the
     /// retry policy between them (see [`RedlockBuilder::retry_delay`]).
     ///
+    /// **Not a wait for ever**, unlike `tokio::sync::Mutex::lock`: with the defaults it makes 4
+    /// rounds (3 retries after random pauses that double: 50–150, 100–200 and 200–300 ms) and
+    /// gives up within about half a second with [`Error::Held`] while another owner holds the
+    /// lock. To wait for a holder to finish, use [`acquire_timeout`](Self::acquire_timeout)
+    /// with the longest wait you accept.
+    ///
     /// # Errors
     ///
     /// As [`try_acquire`](Self::try_acquire), from the last round.

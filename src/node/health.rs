@@ -357,7 +357,9 @@ impl Node {
                     node = %self.name,
                     uptime_s = uptime.as_secs(),
                     held_out_for = ?remaining,
-                    until = %humantime::format_rfc3339_seconds(std::time::SystemTime::now() + remaining),
+                    until_unix_s = (std::time::SystemTime::now() + remaining)
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs()),
                     "node (re)started less than the max ttl ago and may have lost lock keys; \
                      it counts toward no quorum until the max ttl has passed since its start"
                 );

@@ -242,12 +242,38 @@ async fn t93_wait_bounds_the_campaign_and_e_chooses_its_exit_code() {
         let out = output(elect(redlock(&cluster), "b", &flags, d, "exit 9")).await;
         assert_eq!(out.code(), code, "{flags:?}: {out:?}");
         assert!(
-            out.one_line_error().contains("held by another owner"),
+            out.one_line_error()
+                .starts_with(&format!("redlock: election {NAME:?} is led by ")),
             "{flags:?}: {out:?}"
         );
         assert!(!d.join("pid-b").exists(), "{flags:?}: CMD must not run");
     }
     held.release().await.unwrap();
+}
+
+/// A campaign that gives up after `-w` names the candidate that leads, as `status` would.
+#[tokio::test]
+async fn t93b_wait_names_the_leader() {
+    let cluster = cluster(5);
+    let dir = scratch();
+    let d = dir.path();
+    let a = elect(redlock(&cluster), "a", &[], d, "exec sleep 60")
+        .spawn()
+        .unwrap();
+    let (_, _guard_a) = cmd_in(&d.join("pid-a")).await;
+    let token_a = token_of(d, "a").await;
+    let out = output(elect(redlock(&cluster), "b", &["-w", "0.3"], d, "exit 9")).await;
+    assert_eq!(out.code(), 75, "{out:?}");
+    let line = out.one_line_error();
+    assert!(
+        line.starts_with(&format!(
+            "redlock: election {NAME:?} is led by \"a\" (term token {token_a}, "
+        )) && line.ends_with("after waiting 300ms"),
+        "{line}"
+    );
+    assert!(!d.join("pid-b").exists(), "CMD must not run");
+    kill(pid_of(&a), Signal::SIGTERM).unwrap();
+    let _ = finish(a, Instant::now()).await;
 }
 
 #[tokio::test]

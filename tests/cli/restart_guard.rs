@@ -15,6 +15,11 @@ async fn t80_strict_guard_is_the_default_and_holds_out_fresh_nodes() {
     // the other nodes' answers may already be in: at least three nodes are named.
     let named = line.matches("held out of quorums").count();
     assert!((3..=5).contains(&named), "{named} nodes named: {line}");
+    // And what to do about it: wait, or trust nodes that cannot have held a lock.
+    assert!(
+        line.contains("wait it out (-w/--wait)") && line.contains("--restart-guard off"),
+        "{line}"
+    );
 }
 
 #[tokio::test]

@@ -6,6 +6,8 @@
 //! in its environment, and is run, signalled and terminated as `redlock run`'s CMD is
 //! (`child.rs`).
 
+use std::time::Duration;
+
 use futures::FutureExt as _;
 use nix::sys::signal::Signal;
 use quorumlock::{Election, Error, Leadership, LostReason, Redlock};
@@ -73,8 +75,17 @@ async fn win(
             return Err(signal_exit_code(sig as i32));
         }
     };
-    let leadership =
-        won.map_err(|e| fail_with(&e, args.conflict_exit_code.unwrap_or(EXIT_HELD)))?;
+    let conflict = args.conflict_exit_code.unwrap_or(EXIT_HELD);
+    let leadership = match won {
+        Ok(leadership) => leadership,
+        // After --wait: name the leader, as `status` would, rather than "held by another owner".
+        Err(e) if e.is_held() => {
+            let leader = election.leader().await.ok().flatten();
+            report(&still_led(&args.name, args.wait, leader.as_ref()));
+            return Err(conflict);
+        }
+        Err(e) => return Err(fail_with(&e, conflict)),
+    };
     // As for `run`: a signal delivered while the campaign was completing must not start CMD.
     tokio::task::yield_now().await;
     if let Some(sig) = signals.recv().now_or_never() {
@@ -83,6 +94,27 @@ async fn win(
         return Err(signal_exit_code(sig as i32));
     }
     Ok(leadership)
+}
+
+/// The line for a campaign that gave up after `--wait` while another candidate led.
+fn still_led(name: &str, wait: Option<Duration>, leader: Option<&quorumlock::Leader>) -> String {
+    let waited = wait.map_or_else(String::new, |w| {
+        format!(" after waiting {}", humantime::format_duration(w))
+    });
+    match leader {
+        Some(l) => format!(
+            "election {name:?} is led by {} (term token {}, {} left unless extended){waited}",
+            l.candidate.as_deref().map_or_else(
+                || "a candidate that has not published its id yet".to_owned(),
+                |c| format!("{c:?}")
+            ),
+            l.token,
+            humantime::format_duration(Duration::from_millis(
+                u64::try_from(l.expires_in.as_millis()).unwrap_or(u64::MAX)
+            )),
+        ),
+        None => format!("election {name:?} is led by another candidate{waited}"),
+    }
 }
 
 /// After CMD: resigns and passes CMD's code on, or reports the loss (79) or the lost track of

@@ -23,7 +23,7 @@ use std::fmt::Display;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use quorumlock::{ConfigError, Error, RedlockBuilder};
 
 use crate::child::CmdOptions;
@@ -54,6 +54,7 @@ const EXIT_NOPERM: u8 = 77;
     after_help = "Exit codes: CMD's own (128+signal if it died of a signal), \
     64 usage error, 69 too few nodes reachable for a quorum, 75 held by another owner \
     (or another candidate leads, after elect --wait; -E CODE chooses another code), \
+    77 the nodes' ACL refuses a command redlock needs (the line names it), \
     79 lock or leadership lost while CMD ran; run --once-per: 0 when another host runs or ran \
     CMD this period (-E CODE chooses another); status: 0 when a quorum answered; \
     outside the contract: 126/127 CMD cannot be run / not found, 128+signal interrupted \
@@ -74,7 +75,7 @@ enum Command {
     #[command(
         after_help = "Exit codes: CMD's own when it ran to its end under the lock; \
         64 usage error; 69 too few nodes for a quorum; 75 (or -E CODE) held by another owner \
-        after --wait; 79 the lock was lost while CMD ran (CMD was terminated); 126/127 CMD \
+        after --wait; 77 the nodes' ACL refuses a command; 79 the lock was lost while CMD ran (CMD was terminated); 126/127 CMD \
         cannot be run / not found. With --once-per: CMD's own when this host ran it; 0 (or \
         -E CODE) when another host runs or ran it this period; 69, 79, 126/127 as above."
     )]
@@ -85,7 +86,7 @@ enum Command {
     #[command(
         after_help = "Exit codes: CMD's own when it ran to its end while leading; \
         64 usage error; 75 (or -E CODE) another candidate still leads after --wait; 69 too \
-        few nodes for a quorum after --wait; 79 leadership was lost while CMD ran (CMD was \
+        few nodes for a quorum after --wait; 77 the nodes' ACL refuses a command; 79 leadership was lost while CMD ran (CMD was \
         terminated); 126/127 CMD cannot be run / not found; 128+signal interrupted while \
         campaigning (nothing was run)."
     )]
@@ -93,7 +94,8 @@ enum Command {
     /// Show, per node, who holds KEY, for how long, and the node's fencing counter.
     #[command(
         after_help = "Exit codes: 0 when a quorum of nodes answered (whoever holds KEY), \
-        69 otherwise (the table or JSON is printed either way), 64 usage error."
+        69 otherwise (the table or JSON is printed either way), 77 the nodes' ACL refuses \
+        the read, 64 usage error."
     )]
     Status(StatusArgs),
     /// Start 5 throwaway local redis-servers and watch workers hand a lock over.
@@ -106,9 +108,10 @@ struct RunArgs {
     /// The lease: how long the lock lives unless extended (extended every ttl/3 while CMD runs).
     #[arg(long, value_name = "D", default_value = "30s", value_parser = duration_up_to(MAX_TTL, MAX_TTL_TEXT))]
     ttl: Duration,
-    /// How long to keep trying while another owner holds the lock (0: one try, with the usual
-    /// short randomized retries).
-    #[arg(long, value_name = "D", default_value = "0s", value_parser = duration_up_to(MAX_WAIT, "365days"))]
+    /// How long to wait while another owner holds the lock. Default 0s: one try, with a few
+    /// short randomized retries, then exit 75. Unlike flock(1), which waits for ever unless -n,
+    /// redlock waits only when asked: -w 30 (or 30s, 5m) waits up to 30 seconds.
+    #[arg(short = 'w', long, value_name = "D", default_value = "0s", value_parser = duration_up_to(MAX_WAIT, "365days"))]
     wait: Duration,
     /// After the lock is lost, how long CMD (its process group) has between SIGTERM and SIGKILL.
     #[arg(long, value_name = "D", default_value = "5s",
@@ -131,7 +134,8 @@ struct RunArgs {
           value_parser = duration_up_to(MAX_PERIOD, MAX_PERIOD_TEXT))]
     once_per: Option<Duration>,
     /// Treat KEY as a semaphore of N permits: run CMD when one of the N is free (at most N
-    /// CMDs at once across hosts), under that permit's lock. Not with --once-per.
+    /// CMDs at once across hosts), under that permit's lock. Not with --once-per. (Not flock's
+    /// -n: redlock never waits unless -w/--wait is given.)
     #[arg(short = 'n', long = "permits", value_name = "N", conflicts_with = "once_per",
           value_parser = clap::value_parser!(u32).range(1..))]
     permits: Option<u32>,
@@ -174,8 +178,8 @@ struct ElectArgs {
     #[arg(long, value_name = "D", default_value = "10s", value_parser = duration_up_to(MAX_TTL, MAX_TTL_TEXT))]
     ttl: Duration,
     /// Campaign for at most this long, then exit 75 (or -E CODE) if another candidate still
-    /// leads. Default: campaign until elected.
-    #[arg(long, value_name = "D", value_parser = duration_up_to(MAX_WAIT, "365days"))]
+    /// leads (-w 30, or 30s, 5m). Default: campaign until elected.
+    #[arg(short = 'w', long, value_name = "D", value_parser = duration_up_to(MAX_WAIT, "365days"))]
     wait: Option<Duration>,
     /// The exit code when another candidate still leads after --wait (default 75).
     #[arg(short = 'E', long = "conflict-exit-code", value_name = "CODE")]
@@ -223,7 +227,10 @@ struct StatusArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
         Ok(cli) => cli,
         Err(e) => return ExitCode::from(usage_error(&e)),
     };
@@ -312,12 +319,30 @@ fn duration_up_to(
     max_text: &'static str,
 ) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
     move |s: &str| {
-        let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+        // A bare number is seconds, as flock -w takes it.
+        let d = match s.parse::<f64>() {
+            Ok(secs) => Duration::try_from_secs_f64(secs).map_err(|e| e.to_string())?,
+            Err(_) => humantime::parse_duration(s).map_err(|e| e.to_string())?,
+        };
         if d > max {
             return Err(format!("too long: at most {max_text}"));
         }
         Ok(d)
     }
+}
+
+/// The command line: [`Cli`], with the node options (global to every other subcommand) hidden
+/// from `redlock demo --help`, since the demo starts nodes of its own.
+fn command() -> clap::Command {
+    let cmd = Cli::command();
+    // Hidden copies in `demo` itself: clap propagates a global option only to the subcommands
+    // that do not define it already.
+    let node_options: Vec<clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .map(|a| a.clone().hide(true))
+        .collect();
+    cmd.mut_subcommand("demo", |demo| demo.args(node_options))
 }
 
 /// The one place where a library error becomes an exit code (the contract's table).
@@ -368,6 +393,18 @@ fn describe(e: &Error) -> String {
     match e {
         Error::Config(ConfigError::NoNodes) => {
             format!("{e} (use --nodes URL,... or REDLOCK_NODES)")
+        }
+        // The first run against freshly started nodes (a new cluster, a CI service container):
+        // say what to do, not only why.
+        Error::NoQuorum { failures, .. }
+            if failures
+                .iter()
+                .any(|f| matches!(f.cause, quorumlock::NodeError::HeldOut { .. })) =>
+        {
+            format!(
+                "{e}. Nodes that started less than the max ttl ago are held out, since they may                  have lost lock keys in a restart: wait it out (-w/--wait), or, for nodes no lock                  can have been held on before (a new cluster, a CI service) or that persist with                  appendfsync always, pass --restart-guard off (see docs/cli.md, \"The restart \
+                 guard\")"
+            )
         }
         // The CLI turns fencing off only with --compat.
         Error::Config(ConfigError::FencingRequired) => "--compat (REDLOCK_COMPAT) hands out no \
@@ -445,6 +482,7 @@ mod tests {
     #[test]
     fn the_argument_definitions_are_consistent() {
         Cli::command().debug_assert();
+        command().debug_assert();
     }
 
     #[test]

@@ -153,12 +153,9 @@ pub(crate) fn lost_line(
     kill_after: Duration,
     foreground: bool,
 ) -> String {
-    let e = Error::Lost {
-        key: key.to_owned(),
-        reason,
-    };
     let what = child::fate_of_cmd(termination, code, kill_after, foreground);
-    format!("{e}; {what}")
+    // The library's own words for `Error::Lost`.
+    format!("lock {key:?} was lost: {reason}; {what}")
 }
 
 /// Releases a lock whose CMD never ran; the failure is already reported.
@@ -207,10 +204,10 @@ mod tests {
              out; no node failed outright (the budget ran out); CMD was sent SIGTERM and exited \
              (143)"
         );
-        let failure = NodeFailure {
-            node: "redis://10.0.0.1:6379".into(),
-            cause: quorumlock::NodeError::Timeout(Duration::from_millis(250)),
-        };
+        let failure = NodeFailure::new(
+            "redis://10.0.0.1:6379",
+            quorumlock::NodeError::Timeout(Duration::from_millis(250)),
+        );
         let with_failures = line(
             LostReason::Unreachable {
                 failures: vec![failure.clone(), failure],
