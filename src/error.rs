@@ -95,7 +95,7 @@ pub enum Error {
     /// those nodes count as failed, are logged once at warn, and are listed as
     /// [`NodeError::Denied`] in any [`Error::NoQuorum`] that other failures complete.
     #[error(
-        "permission denied on {key:?}: the Redis user may not run {command} on {denied} of {nodes} nodes ({needed} needed for a quorum); grant it (docs/acl.md); {}",
+        "permission denied on {key:?}: the Redis user may not run {command} on {denied} of {nodes} nodes ({needed} needed for a quorum); grant it (quorumlock::guide::acl, docs/acl.md); {}",
         FailureList(.failures)
     )]
     PermissionDenied {
@@ -339,7 +339,9 @@ pub enum NodeError {
     /// The node's ACL refused a command the crate sent (a `NOPERM` reply), or a command one of
     /// its scripts calls, or a key or channel outside the user's patterns. Not retried on the
     /// node's connection; the node counts as failed until the permission is granted.
-    #[error("permission denied: the Redis user may not run {command} ({reason}); see docs/acl.md")]
+    #[error(
+        "permission denied: the Redis user may not run {command} ({reason}); see quorumlock::guide::acl (docs/acl.md)"
+    )]
     Denied {
         /// The refused command as Redis names it in ACL rules (`INCR`, `SCRIPT|LOAD`). For a
         /// refusal inside a script, the command(s) called on the script's failing line

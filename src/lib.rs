@@ -15,6 +15,7 @@ mod error;
 mod fencing;
 #[cfg(test)]
 mod fencing_model;
+pub mod guide;
 mod lock;
 mod metrics;
 // The model checker (`docs/verification.md`): compiled into the unit tests only with the

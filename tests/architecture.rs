@@ -16,6 +16,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("core", 0),
     ("error", 0),
     ("metrics", 0),
+    // Documentation only: the guides of `docs/`, no code.
+    ("guide", 0),
     ("node", 1),
     ("client", 2),
     ("lock", 3),

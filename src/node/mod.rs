@@ -302,7 +302,7 @@ impl Node {
         *crate::core::lock(&self.last_failure) = Some(e.clone());
         if let NodeError::Denied { command, .. } = e {
             if !self.down.swap(true, Ordering::Relaxed) {
-                tracing::warn!(node = %self.name, op = op.as_str(), %command, error = %e, "the node's ACL refuses a command quorumlock needs; it counts as failed until the Redis user is granted it (docs/acl.md)");
+                tracing::warn!(node = %self.name, op = op.as_str(), %command, error = %e, "the node's ACL refuses a command quorumlock needs; it counts as failed until the Redis user is granted it (quorumlock::guide::acl, docs/acl.md)");
             }
             return;
         }

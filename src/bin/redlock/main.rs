@@ -402,8 +402,11 @@ fn describe(e: &Error) -> String {
                 .any(|f| matches!(f.cause, quorumlock::NodeError::HeldOut { .. })) =>
         {
             format!(
-                "{e}. Nodes that started less than the max ttl ago are held out, since they may                  have lost lock keys in a restart: wait it out (-w/--wait), or, for nodes no lock                  can have been held on before (a new cluster, a CI service) or that persist with                  appendfsync always, pass --restart-guard off (see docs/cli.md, \"The restart \
-                 guard\")"
+                "{e}. Nodes that started less than the max ttl ago are held out, since they may \
+                 have lost lock keys in a restart: wait it out (-w/--wait), or, for nodes no \
+                 lock can have been held on before (a new cluster, a CI service) or that \
+                 persist with appendfsync always, pass --restart-guard off (see the guide \
+                 `quorumlock::guide::cli` or docs/cli.md, \"The restart guard\")"
             )
         }
         // The CLI turns fencing off only with --compat.

@@ -12,7 +12,7 @@ use std::time::Duration;
 use quorumlock::testkit::LocalCluster;
 use rand::rngs::StdRng;
 use rand::seq::{IndexedRandom, SliceRandom};
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 use crate::child::ChildClient;
 use crate::history::{ClockJump as ClockJumpRecord, Fault as FaultRecord, Mono, Recorder};

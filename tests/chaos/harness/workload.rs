@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use quorumlock::{Error, Lock, Redlock, RestartGuard};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use tokio_util::sync::CancellationToken;
 
 use crate::history::{Mono, Op, OpKind, Recorder, Section, SessionId};
