@@ -173,9 +173,8 @@ impl Node {
     ///
     /// A refused `SCRIPT LOAD` (an ACL such as `-script|load`) does not fail the connect: the
     /// node then gets its scripts as `EVAL` (see `scripts.rs`). `INFO` is required: the restart
-    /// guard cannot work without the run id and uptime. With fencing on, the migration marker
-    /// is read too, and with the server's version decides the fenced acquire's form
-    /// (`fence.rs`).
+    /// guard cannot work without the run id and uptime. The server's version decides the fenced
+    /// acquire's form (`fence.rs`).
     async fn meet_server(
         &self,
         mut conn: MultiplexedConnection,
@@ -185,9 +184,6 @@ impl Node {
         pipe.ignore_errors();
         pipe.cmd("INFO").arg("server");
         pipe.cmd("INFO").arg("persistence");
-        if let Some(marker) = self.fence_marker() {
-            pipe.cmd("GET").arg(marker);
-        }
         for lua in scripts::all() {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.code());
         }
@@ -204,15 +200,6 @@ impl Node {
             redis::from_redis_value(value).map_err(|e| NodeError::BadReply(e.to_string()))
         };
         let (info, persistence) = (info()?, info()?);
-        let migrated: Option<String> = if self.fence_marker().is_some() {
-            // Unreadable (refused by an ACL, say) reads as absent: the node keeps the script.
-            replies
-                .next()
-                .and_then(Result::ok)
-                .and_then(|v| redis::from_redis_value(v).ok())
-        } else {
-            None
-        };
         match replies.find_map(Result::err) {
             Some(e) => self.use_eval(&match scripts::denial(&e, Some("SCRIPT|LOAD")) {
                 Some(NodeError::Denied { command, .. }) => command,
@@ -222,12 +209,7 @@ impl Node {
         }
         let (run_id, uptime) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
-        self.observe_fence(
-            generation,
-            super::fence::redis_major(&info),
-            migrated.as_deref(),
-            &run_id,
-        );
+        self.observe_fence(generation, super::fence::redis_major(&info));
         let aof = persistence.lines().any(|l| l.trim() == "aof_enabled:1");
         let config = read_config(&mut conn).await;
         self.observe_config(&config);

@@ -75,8 +75,8 @@ pub(crate) struct NodeSettings {
     pub(crate) connect_timeout: Duration,
     pub(crate) restart_guard: RestartGuard,
     pub(crate) eviction_guard: EvictionGuard,
-    /// The migration marker's key when acquires carry a fencing counter (`fence.rs`).
-    pub(crate) fence_marker: Option<String>,
+    /// Whether acquires carry a fencing counter (`fence.rs`).
+    pub(crate) fenced: bool,
     /// Keep this node on the acquire script whatever it runs (testkit only).
     pub(crate) force_script: bool,
     /// The key of the node's durability marker (`health.rs`), under the key prefix.
@@ -144,8 +144,7 @@ pub(crate) struct Node {
     by_eval: AtomicBool,
     /// Whether the switch to `EVAL` was logged (once per node).
     by_eval_logged: AtomicBool,
-    /// The script or the pipelined fenced acquire, and the legacy-counter migration
-    /// (`fence.rs`).
+    /// The script or the pipelined fenced acquire (`fence.rs`).
     fence: fence::FencePath,
     /// The key of the restart guard's durability marker (`health.rs`).
     durability_marker: String,
@@ -188,7 +187,7 @@ impl Node {
             incarnation: AtomicU64::new(0),
             by_eval: AtomicBool::new(false),
             by_eval_logged: AtomicBool::new(false),
-            fence: fence::FencePath::new(settings.fence_marker, settings.force_script),
+            fence: fence::FencePath::new(settings.fenced, settings.force_script),
             durability_marker: settings.durability_marker,
         }
     }
