@@ -139,8 +139,9 @@ impl Node {
 
     /// Connects, loads every script and reads `run_id` / `uptime_in_seconds` in one round trip.
     ///
-    /// A Cluster member reads every master's `INFO server` instead (its identity is their run
-    /// ids, its age its youngest master's) and loads the scripts on every node; `CONFIG` and the
+    /// A Cluster member reads every master's `INFO server` and `INFO replication` instead (its
+    /// identity is their run ids, its age its youngest master's, a promoted one counting as
+    /// just started) and loads the scripts on every node; `CONFIG` and the
     /// durability marker are skipped (its shards may not share a configuration; it is never
     /// taken for durable). A Sentinel member's primary is met like a standalone master, except
     /// that a new run id counts from now (a promotion does not reset the uptime) and the

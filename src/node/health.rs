@@ -450,9 +450,32 @@ pub(crate) fn parse_info(info: &str) -> Option<(String, Duration)> {
     Some((run_id?, uptime?))
 }
 
+/// Whether an `INFO replication` reply shows a server promoted from a replica during its
+/// current process: Redis keeps its replication id from before the promotion as
+/// `master_replid2`, and `second_repl_offset` is then the offset where it took over (`-1` on a
+/// server that was never a replica since it started). An unreadable reply counts as promoted
+/// (the conservative reading: the server is held out as if it had just started).
+pub(crate) fn promoted(info_replication: &str) -> bool {
+    info_replication
+        .lines()
+        .find_map(|l| l.strip_prefix("second_repl_offset:"))
+        .is_none_or(|v| v.trim() != "-1")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_promotion_shows_in_info_replication() {
+        let never = "# Replication\r\nrole:master\r\nconnected_slaves:0\r\nmaster_replid:ab\r\n\
+                     master_replid2:0000000000000000000000000000000000000000\r\n\
+                     master_repl_offset:0\r\nsecond_repl_offset:-1\r\n";
+        assert!(!promoted(never));
+        let after = never.replace("second_repl_offset:-1", "second_repl_offset:1234");
+        assert!(promoted(&after));
+        assert!(promoted("# Replication\r\nrole:master\r\n"));
+    }
 
     #[test]
     pub(super) fn info_parsing_finds_run_id_and_uptime() {

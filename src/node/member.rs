@@ -20,7 +20,8 @@
 //!
 //! A Cluster member's identity is the set of its masters' run ids (sorted, joined): any shard
 //! restarted or failed over changes it, and the member is then held out for the max ttl
-//! (counted from its youngest master) and repaired, like a restarted standalone node. Because
+//! (counted from its youngest master, a master promoted from a replica in its current process
+//! counting as just started) and repaired, like a restarted standalone node. Because
 //! the cluster client reconnects to a shard by itself, every script call also reads the run id
 //! of the shard that ran it (`INFO server` in the same pipeline, one round trip): a run id this
 //! client has not met makes the call count as failed and the member reconnect, which applies
@@ -46,7 +47,7 @@ use redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisFutur
 
 use super::Node;
 use super::address::node_name;
-use super::health::parse_info;
+use super::health::{parse_info, promoted};
 use super::scripts::{self, ScriptCall};
 use crate::core::lock;
 use crate::error::NodeError;
@@ -337,7 +338,10 @@ pub(crate) struct ClusterView {
     pub(crate) masters: Vec<(String, u16)>,
     /// Each master's run id.
     pub(crate) run_ids: BTreeSet<String>,
-    /// The smallest uptime among them.
+    /// The member's age for the restart guard: the smallest age among its masters, where a
+    /// master promoted from a replica in its current process counts as just started (its
+    /// uptime says nothing about when it was promoted, and asynchronous replication may have
+    /// lost its old master's last writes).
     pub(crate) uptime: Duration,
 }
 
@@ -348,10 +352,13 @@ impl ClusterView {
     }
 }
 
-/// Reads `INFO server` from every master of the cluster.
-pub(crate) async fn cluster_view(conn: &mut ClusterConnection) -> redis::RedisResult<ClusterView> {
+/// One `INFO <section>` from every master of the cluster: `(address, text)` per master.
+async fn info_of_masters(
+    conn: &mut ClusterConnection,
+    section: &str,
+) -> redis::RedisResult<Vec<(String, String)>> {
     let mut info = redis::cmd("INFO");
-    info.arg("server");
+    info.arg(section);
     let reply = conn
         .route_command(
             info,
@@ -359,24 +366,46 @@ pub(crate) async fn cluster_view(conn: &mut ClusterConnection) -> redis::RedisRe
         )
         .await?;
     let Value::Map(per_node) = reply else {
-        return Err(bad("INFO server from every master: not a map of replies"));
+        return Err(bad("INFO from every master: not a map of replies"));
     };
+    per_node
+        .into_iter()
+        .map(|(addr, text)| {
+            Ok((
+                redis::from_redis_value(addr)?,
+                redis::from_redis_value(text)?,
+            ))
+        })
+        .collect()
+}
+
+/// Reads `INFO server` and `INFO replication` from every master of the cluster (two round
+/// trips, on connect only).
+pub(crate) async fn cluster_view(conn: &mut ClusterConnection) -> redis::RedisResult<ClusterView> {
+    let servers = info_of_masters(conn, "server").await?;
+    // A master missing from this reply (the slot map changed in between) counts as promoted:
+    // the conservative reading.
+    let replication = info_of_masters(conn, "replication").await?;
     let mut view = ClusterView {
         uptime: Duration::MAX,
         ..ClusterView::default()
     };
-    for (addr, text) in per_node {
-        let addr: String = redis::from_redis_value(addr)?;
-        let text: String = redis::from_redis_value(text)?;
+    for (addr, text) in servers {
         let (run_id, uptime) =
             parse_info(&text).ok_or_else(|| bad("INFO server lacks run_id or uptime"))?;
+        let was_replica = replication
+            .iter()
+            .find(|(a, _)| *a == addr)
+            .is_none_or(|(_, text)| promoted(text));
         let (host, port) = addr
             .rsplit_once(':')
             .and_then(|(h, p)| Some((h.to_owned(), p.parse().ok()?)))
             .ok_or_else(|| bad("a master address without a port"))?;
         view.masters.push((host, port));
         view.run_ids.insert(run_id);
-        view.uptime = view.uptime.min(uptime);
+        view.uptime = view
+            .uptime
+            .min(if was_replica { Duration::ZERO } else { uptime });
     }
     if view.masters.is_empty() {
         return Err(bad("no master answered INFO"));
