@@ -168,6 +168,22 @@ impl Node {
         (health.repair != Repair::Clean).then_some(NodeError::Repairing)
     }
 
+    /// How long ago this client met the node after a data loss it could not rule out (a
+    /// restart or failover it saw, without proof the data survived), when that is less than
+    /// `within` ago. A key written with an expiry of `within` before that meeting may have
+    /// been lost; one written after it, or before but expired by now, is there or gone for
+    /// good: so the node's "absent" for such a key proves absence only once this returns
+    /// `None`.
+    pub(crate) fn lost_data_within(&self, within: Duration) -> Option<Duration> {
+        let at = self.lost_data.load(Ordering::Acquire);
+        if at == NOT_STARTED {
+            return None;
+        }
+        let ago = nanos(self.epoch.elapsed()).saturating_sub(at);
+        let ago = Duration::from_nanos(u64::try_from(ago).unwrap_or(0));
+        (ago < within).then_some(ago)
+    }
+
     /// How much longer the restart guard holds the node out: until the max ttl in use now has
     /// passed since the node's start.
     pub(crate) fn restart_hold_out(&self) -> Option<Duration> {
@@ -366,6 +382,8 @@ impl Node {
         // Seen restarting without proof its data survived: its fencing counters (which never
         // expire) may be gone too; restore them from the other nodes before it counts again.
         if repair {
+            self.lost_data
+                .store(nanos(self.epoch.elapsed()), Ordering::Release);
             health.repair = Repair::Needed;
             health.repair_epoch += 1;
             self.suspect.store(true, Ordering::Release);

@@ -122,6 +122,11 @@ pub(crate) struct Node {
     /// The hold-out is computed on every check against the max ttl in use *then*, so a max
     /// ttl that grows after the connect lengthens it.
     started: AtomicI64,
+    /// When this client last met the node after a data loss it could not rule out (a restart
+    /// or failover without proof its data survived: the ones it repairs), in nanoseconds after
+    /// `epoch`; [`NOT_STARTED`] if never. Run-once markers read from the node prove nothing
+    /// about absence for their expiry after that (`run_once`).
+    lost_data: AtomicI64,
     /// Whether the last check found the node within its restart hold-out (for the log line
     /// when it ends).
     holding: AtomicBool,
@@ -179,6 +184,7 @@ impl Node {
             health: Mutex::new(Health::default()),
             epoch: Instant::now(),
             started: AtomicI64::new(NOT_STARTED),
+            lost_data: AtomicI64::new(NOT_STARTED),
             holding: AtomicBool::new(false),
             suspect: AtomicBool::new(false),
             evicting: AtomicBool::new(false),
