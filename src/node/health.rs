@@ -410,26 +410,44 @@ pub(crate) struct NodeConfig {
 /// Reads `appendfsync`, `maxmemory` and `maxmemory-policy` in one round trip. Any error
 /// (CONFIG renamed or forbidden, as managed services do) leaves them all unknown: the node is
 /// then treated as one that may lose its last writes in a restart, and its eviction risk is
-/// reported as unknown; the connect goes on.
+/// reported as unknown; the connect goes on. Each reply is read in both shapes: a flat list
+/// `[name, value]` (RESP2) or a map `{name: value}` (RESP3, a `?protocol=resp3` URL or a
+/// user's RESP3 client).
 pub(crate) async fn read_config(conn: &mut MultiplexedConnection) -> NodeConfig {
     let mut pipe = redis::pipe();
     for name in ["appendfsync", "maxmemory", "maxmemory-policy"] {
         pipe.cmd("CONFIG").arg("GET").arg(name);
     }
-    let reply: redis::RedisResult<(Vec<String>, Vec<String>, Vec<String>)> =
+    let reply: redis::RedisResult<(redis::Value, redis::Value, redis::Value)> =
         pipe.query_async(conn).await;
-    let value = |pair: Vec<String>| match <[String; 2]>::try_from(pair) {
-        Ok([_, value]) => Some(value),
-        Err(_) => None,
-    };
     match reply {
         Ok((fsync, maxmemory, policy)) => NodeConfig {
-            appendfsync: value(fsync),
-            maxmemory: value(maxmemory),
-            policy: value(policy),
+            appendfsync: config_value(fsync),
+            maxmemory: config_value(maxmemory),
+            policy: config_value(policy),
         },
         Err(_) => NodeConfig::default(),
     }
+}
+
+/// The value in one `CONFIG GET name` reply: `[name, value]` (RESP2) or `{name: value}`
+/// (RESP3); `None` for any other shape (no such setting, an error).
+pub(crate) fn config_value(reply: redis::Value) -> Option<String> {
+    let value = match reply {
+        redis::Value::Array(pair) => <[redis::Value; 2]>::try_from(pair)
+            .ok()?
+            .into_iter()
+            .nth(1)?,
+        redis::Value::Map(pairs) => {
+            <[(redis::Value, redis::Value); 1]>::try_from(pairs)
+                .ok()?
+                .into_iter()
+                .next()?
+                .1
+        }
+        _ => return None,
+    };
+    redis::from_redis_value(value).ok()
 }
 
 /// Writes the node's durability marker (`key`: `P:durability-marker`) if it has none (`SET NX`,
@@ -483,6 +501,19 @@ pub(crate) fn promoted(info_replication: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_get_replies_are_read_in_both_protocols() {
+        use redis::Value;
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let resp2 = Value::Array(vec![bulk("maxmemory-policy"), bulk("volatile-lru")]);
+        let resp3 = Value::Map(vec![(bulk("maxmemory-policy"), bulk("volatile-lru"))]);
+        assert_eq!(config_value(resp2).as_deref(), Some("volatile-lru"));
+        assert_eq!(config_value(resp3).as_deref(), Some("volatile-lru"));
+        assert_eq!(config_value(Value::Array(vec![])), None);
+        assert_eq!(config_value(Value::Map(vec![])), None);
+        assert_eq!(config_value(Value::Nil), None);
+    }
 
     #[test]
     fn a_promotion_shows_in_info_replication() {
