@@ -109,6 +109,13 @@ impl KeyLayout {
         })
     }
 
+    /// Whether this is compat mode: the lock is the plain resource name, and calls name only
+    /// that key, as other Redlock clients do (no counter, no waiters marker: an ACL limited to
+    /// the resource key is enough, and on a Redis Cluster no call spans two slots).
+    pub(crate) fn is_compat(&self) -> bool {
+        self.compat
+    }
+
     /// The lock key for a user key: `P:{K}`, or `K` in compat mode.
     pub(crate) fn lock_key(&self, key: &str) -> String {
         if self.compat {

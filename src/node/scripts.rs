@@ -443,7 +443,8 @@ return 0
 /// skips would do nothing there (`ScriptCall::with_lean`). Where the key is absent it reads
 /// the counter either way (the re-set rule needs it).
 ///
-/// - KEYS[1]: lock key, KEYS[2]: fencing counter
+/// - KEYS[1]: lock key, KEYS[2]: fencing counter (absent in compat mode, where ARGV[3] is 0
+///   and ARGV[4] present, so the script never reads it)
 /// - ARGV[1]: our value, ARGV[2]: new ttl in milliseconds, ARGV[3]: our token (0: fencing off),
 ///   ARGV[4] (optional): present when the counter is known at or above the token here
 /// - Reply: `1` extended, `2` re-set on a node that had lost the key, `0` another value holds
@@ -491,8 +492,8 @@ return r
 /// channel, so that the waiters try at once. Without a waiter the release pays one `SCARD` and
 /// publishes nothing (`client/wait.rs`).
 ///
-/// - KEYS[1]: lock key, KEYS[2]: fencing counter, KEYS[3] (optional): waiters marker, also the
-///   channel
+/// - KEYS[1]: lock key, KEYS[2]: fencing counter (absent in compat mode, with token 0),
+///   KEYS[3] (optional): waiters marker, also the channel
 /// - ARGV[1]: our value, ARGV[2]: our token (`0` when the attempt failed before it had one, and
 ///   on a node whose counter is known to stand at the token already: `ScriptCall::with_lean`)
 /// - Reply: `1` deleted, `0` the key is absent, `-1` another value holds it (left alone).
@@ -524,12 +525,12 @@ return -1
 
 /// Read a lock's state on one node.
 ///
-/// - KEYS[1]: lock key, KEYS[2]: fencing counter
-/// - Reply: `{value or false, pttl (-2 when absent), counter}`.
+/// - KEYS[1]: lock key, KEYS[2] (absent in compat mode): fencing counter
+/// - Reply: `{value or false, pttl (-2 when absent), counter (0 without KEYS[2])}`.
 pub(crate) static STATUS: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0')}
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), KEYS[2] and tonumber(redis.call('GET', KEYS[2]) or '0') or 0}
 "#,
     )
 });
