@@ -520,3 +520,39 @@ async fn d8_a_cluster_failover_to_a_replica_that_missed_writes_is_held_out() {
     next.release().await.expect("release");
     drop(lock);
 }
+
+/// Issue 26, item 2: a failback to a server that kept its run id. The client meets primary P,
+/// then makes no call while the sentinels fail over to the replica and back to P (demoted,
+/// resynchronised from the other server, promoted again: the same process, so the same run
+/// id, but its data is now whatever replication brought, which may lack the last writes made
+/// while the other server was primary). The client must see the change (P's replication id is
+/// new: it was promoted again), hold the member out for the max ttl and repair it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d9_a_failback_to_a_server_that_kept_its_run_id_is_held_out() {
+    let standalone = cluster(2);
+    let group = sentinel_group();
+    let mut urls = standalone.urls();
+    urls.push(group.url());
+    let a = client_for(urls.clone());
+    warm(&a).await;
+
+    let first = group.primary_port().expect("primary");
+    group.failover().expect("failover");
+    let second = group.wait_for_new_primary(first).expect("new primary");
+    // No call from `a` while `second` is primary.
+    group.failover().expect("failback");
+    let back = group.wait_for_new_primary(second).expect("failback");
+    assert_eq!(back, first, "the first primary leads again");
+    let since = Instant::now();
+
+    let probes: Vec<String> = (0..20).map(|i| format!("probe-{i}")).collect();
+    let (landed, held_out) = first_counted(&a, &urls[0], &probes, since).await;
+    assert!(
+        held_out,
+        "the failback was not seen: the member counted {landed:?} after it, never held out"
+    );
+    assert!(
+        landed >= MAX_TTL,
+        "the member counted {landed:?} after the failback, before the max ttl {MAX_TTL:?}"
+    );
+}

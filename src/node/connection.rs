@@ -185,6 +185,10 @@ impl Node {
         pipe.ignore_errors();
         pipe.cmd("INFO").arg("server");
         pipe.cmd("INFO").arg("persistence");
+        let sentinel = self.member.kind() == MemberKind::Sentinel;
+        if sentinel {
+            pipe.cmd("INFO").arg("replication");
+        }
         for lua in scripts::all() {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.code());
         }
@@ -200,7 +204,9 @@ impl Node {
                 .map_err(|e| self.connect_error(e))?;
             redis::from_redis_value(value).map_err(|e| NodeError::BadReply(e.to_string()))
         };
-        let (info, persistence) = (info()?, info()?);
+        let (server, persistence) = (info()?, info()?);
+        let replication = if sentinel { Some(info()?) } else { None };
+        let info = server;
         match replies.find_map(Result::err) {
             Some(e) => self.use_eval(&match scripts::denial(&e, Some("SCRIPT|LOAD")) {
                 Some(NodeError::Denied { command, .. }) => command,
@@ -232,8 +238,11 @@ impl Node {
             config.maxmemory.as_deref(),
             config.policy.as_deref(),
         ));
-        if self.member.kind() == MemberKind::Sentinel {
-            self.observe_start(run_id, Duration::ZERO, false, None);
+        if let Some(replication) = replication {
+            // The primary's run id and replication id: a failback to a server that kept its
+            // run id (demoted, resynchronised, promoted again) reads as a new primary.
+            let identity = super::health::server_identity(&run_id, &replication);
+            self.observe_start(identity, Duration::ZERO, false, None);
         } else {
             self.observe_start(run_id, uptime, fsync_always, marker);
         }

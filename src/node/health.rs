@@ -486,6 +486,20 @@ pub(crate) fn parse_info(info: &str) -> Option<(String, Duration)> {
     Some((run_id?, uptime?))
 }
 
+/// The identity the restart guard compares across connects for a server that may change role
+/// (a Sentinel member's primary, a Cluster master): its run id and its replication id
+/// (`master_replid` in `INFO replication`). A restart changes the run id; a promotion, even of a
+/// server demoted and promoted back within one process (a failback), gives it a new
+/// replication id while the run id stays. An unreadable replication id reads as `?` (a later
+/// readable one then differs: the conservative direction).
+pub(crate) fn server_identity(run_id: &str, info_replication: &str) -> String {
+    let replid = info_replication
+        .lines()
+        .find_map(|l| l.strip_prefix("master_replid:"))
+        .map_or("?", str::trim);
+    format!("{run_id}/{replid}")
+}
+
 /// Whether an `INFO replication` reply shows a server promoted from a replica during its
 /// current process: Redis keeps its replication id from before the promotion as
 /// `master_replid2`, and `second_repl_offset` is then the offset where it took over (`-1` on a
@@ -513,6 +527,13 @@ mod tests {
         assert_eq!(config_value(Value::Array(vec![])), None);
         assert_eq!(config_value(Value::Map(vec![])), None);
         assert_eq!(config_value(Value::Nil), None);
+    }
+
+    #[test]
+    fn the_identity_of_a_server_that_may_change_role_carries_its_replication_id() {
+        let info = "# Replication\r\nrole:master\r\nmaster_replid:abc\r\nmaster_replid2:000\r\n";
+        assert_eq!(server_identity("run1", info), "run1/abc");
+        assert_eq!(server_identity("run1", "# Replication\r\n"), "run1/?");
     }
 
     #[test]

@@ -27,7 +27,9 @@
 //! client has not met makes the call count as failed and the member reconnect, which applies
 //! the guard.
 //!
-//! A Sentinel member's identity is the run id of its current primary. A failover changes it:
+//! A Sentinel member's identity is the run id and replication id of its current primary (the
+//! replication id is renewed by every promotion, so a failback to a server that kept its run
+//! id changes it too; a Cluster master's identity is the same pair). A failover changes it:
 //! the member is held out for the max ttl counted from the moment the client met the new
 //! primary (its uptime says nothing about when it was promoted), and repaired, because
 //! asynchronous replication may have lost the last writes. The durability marker is not
@@ -47,7 +49,7 @@ use redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisFutur
 
 use super::Node;
 use super::address::node_name;
-use super::health::{parse_info, promoted};
+use super::health::{parse_info, promoted, server_identity};
 use super::scripts::{self, ScriptCall};
 use crate::core::lock;
 use crate::error::NodeError;
@@ -336,7 +338,8 @@ impl ConnectionLike for MemberConn {
 pub(crate) struct ClusterView {
     /// Each master's `(host, port)`, sorted: the order of a repair's `SCAN` over them.
     pub(crate) masters: Vec<(String, u16)>,
-    /// Each master's run id.
+    /// Each master's identity: its run id and replication id ([`server_identity`]), so that a
+    /// master demoted and promoted back (the same run id) reads as changed.
     pub(crate) run_ids: BTreeSet<String>,
     /// The member's age for the restart guard: the smallest age among its masters, where a
     /// master promoted from a replica in its current process counts as just started (its
@@ -393,10 +396,9 @@ pub(crate) async fn cluster_view(conn: &mut ClusterConnection) -> redis::RedisRe
     for (addr, text) in servers {
         let (run_id, uptime) =
             parse_info(&text).ok_or_else(|| bad("INFO server lacks run_id or uptime"))?;
-        let was_replica = replication
-            .iter()
-            .find(|(a, _)| *a == addr)
-            .is_none_or(|(_, text)| promoted(text));
+        let replication = replication.iter().find(|(a, _)| *a == addr);
+        let was_replica = replication.is_none_or(|(_, text)| promoted(text));
+        let run_id = server_identity(&run_id, replication.map_or("", |(_, text)| text));
         let (host, port) = addr
             .rsplit_once(':')
             .and_then(|(h, p)| Some((h.to_owned(), p.parse().ok()?)))
@@ -458,6 +460,11 @@ pub(crate) async fn cluster_scan_page(
     info.arg("server");
     let info: String = redis::from_redis_value(conn.route_command(info, route()).await?)?;
     let (run_id, _) = parse_info(&info).ok_or_else(|| bad("INFO server lacks run_id"))?;
+    let mut replication = redis::cmd("INFO");
+    replication.arg("replication");
+    let replication: String =
+        redis::from_redis_value(conn.route_command(replication, route()).await?)?;
+    let run_id = server_identity(&run_id, &replication);
     if next >> MASTER_SHIFT != 0 {
         return Err(bad("a SCAN cursor too large to carry a master index"));
     }
@@ -470,9 +477,10 @@ pub(crate) async fn cluster_scan_page(
 }
 
 impl Node {
-    /// One script call on a Cluster member, with `INFO server` in the same pipeline (one round
-    /// trip, one shard: the pipeline follows the script's key): a run id of that shard this
-    /// client has not met means the shard restarted or failed over since the connect, behind
+    /// One script call on a Cluster member, with `INFO server` and `INFO replication` in the same
+    /// pipeline (one round trip, one shard: the pipeline follows the script's key): an identity
+    /// (run id and replication id) of that shard this client has not met means the shard
+    /// restarted, failed over or failed back since the connect, behind
     /// the cluster client's own reconnect. The call then counts as failed and the connection is
     /// dropped: the next call reconnects, reads every master's run id, and the restart guard
     /// holds the member out and repairs it. The script is sent as `EVAL` (the shard may be new
@@ -489,17 +497,21 @@ impl Node {
             None => pipe.add_command(call.evalsha().into_owned()),
         };
         pipe.cmd("INFO").arg("server");
+        pipe.cmd("INFO").arg("replication");
         let replies: Vec<Value> = pipe
             .query_async(conn)
             .await
             .map_err(|e| self.call_error(e, generation))?;
-        let [reply, info] = <[Value; 2]>::try_from(replies)
-            .map_err(|_| NodeError::BadReply("a pipeline of two gave another count".to_owned()))?;
+        let [reply, info, replication] = <[Value; 3]>::try_from(replies).map_err(|_| {
+            NodeError::BadReply("a pipeline of three gave another count".to_owned())
+        })?;
         let info: String = redis::from_redis_value(info)
             .map_err(|e| NodeError::BadReply(format!("INFO server: {e}")))?;
+        let replication: String = redis::from_redis_value(replication)
+            .map_err(|e| NodeError::BadReply(format!("INFO replication: {e}")))?;
         let (run_id, _) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id".to_owned()))?;
-        self.check_cluster_run_ids([run_id], generation)?;
+        self.check_cluster_run_ids([server_identity(&run_id, &replication)], generation)?;
         reply
             .extract_error()
             .map_err(|e| self.call_error(e, generation))
@@ -536,9 +548,9 @@ impl Node {
         self.check_cluster_run_ids(view.run_ids, generation)
     }
 
-    /// Checks that each run id read from a Cluster member's masters is one the last connect
-    /// met; otherwise drops the connection (the next call reconnects and the restart guard
-    /// sees the change) and fails.
+    /// Checks that each identity (run id and replication id) read from a Cluster member's
+    /// masters is one the last connect met; otherwise drops the connection (the next call
+    /// reconnects and the restart guard sees the change) and fails.
     pub(super) fn check_cluster_run_ids(
         &self,
         run_ids: impl IntoIterator<Item = String>,
@@ -552,7 +564,7 @@ impl Node {
         self.invalidate(generation);
         Err(NodeError::Dropped(redis::RedisError::from(
             std::io::Error::other(
-                "a shard of this cluster member restarted or failed over (a run id not met before); reconnecting",
+                "a shard of this cluster member restarted, failed over or failed back (a run id or replication id not met before); reconnecting",
             ),
         )))
     }
