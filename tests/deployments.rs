@@ -109,7 +109,15 @@ async fn d1_lock_extend_release_and_fencing_with_a_cluster_member() {
         // The key and its counter live on one shard of the cluster member.
         let url = shard_url(&mut member, "job");
         spread(&lock, &[urls[0].clone(), urls[1].clone(), url.clone()]).await;
-        assert_eq!(fence_on(&url, "job"), last, "the counter sits with the key");
+        // At or above the token: the member's own answer may come after the verdict (the token
+        // is the largest counter among the answers the verdict counted), with a larger counter.
+        // (Asserting equality failed about one run in ten on a loaded machine, before issue 26
+        // as after.)
+        let fence = fence_on(&url, "job");
+        assert!(
+            fence >= last,
+            "the counter sits with the key: {fence} < {last}"
+        );
         assert!(lock.extend(TTL).await.expect("extend") > Duration::ZERO);
         let other = client_for(urls.clone());
         assert!(
@@ -555,4 +563,35 @@ async fn d9_a_failback_to_a_server_that_kept_its_run_id_is_held_out() {
         landed >= MAX_TTL,
         "the member counted {landed:?} after the failback, before the max ttl {MAX_TTL:?}"
     );
+}
+
+/// Issue 26, item 7: the one-server check compares the run ids a Cluster member's record holds
+/// one by one, not as a whole set: a standalone URL that reaches one of the member's masters is
+/// the same server as the member (overlapping views), and neither counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d10_a_standalone_url_of_a_cluster_master_and_the_cluster_count_as_one_vote() {
+    let standalone = cluster(1);
+    let member = cluster_member();
+    let urls = vec![
+        standalone.urls()[0].clone(),
+        format!("redis://{}", member.addresses()[0]),
+        member.url(),
+    ];
+    let locks = client_for(urls);
+    wait_until(
+        WAIT,
+        "the shard URL and the cluster report one server",
+        || async {
+            locks.status("job").await.is_ok_and(|s| {
+                s.nodes[1..]
+                    .iter()
+                    .all(|n| matches!(n.state, Err(NodeError::SameServer { .. })))
+            })
+        },
+    )
+    .await;
+    match locks.try_acquire("job", TTL).await {
+        Err(e) => assert!(e.is_no_quorum(), "{e}"),
+        Ok(_) => panic!("a Cluster master counted twice: as a standalone URL and in its cluster"),
+    }
 }

@@ -476,6 +476,18 @@ pub(crate) async fn cluster_scan_page(
     Ok((next, keys, run_id))
 }
 
+/// Whether a Cluster member's reply to `call` is the acquire script's refusal naming our own
+/// value: the cluster client re-sends a pipeline it could not read the answer of (its own
+/// retries), and the second run finds the key the first one set. Read as a refusal, our own
+/// key would count against us and the undo would skip the node (ours would stay until its
+/// ttl); it is a failure instead. Only the acquire script answers with a bulk string.
+fn resent_acquire(call: &ScriptCall, reply: &Value) -> bool {
+    match reply {
+        Value::BulkString(holder) => call.first_arg().is_some_and(|ours| ours == *holder),
+        _ => false,
+    }
+}
+
 impl Node {
     /// One script call on a Cluster member, with `INFO server` and `INFO replication` in the same
     /// pipeline (one round trip, one shard: the pipeline follows the script's key): an identity
@@ -512,9 +524,18 @@ impl Node {
         let (run_id, _) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id".to_owned()))?;
         self.check_cluster_run_ids([server_identity(&run_id, &replication)], generation)?;
-        reply
+        let reply = reply
             .extract_error()
-            .map_err(|e| self.call_error(e, generation))
+            .map_err(|e| self.call_error(e, generation))?;
+        if resent_acquire(call, &reply) {
+            return Err(NodeError::BadReply(
+                "our own value already holds the key: the cluster client sent this acquire \
+                 again after it had run (a retry), so its counter is unknown; the member counts \
+                 as failed and our key there is released with the others"
+                    .to_owned(),
+            ));
+        }
+        Ok(reply)
     }
 
     /// Raises counters on a Cluster member: one `EVAL` per key (counters of different names live
@@ -573,6 +594,28 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resent_acquire_is_told_from_another_owner() {
+        let call = ScriptCall::fenced_acquire(
+            ("quorumlock:{job}", "quorumlock:fence:{x}"),
+            "ours",
+            10_000,
+            (true, false),
+        );
+        assert_eq!(call.first_arg().as_deref(), Some(&b"ours"[..]));
+        assert!(resent_acquire(&call, &Value::BulkString(b"ours".to_vec())));
+        assert!(!resent_acquire(
+            &call,
+            &Value::BulkString(b"theirs".to_vec())
+        ));
+        assert!(!resent_acquire(&call, &Value::Int(7)));
+        let plain = ScriptCall::plain(redis::cmd("PING"));
+        assert!(!resent_acquire(
+            &plain,
+            &Value::BulkString(b"ours".to_vec())
+        ));
+    }
 
     fn tcp() -> TcpSettings {
         TcpSettings::default()

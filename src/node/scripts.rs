@@ -196,6 +196,21 @@ impl ScriptCall {
         }
     }
 
+    /// The script's first argument (`ARGV[1]`: our value, for the acquire), if it runs a script.
+    pub(crate) fn first_arg(&self) -> Option<Vec<u8>> {
+        self.lua?;
+        let cmd = self.evalsha();
+        let mut args = cmd.args_iter().skip(2);
+        let numkeys: usize = match args.next()? {
+            redis::Arg::Simple(n) => std::str::from_utf8(n).ok()?.parse().ok()?,
+            _ => return None,
+        };
+        match args.nth(numkeys)? {
+            redis::Arg::Simple(v) => Some(v.to_vec()),
+            _ => None,
+        }
+    }
+
     /// Whether this call runs a script (and so has an `EVAL` form).
     pub(crate) fn is_script(&self) -> bool {
         self.lua.is_some()
