@@ -1,13 +1,11 @@
 //! Two costs issue 15 still owed, each beside its baseline in the same run, on 3 local nodes:
 //!
 //! 1. **The counter layout** (item 1). A fenced acquire round (one `EVALSHA` per node, decided
-//!    at a quorum, as `benches/support/floor.rs` does) with three scripts:
+//!    at a quorum, as `benches/support/floor.rs` does) with two scripts:
 //!    - `per-name`: the layout before item 1, `SET NX PX` + `INCR` of the name's own counter
 //!      (the floor's `acquire-fenced`; the baseline);
 //!    - `slot`: the library's acquire script (read from the library: its form on nodes that do
-//!      not pipeline, `docs/safety.md`), `SET NX PX` + `GET` of the legacy per-name counter
-//!      (the migration) + `INCR` of the slot's counter;
-//!    - `slot-no-legacy-get`: the same without the migration's `GET`, to isolate it.
+//!      not pipeline, `docs/safety.md`), `SET NX PX` + `INCR` of the slot's counter.
 //!
 //!    Before criterion, each script's Redis-side cost (`usec_per_call` of `EVALSHA` in
 //!    `INFO commandstats`, after `CONFIG RESETSTAT`, over the same number of calls) is printed.
@@ -40,12 +38,6 @@ const SLICES: usize = 9;
 const PER_SLICE: u32 = 300;
 
 const PER_NAME: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0";
-const SLOT_NO_LEGACY_GET: &str = r#"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
-end
-return redis.call('GET', KEYS[1]) or 0
-"#;
 
 fn next_key() -> String {
     static N: AtomicU64 = AtomicU64::new(0);
@@ -107,13 +99,6 @@ fn variants() -> Vec<(Variant, &'static str)> {
             ]
         }),
         v("slot", quorumlock::testkit::acquire_script_source(), |k| {
-            vec![
-                format!("quorumlock:{{{k}}}"),
-                format!("quorumlock:fence:{{{}}}", slot_tag(k)),
-                format!("quorumlock:{{{k}}}:fence"),
-            ]
-        }),
-        v("slot-no-legacy-get", SLOT_NO_LEGACY_GET, |k| {
             vec![
                 format!("quorumlock:{{{k}}}"),
                 format!("quorumlock:fence:{{{}}}", slot_tag(k)),

@@ -336,6 +336,18 @@ pub enum NodeError {
     /// The node's reply had an unexpected shape.
     #[error("unexpected reply: {0}")]
     BadReply(String),
+    /// A run-once tick marker read: this client saw the node come back without proof that its
+    /// data survived (a restart, a failover) `ago`, less than the marker's expiry, so its
+    /// answer that the marker is absent proves nothing (the marker may have been lost with
+    /// the rest). The node still counts for locks once its hold-out and repair are over.
+    #[error(
+        "lost its data {} ago (restarted or failed over without proof its data survived), within the tick marker's expiry: its 'no marker' proves nothing",
+        humanize(*.ago)
+    )]
+    LostDataRecently {
+        /// How long ago this client met the node after the loss.
+        ago: Duration,
+    },
     /// The node's ACL refused a command the crate sent (a `NOPERM` reply), or a command one of
     /// its scripts calls, or a key or channel outside the user's patterns. Not retried on the
     /// node's connection; the node counts as failed until the permission is granted.
@@ -368,7 +380,8 @@ impl NodeError {
     }
 
     /// The cause as one stable word (`timeout`, `refused`, `dropped`, `held_out`, `repairing`,
-    /// `same_server`, `evicting`, `redis`, `held`, `bad_reply`, `denied`): the `error` label of
+    /// `same_server`, `evicting`, `redis`, `held`, `bad_reply`, `lost_data_recently`,
+    /// `denied`): the `error` label of
     /// the node metrics and the `error_kind` of `redlock status --json`.
     ///
     /// ```
@@ -389,6 +402,7 @@ impl NodeError {
             NodeError::Redis(_) => "redis",
             NodeError::HeldByAnother => "held",
             NodeError::BadReply(_) => "bad_reply",
+            NodeError::LostDataRecently { .. } => "lost_data_recently",
             NodeError::Denied { .. } => "denied",
         }
     }

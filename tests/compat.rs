@@ -178,3 +178,187 @@ async fn c3_rslock_and_compat_mode_never_overlap() {
         "both clients got the lock repeatedly: quorumlock {ours}, rslock {theirs}"
     );
 }
+
+/// The ACL line of a Redis user limited to one resource key, as node-redlock and pottery need
+/// it: the commands of their protocol (and `INFO`, which this client reads on connect), no
+/// channel, only the key `orders` and pottery's `redlock:orders`.
+const LIMITED_USER: &str = "user locker on >locker-pw resetkeys ~orders ~redlock:orders \
+                            resetchannels -@all +info +ping +eval +evalsha +script|load \
+                            +get +set +del +pexpire +pttl";
+
+/// Issue 26, item 5 (b): compat mode sends only the resource key, as the other clients do, so
+/// a Redis user limited to that key is enough for acquire, extend and release; and the
+/// servers' ACL log shows no refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c4_a_user_limited_to_the_resource_key_is_enough_in_compat_mode() {
+    init_tracing();
+    let options = quorumlock::testkit::ServerOptions::new()
+        .config_line("user default off")
+        .config_line("user admin on >admin-pw ~* &* +@all")
+        .config_line(LIMITED_USER)
+        .user("locker", "locker-pw");
+    let cluster = quorumlock::testkit::LocalCluster::start_with(3, &options)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let locks = builder(&cluster).compat(true).build().unwrap();
+    // A status read names the resource key only too.
+    wait_until(WAIT, "every node answers a status read", || async {
+        locks
+            .status("orders")
+            .await
+            .is_ok_and(|s| s.answered() == 3)
+    })
+    .await;
+    let lock = locks.try_acquire("orders", TTL).await.expect("acquire");
+    let extended = lock.extend(TTL).await;
+    assert!(extended.is_ok(), "extend: {extended:?}");
+    let released = lock.release().await;
+    assert!(released.is_ok(), "release: {released:?}");
+    for i in 0..3 {
+        let port = cluster.get(i).expect("server").port();
+        let mut admin = conn(&format!("redis://admin:admin-pw@127.0.0.1:{port}"));
+        let log: Vec<Vec<String>> = redis::cmd("ACL").arg("LOG").query(&mut admin).unwrap();
+        let held: Option<String> = redis::cmd("GET").arg("orders").query(&mut admin).unwrap();
+        assert!(held.is_none(), "node {i}: the release deleted the key");
+        // The connect's optional reads (`CONFIG GET`, `CLIENT SETINFO`) may be refused; no key
+        // and no channel.
+        let reasons: Vec<&str> = log
+            .iter()
+            .filter_map(|entry| {
+                let at = entry.iter().position(|f| f == "reason")?;
+                entry.get(at + 1).map(String::as_str)
+            })
+            .collect();
+        assert!(
+            reasons.iter().all(|r| *r == "command"),
+            "node {i}: ACL LOG reasons {reasons:?}: {log:?}"
+        );
+    }
+}
+
+/// Issue 26, item 5 (c): on a Redis Cluster member in compat mode every call names the lock key
+/// only, so no call spans two slots (the release used to name `K` and `K:waiters`, two slots:
+/// every release and undo failed with `CROSSSLOT`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c5_compat_mode_releases_on_a_cluster_member() {
+    init_tracing();
+    let standalone = cluster(1);
+    let member = quorumlock::testkit::RedisClusterMember::start().unwrap_or_else(|e| panic!("{e}"));
+    let locks = Redlock::builder([standalone.urls()[0].clone(), member.url()])
+        .node_timeout(NODE_TIMEOUT)
+        .compat(true)
+        .build()
+        .unwrap();
+    warm(&locks).await;
+    for round in 0..3 {
+        let lock = locks.try_acquire("orders", TTL).await.expect("acquire");
+        lock.extend(TTL).await.expect("extend");
+        let released = lock.release().await;
+        assert!(released.is_ok(), "round {round}: release: {released:?}");
+        let status = locks.status("orders").await.unwrap();
+        assert!(
+            status
+                .nodes
+                .iter()
+                .all(|n| n.state.as_ref().is_ok_and(|s| s.value.is_none())),
+            "round {round}: the key is gone everywhere: {status:?}"
+        );
+    }
+}
+
+/// Issue 26, item 5 (a), against the real peer: pottery keeps its lock on `NAME` under the key
+/// `redlock:NAME` (`Redlock._KEY_PREFIX`), so a compat client excludes it when given
+/// `redlock:NAME`, and does not when given the bare name. Needs `python3` with `pottery`
+/// (`pip install pottery`); without it the test says so on stderr and passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c6_compat_mode_and_pottery_exclude_each_other_on_redlock_prefixed_names() {
+    let has_pottery = std::process::Command::new("python3")
+        .args(["-c", "import pottery"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_pottery {
+        eprintln!("c6 skipped: python3 with pottery is not installed (pip install pottery)");
+        return;
+    }
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let locks = compat_client(&cluster);
+    warm(&locks).await;
+    // pottery takes NAME for 10 s and exits without releasing; prints whether it acquired.
+    let pottery = |name: &str| -> bool {
+        let script = "import sys\n\
+                      from redis import Redis\n\
+                      from pottery import Redlock\n\
+                      masters = {Redis.from_url(u) for u in sys.argv[2:]}\n\
+                      lock = Redlock(key=sys.argv[1], masters=masters, auto_release_time=10)\n\
+                      print(lock.acquire(blocking=False))\n";
+        let out = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .arg(name)
+            .args(&urls)
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim() == "True"
+    };
+    assert!(pottery("printer"), "pottery takes printer");
+    assert!(
+        urls.iter()
+            .any(|u| plain_get(u, "redlock:printer").is_some()),
+        "pottery's key is redlock:printer"
+    );
+    // The bare name is another key: no exclusion.
+    let bare = locks
+        .try_acquire("printer", TTL)
+        .await
+        .expect("the bare name is another key");
+    bare.release().await.unwrap();
+    // The prefixed name is pottery's lock.
+    assert!(
+        locks
+            .try_acquire("redlock:printer", TTL)
+            .await
+            .unwrap_err()
+            .is_held()
+    );
+    // And ours on redlock:scanner excludes pottery's scanner.
+    let ours = locks
+        .try_acquire("redlock:scanner", TTL)
+        .await
+        .expect("acquire");
+    assert!(!pottery("scanner"), "pottery must not take a lock we hold");
+    ours.release().await.unwrap();
+    assert!(pottery("scanner"), "free again once released");
+}
+
+/// Issue 26, item 5 (b): when a node's ACL refuses the extension (here the user may not
+/// `PEXPIRE`), the kept-alive lock is lost with a reason that names the refusal, not "its
+/// validity ran out".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c7_a_refused_extension_is_named_in_the_loss() {
+    init_tracing();
+    let options = quorumlock::testkit::ServerOptions::new()
+        .config_line("user default off")
+        .config_line(&LIMITED_USER.replace(" +pexpire", ""))
+        .user("locker", "locker-pw");
+    let cluster = quorumlock::testkit::LocalCluster::start_with(3, &options)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let locks = builder(&cluster).compat(true).build().unwrap();
+    let lock = locks
+        .try_acquire("orders", Duration::from_secs(1))
+        .await
+        .expect("acquire");
+    lock.keep_alive();
+    tokio::time::timeout(WAIT, lock.lost())
+        .await
+        .expect("lost within the wait");
+    let reason = lock.lost_reason().expect("a reason");
+    assert!(
+        reason.to_string().contains("PEXPIRE"),
+        "the loss names the refused command: {reason}"
+    );
+}

@@ -1,6 +1,6 @@
 //! The keyspace (issue 15, items 1 and 2): fencing counters shared by the lock keys of one
 //! Redis Cluster hash slot (at most 16384 per node, however many names are locked), tokens that
-//! still strictly increase per name, the migration from per-name counters, and the key prefix.
+//! still strictly increase per name, the repair of the buckets, and the key prefix.
 
 mod support;
 
@@ -96,9 +96,8 @@ async fn k1_counters_per_node_are_the_slots_used_not_the_names() {
             expected.iter().all(|k| counters.contains(k.as_str())),
             "{url}"
         );
-        // Only the counters and the markers (durability, legacy counters migrated): no lock
-        // key, no per-name counter.
-        let markers = ["quorumlock:durability-marker", "quorumlock:fence:migrated"];
+        // Only the counters and the durability marker: no lock key, no per-name counter.
+        let markers = ["quorumlock:durability-marker"];
         let others: Vec<&String> = keys
             .iter()
             .filter(|k| !counters.contains(k.as_str()) && !markers.contains(&k.as_str()))
@@ -133,39 +132,11 @@ async fn k2_names_sharing_a_counter_keep_increasing_tokens() {
     assert!(all.windows(2).all(|w| w[1] > w[0]), "{all:?}");
 }
 
-/// Migration from per-name counters (builds before the slot layout): a name whose legacy counter stands at 1000 on a
-/// majority gets a token above 1000; the acquire script folds the legacy counter into the bucket
-/// and deletes it on the nodes it set the key on.
+/// A restarted node's counters are restored from the buckets the others hold, names it never
+/// saw included; a key of the per-name shape of builds before the slot layout
+/// (`quorumlock:{K}:fence`) is no counter and is neither read nor written.
 #[tokio::test]
-async fn k3_the_first_token_after_the_upgrade_exceeds_the_legacy_counter() {
-    let cluster = cluster(3);
-    let urls = cluster.urls();
-    for url in &urls[..2] {
-        let _: () = redis::cmd("SET")
-            .arg(legacy_fence_key("migrated"))
-            .arg(1000)
-            .query(&mut conn(url))
-            .unwrap();
-    }
-    let locks = client(&cluster);
-    warm(&locks).await;
-    let lock = locks.acquire("migrated", TTL).await.unwrap();
-    let token = lock.token().get();
-    assert!(token > 1000, "token {token}");
-    spread(&lock, &urls).await;
-    lock.release().await.unwrap();
-    for url in &urls {
-        assert_eq!(get(url, &legacy_fence_key("migrated")), None, "{url}");
-        assert!(fence_on(url, "migrated") >= token, "{url}");
-    }
-    let next = locks.acquire("migrated", TTL).await.unwrap();
-    assert!(next.token().get() > token);
-}
-
-/// A restarted node's counters are restored from both layouts: buckets and legacy counters the
-/// others still hold, a legacy counter into its bucket (a repair never writes a legacy counter).
-#[tokio::test]
-async fn k4_repair_restores_buckets_and_legacy_counters() {
+async fn k4_repair_restores_buckets() {
     let mut cluster = cluster(3);
     let urls = cluster.urls();
     let locks = builder(&cluster)
@@ -176,10 +147,19 @@ async fn k4_repair_restores_buckets_and_legacy_counters() {
     let token = lock.token().get();
     spread(&lock, &urls).await;
     lock.release().await.unwrap();
+    let other = (0..)
+        .map(|i| format!("other-{i}"))
+        .find(|n| fence_key(n) != fence_key("repaired"))
+        .expect("a name in another slot");
     for url in &urls[1..] {
         let _: () = redis::cmd("SET")
-            .arg(legacy_fence_key("old-name"))
+            .arg(fence_key(&other))
             .arg(77)
+            .query(&mut conn(url))
+            .unwrap();
+        let _: () = redis::cmd("SET")
+            .arg("quorumlock:{old-name}:fence")
+            .arg(1000)
             .query(&mut conn(url))
             .unwrap();
     }
@@ -190,68 +170,16 @@ async fn k4_repair_restores_buckets_and_legacy_counters() {
         "the restarted node is repaired",
         || {
             let url0 = url0.clone();
-            let locks = &locks;
+            let (locks, other) = (&locks, &other);
             async move {
                 let _ = locks.status("repaired").await;
-                fence_on(&url0, "repaired") >= token && fence_on(&url0, "old-name") >= 77
+                fence_on(&url0, "repaired") >= token && fence_on(&url0, other) >= 77
             }
         },
     )
     .await;
-    assert_eq!(get(&url0, &legacy_fence_key("old-name")), None);
-}
-
-/// The run id in a node's `INFO server`.
-fn run_id(url: &str) -> String {
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query(&mut conn(url))
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("run_id:"))
-        .unwrap()
-        .trim()
-        .to_owned()
-}
-
-/// The migration of a node's legacy per-name counters (before its acquires are pipelined):
-/// with a legacy counter above the bucket on every node, the first token after a new client
-/// connects is above it; the client's background migration folds every legacy counter into its
-/// bucket, names never locked again included, deletes them, and writes each node's marker with
-/// the node's run id; the next token of the name that was never locked is above its old
-/// counter too.
-#[tokio::test]
-async fn k6_a_new_client_folds_every_legacy_counter_and_marks_the_node() {
-    let cluster = cluster(3);
-    let urls = cluster.urls();
-    for url in &urls {
-        for (name, n) in [("hot", 1000), ("cold", 500)] {
-            let _: () = redis::cmd("SET")
-                .arg(legacy_fence_key(name))
-                .arg(n)
-                .query(&mut conn(url))
-                .unwrap();
-        }
-    }
-    let locks = client(&cluster);
-    let lock = locks.acquire("hot", TTL).await.unwrap();
-    assert!(lock.token().get() > 1000, "token {}", lock.token());
-    lock.release().await.unwrap();
-    wait_until(WAIT, "every node migrated and marked", || async {
-        let _ = locks.status("hot").await;
-        urls.iter().all(|u| {
-            get_str(u, "quorumlock:fence:migrated") == Some(run_id(u))
-                && get(u, &legacy_fence_key("hot")).is_none()
-                && get(u, &legacy_fence_key("cold")).is_none()
-        })
-    })
-    .await;
-    for url in &urls {
-        assert!(fence_on(url, "cold") >= 500, "{url}");
-        assert!(fence_on(url, "hot") >= 1000, "{url}");
-    }
-    let cold = locks.acquire("cold", TTL).await.unwrap();
-    assert!(cold.token().get() > 500, "token {}", cold.token());
+    assert_eq!(get(&url0, "quorumlock:{old-name}:fence"), None);
+    assert!(fence_on(&url0, "old-name") < 1000);
 }
 
 /// The key prefix: every key of a client built with `key_prefix("billing")` starts with

@@ -455,7 +455,7 @@ async fn m5_every_documented_rule_is_needed() {
     assert!(unused.is_empty(), "rules nothing needed: {unused:?}");
 }
 
-/// A pipelined node (Redis 7, migrated) whose user may `SET` but not `INCR`: the `SET` of our
+/// A pipelined node (Redis 7) whose user may `SET` but not `INCR`: the `SET` of our
 /// acquire lands and the `INCR` after it is refused at the top level (not inside a script), the
 /// node counts as failed, and its key is released like any failed node's: with one such node
 /// the lock is granted by the others and its release leaves no key anywhere; with two, the
@@ -465,16 +465,6 @@ async fn m6_a_pipelined_node_refusing_incr_fails_and_keeps_no_key() {
     let cluster = acl_cluster(3, &documented_user(&[]), &[]);
     let locks = client(&cluster);
     warm(&locks).await;
-    wait_until(WAIT, "every node migrated", || async {
-        let _ = locks.status("m6").await;
-        (0..3).all(|i| {
-            redis::cmd("EXISTS")
-                .arg("quorumlock:fence:migrated")
-                .query::<bool>(&mut admin(&cluster, i))
-                .unwrap()
-        })
-    })
-    .await;
     let _ = locks.status("m6").await;
     let lock_key = "quorumlock:{m6}";
     let no_key_anywhere = || async {

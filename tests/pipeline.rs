@@ -1,5 +1,5 @@
-//! The fenced acquire without Lua (issue 17): what a Redis 7 node receives once its legacy
-//! counters are folded (`SET NX PX GET` + `INCR`, no `EVALSHA`), and nodes kept on the acquire
+//! The fenced acquire without Lua (issue 17): what a Redis 7 node receives (`SET NX PX GET` +
+//! `INCR`, no `EVALSHA`), and nodes kept on the acquire
 //! script beside pipelined ones in one client, against another client.
 
 mod support;
@@ -24,13 +24,13 @@ fn calls(url: &str, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Once migrated, an acquisition costs each node one `SET` and one `INCR` and no script: after
+/// On Redis 7, an acquisition costs each node one `SET` and one `INCR` and no script: after
 /// `N` acquire+release, every node counts `N` `EVALSHA` (the releases), `N` `SET`s and `N`
 /// `INCR`s.
 #[tokio::test]
 async fn p1_a_redis_7_node_receives_set_and_incr_and_no_acquire_script() {
     const N: u64 = 20;
-    let (_cluster, urls, locks) = migrated_three().await;
+    let (_cluster, urls, locks) = pipelining_three().await;
     let mut last = 0;
     for _ in 0..N {
         let lock = locks.acquire("p1", TTL).await.unwrap();
@@ -57,7 +57,6 @@ async fn p1_a_redis_7_node_receives_set_and_incr_and_no_acquire_script() {
 async fn p2_script_and_pipelined_nodes_interoperate() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    migrate_all(&cluster).await;
     let a = builder(&cluster)
         .testkit_script_acquire(1)
         .testkit_script_acquire(3)
@@ -95,16 +94,15 @@ async fn p2_script_and_pipelined_nodes_interoperate() {
     }
 }
 
-/// Three migrated (pipelining) nodes, a client connected to all of them, and their command
+/// Three pipelining (Redis 7) nodes, a client connected to all of them, and their command
 /// statistics zeroed.
-async fn migrated_three() -> (
+async fn pipelining_three() -> (
     quorumlock::testkit::LocalCluster,
     Vec<String>,
     quorumlock::Redlock,
 ) {
     let cluster = cluster(3);
     let urls = cluster.urls();
-    migrate_all(&cluster).await;
     let locks = client(&cluster);
     warm(&locks).await;
     reset_stats(&urls);
@@ -130,7 +128,7 @@ fn reset_stats(urls: &[String]) {
 #[tokio::test]
 async fn p3_release_and_extend_skip_the_raise_where_the_counter_was_seen_at_the_token() {
     const N: u64 = 20;
-    let (_cluster, urls, locks) = migrated_three().await;
+    let (_cluster, urls, locks) = pipelining_three().await;
     let mut last = 0;
     for _ in 0..N {
         let lock = locks.acquire("p3", TTL).await.unwrap();
@@ -161,7 +159,6 @@ async fn p3_release_and_extend_skip_the_raise_where_the_counter_was_seen_at_the_
 async fn p4_a_release_raises_the_counter_of_a_node_restarted_since_the_acquisition() {
     let mut cluster = cluster(3);
     let urls = cluster.urls();
-    migrate_all(&cluster).await;
     let locks = client(&cluster);
     warm(&locks).await;
     let lock = locks.acquire("p4", TTL).await.unwrap();
@@ -233,7 +230,6 @@ async fn counting_wakes<F: std::future::Future>(fut: F) -> (F::Output, std::sync
 #[tokio::test]
 async fn p5_answers_after_the_verdict_do_not_wake_the_caller() {
     let mut cluster = cluster(5);
-    migrate_all(&cluster).await;
     let locks = client(&cluster);
     warm(&locks).await;
     // Every node has answered everything sent to it before: `status` waits for all five on

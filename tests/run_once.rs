@@ -479,3 +479,94 @@ async fn marker_on(url: &str, job: &str, tick: &str) -> Option<String> {
     .expect("answered within the wait")
     .expect("GET")
 }
+
+/// Issue 26, item 3: a tick marker lost in a restart does not let the tick run twice. Instance
+/// 1 runs tick 7 with node 2 unreachable to it, so its marker is on nodes 0 and 1 only. Node 0
+/// restarts empty; instance 2, which met it before, holds it out and repairs its counters, and
+/// it counts again. Node 1 dies. Instance 2 then reads {node 0: absent, node 2: absent}, a
+/// quorum of answers, but node 0's absence proves nothing: it lost its data (seen restarting
+/// without proof its data survived) less than the marker's expiry ago. The tick is skipped as
+/// unavailable, not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_a_marker_lost_in_a_restart_does_not_let_a_tick_run_twice() {
+    let mut cluster = cluster(3);
+    let urls = cluster.urls();
+    let ttl = Duration::from_secs(1);
+    let marker_ttl = Duration::from_secs(60);
+    let job = |locks: quorumlock::Redlock, id: &str| {
+        RunOnce::builder(locks, "s80")
+            .ttl(ttl)
+            .marker_ttl(marker_ttl)
+            .instance(id)
+            .build()
+            .expect("valid job")
+    };
+    // Instance 1 cannot reach node 2 (nothing listens on port 1).
+    let locks1 = quorumlock::Redlock::builder([
+        urls[0].clone(),
+        urls[1].clone(),
+        "redis://127.0.0.1:1".to_owned(),
+    ])
+    .node_timeout(NODE_TIMEOUT)
+    .retry_delay(Duration::from_millis(5), Duration::from_millis(20))
+    .build()
+    .expect("valid config");
+    let one = job(locks1, "one");
+    let locks2 = builder(&cluster)
+        .max_ttl(ttl)
+        .build()
+        .expect("valid config");
+    warm(&locks2).await;
+    let two = job(locks2.clone(), "two");
+
+    let first = one.run(7, |ctx| async move { ctx.token() }).await.unwrap();
+    assert!(first.ran(), "{first:?}");
+    assert!(marker_on(&urls[0], "s80", "7").await.is_some());
+    assert!(marker_on(&urls[1], "s80", "7").await.is_some());
+    assert!(marker_on(&urls[2], "s80", "7").await.is_none());
+
+    // Node 0 comes back empty: instance 2 sees the restart (held out, repaired), then counts it.
+    cluster.restart_empty(0).unwrap();
+    // A probe key held by someone else on node 2: a probe succeeds only with node 0 counting.
+    let mut held_out = false;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node 0 never counted again for instance 2"
+        );
+        set_foreign(&urls[2], "probe", "someone-else", Duration::from_secs(5));
+        match locks2.try_acquire("probe", ttl).await {
+            Ok(probe) => {
+                probe.release().await.expect("release");
+                break;
+            }
+            Err(Error::NoQuorum { failures, .. }) => {
+                held_out |= failures.iter().any(|f| {
+                    matches!(
+                        f.cause,
+                        quorumlock::NodeError::HeldOut { .. } | quorumlock::NodeError::Repairing
+                    )
+                });
+            }
+            Err(e) => assert!(e.is_held(), "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(held_out, "instance 2 saw node 0 restart and held it out");
+    cluster.kill(1).unwrap();
+
+    let second = two.run(7, |ctx| async move { ctx.token() }).await.unwrap();
+    assert!(
+        !second.ran(),
+        "tick 7 ran twice: instance 2 counted node 0's lost marker as absent: {second:?}"
+    );
+    match second.skip_reason() {
+        Some(SkipReason::Unavailable(Error::NoQuorum { failures, .. })) => assert!(
+            failures.iter().any(|f| f.node == urls[0]
+                && matches!(f.cause, quorumlock::NodeError::LostDataRecently { .. })),
+            "{failures:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}

@@ -61,7 +61,7 @@ async fn patient(cluster: &quorumlock::testkit::LocalCluster) -> Redlock {
 
 /// Waits until a waiter of another client has made its second round (refused, registered,
 /// refused again) and is subscribed with its marker set on every node: from then on it only
-/// waits. On migrated nodes ([`migrate_all`]) each acquire round is one `INCR` per node, refused
+/// waits. On Redis 7 nodes (pipelined acquires) each acquire round is one `INCR` per node, refused
 /// or not (and a round refused by a holder on every node has no undo: w16); `before` counts
 /// those made so far.
 async fn until_waiting(urls: &[String], key: &str, before: &[u64]) {
@@ -98,7 +98,6 @@ async fn until_waiting(urls: &[String], key: &str, before: &[u64]) {
 async fn w10_a_release_wakes_a_waiter_of_another_client() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    migrate_all(&cluster).await;
     let holder = client(&cluster);
     let waiter = patient(&cluster).await;
     let ttl = Duration::from_secs(60);
@@ -124,7 +123,6 @@ async fn w10_a_release_wakes_a_waiter_of_another_client() {
 async fn w11_only_a_waited_for_release_publishes() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    migrate_all(&cluster).await;
     let holder = client(&cluster);
     let ttl = Duration::from_secs(60);
     for _ in 0..5 {
@@ -184,7 +182,6 @@ async fn w12_without_a_notice_polling_acquires() {
 async fn w13_killed_subscriptions_still_acquire() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    migrate_all(&cluster).await;
     let holder = client(&cluster);
     let waiter = patient(&cluster).await;
     let ttl = Duration::from_secs(60);
@@ -347,7 +344,6 @@ async fn contend(clients: Vec<Redlock>, key: &'static str, total: usize) -> Vec<
 async fn w16_a_refused_round_sends_no_undo_where_it_was_refused() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    migrate_all(&cluster).await;
     let holder = client(&cluster);
     let other = client(&cluster);
     warm(&other).await;
@@ -355,7 +351,7 @@ async fn w16_a_refused_round_sends_no_undo_where_it_was_refused() {
     let lock = holder.acquire("w16", ttl).await.unwrap();
     spread(&lock, &urls).await;
     // Per node: the round's `INCR` (each round is one `SET NX PX GET` + `INCR` per node on
-    // migrated nodes) and the undo's `EVALSHA` (the release script).
+    // Redis 7 nodes) and the undo's `EVALSHA` (the release script).
     let count = || -> Vec<(u64, u64)> {
         urls.iter()
             .map(|u| (calls(u, "incr"), calls(u, "evalsha")))
@@ -400,7 +396,6 @@ async fn w16_a_refused_round_sends_no_undo_where_it_was_refused() {
 async fn w17_a_round_does_not_wait_for_a_node_known_down() {
     let mut cluster = cluster(5);
     let urls = cluster.urls();
-    migrate_all(&cluster).await;
     let node_timeout = Duration::from_secs(10);
     let locks = builder(&cluster)
         .node_timeout(node_timeout)

@@ -313,7 +313,7 @@ impl Redlock {
         let deadline = start + timing::acquire_round(self.inner.cfg.node_timeout, sent, drift);
         let fencing = self.inner.cfg.fencing;
         let (lock_key, fence_key) = (keys.lock(), keys.fence());
-        let call = self.acquire_call(fencing, (lock_key, fence_key, keys.legacy()), value, ttl_ms);
+        let call = self.acquire_call(fencing, (lock_key, fence_key), value, ttl_ms);
         // Before any call: a node whose yes carries the token was answered on this connection
         // generation or a later one (`Node::process_generation`).
         let generations: Seen = if fencing {
@@ -517,22 +517,21 @@ impl Redlock {
 
 impl Redlock {
     /// The acquire call: with fencing on, the acquire-and-fence script (for nodes that run it:
-    /// Redis 6, Cluster members, nodes whose legacy per-name counters (`legacy`) may not be
-    /// folded yet, which the script folds into the bucket) and/or its pipelined form (`SET NX
-    /// PX GET` + `INCR`, for the others; `node/fence.rs`), each built only if a node takes it;
-    /// a plain `SET NX PX` with fencing off.
+    /// Redis 6, Cluster members) and/or its pipelined form (`SET NX PX GET` + `INCR`, for the
+    /// others; `node/fence.rs`), each built only if a node takes it; a plain `SET NX PX` with
+    /// fencing off.
     fn acquire_call(
         &self,
         fencing: bool,
-        (lock_key, fence_key, legacy): (&str, &str, Option<&str>),
+        (lock_key, fence_key): (&str, &str),
         value: &str,
         ttl_ms: u64,
     ) -> ScriptCall {
-        if fencing && let Some(legacy) = legacy {
+        if fencing {
             let nodes = &self.inner.nodes;
             let pipelined = nodes.iter().filter(|n| n.pipelines()).count();
             ScriptCall::fenced_acquire(
-                (lock_key, fence_key, legacy),
+                (lock_key, fence_key),
                 value,
                 ttl_ms,
                 (pipelined < nodes.len(), pipelined > 0),

@@ -32,7 +32,7 @@ impl Config {
             connect_timeout: self.connect_timeout,
             restart_guard: self.restart_guard,
             eviction_guard: self.eviction_guard,
-            fence_marker: self.fencing.then(|| self.keys.migration_marker()),
+            fenced: self.fencing,
             durability_marker: self.keys.durability_marker(),
             force_script: false,
         }

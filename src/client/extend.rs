@@ -60,7 +60,7 @@ impl Redlock {
             lock_deadline.saturating_duration_since(started),
         );
         let deadline = start + length;
-        let call = extend_call(state, ttl_ms);
+        let call = extend_call(state, ttl_ms, self.inner.cfg.keys.is_compat());
         let round = self
             .round(
                 Arc::new(call),
@@ -101,6 +101,8 @@ impl Redlock {
         ttl: Duration,
     ) -> Result<Duration, Error> {
         let key = state.key();
+        // A refusal by a node's ACL is named if the lock is lost at its deadline.
+        state.note_extension(matches!(outcome, Extension::Extended(_)), &failures);
         match outcome {
             Extension::Extended(validity) => {
                 // Validity counts from the verdict, the end of the round (`start + ttl − drift`).
@@ -134,6 +136,7 @@ impl Redlock {
                 tracing::warn!(
                     key,
                     yes = tally.yes(),
+                    failures = %FailureList(&failures),
                     "lock lost: its deadline passed before an extension reached a quorum"
                 );
                 Err(state.lose(LostReason::Expired))
@@ -150,7 +153,23 @@ impl Redlock {
 /// The extension of a held lock: the EXTEND script, and, on the nodes whose counter was seen at
 /// the token on the connection the call runs on ([`LockState::seen`]), its lean form (a fourth
 /// argument), which does not read the counter where our key is present (`scripts::EXTEND`).
-fn extend_call(state: &LockState, ttl_ms: u64) -> scripts::ScriptCall {
+///
+/// In compat mode the call names the lock key only, as other Redlock clients' extensions do
+/// (an ACL limited to the resource key is enough): token 0 and the lean argument, with which
+/// the script never touches a second key.
+fn extend_call(state: &LockState, ttl_ms: u64, compat: bool) -> scripts::ScriptCall {
+    if compat {
+        let mut ttl = itoa::Buffer::new();
+        return scripts::EXTEND.call(
+            &[state.lock_key().as_bytes()],
+            &[
+                state.value().as_bytes(),
+                ttl.format(ttl_ms).as_bytes(),
+                b"0",
+                b"1",
+            ],
+        );
+    }
     let keys: [&[u8]; 2] = [state.lock_key().as_bytes(), state.fence_key().as_bytes()];
     let mut ttl = itoa::Buffer::new();
     let mut token = itoa::Buffer::new();

@@ -7,7 +7,6 @@
 pub(crate) mod acquire;
 pub(crate) mod config;
 mod extend;
-mod migrate;
 mod release;
 mod repair;
 pub(crate) mod round;

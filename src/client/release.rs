@@ -26,7 +26,7 @@ impl Redlock {
         let expired = state.deadline() <= clock::now();
         // Lost before the release (its signal fired): that is what the release reports.
         let lost = state.reason();
-        let call = release_call(state);
+        let call = release_call(state, self.inner.cfg.keys.is_compat());
         // Before the round: its notices may arrive before its answers.
         self.inner
             .waiting
@@ -91,7 +91,7 @@ impl Redlock {
         let key = state.lock_key().to_owned();
         self.spawn_release_task(&key, async move {
             let _serial = state.serial().await;
-            let call = Arc::new(release_call(&state));
+            let call = Arc::new(release_call(&state, client.inner.cfg.keys.is_compat()));
             client.release_with(call, &[]).await;
             if let Some(tail) = state.take_tail() {
                 client.settle(tail, false);
@@ -128,17 +128,21 @@ impl Redlock {
         skip: &[bool],
     ) -> impl Future<Output = ()> + Send + 'static {
         let waiters = waiters_key_of(lock_key);
-        let call = Arc::new(scripts::RELEASE.call(
-            &[
-                lock_key.as_bytes(),
-                fence_key.as_bytes(),
-                waiters.as_bytes(),
-            ],
-            &[
-                value.as_bytes(),
-                itoa::Buffer::new().format(token).as_bytes(),
-            ],
-        ));
+        let call = Arc::new(if self.inner.cfg.keys.is_compat() {
+            compat_release(lock_key, value)
+        } else {
+            scripts::RELEASE.call(
+                &[
+                    lock_key.as_bytes(),
+                    fence_key.as_bytes(),
+                    waiters.as_bytes(),
+                ],
+                &[
+                    value.as_bytes(),
+                    itoa::Buffer::new().format(token).as_bytes(),
+                ],
+            )
+        });
         self.release_with(call, skip)
     }
 
@@ -164,12 +168,26 @@ impl Redlock {
     }
 }
 
+/// The release in compat mode: the RELEASE script given the lock key only and token 0, so it
+/// compares and deletes that key and touches nothing else, as other Redlock clients' releases
+/// do (an ACL limited to the resource key is enough, and on a Redis Cluster member the call
+/// stays in the key's slot). No notice is published: compat mode has no waiters marker, and
+/// its waiters poll.
+fn compat_release(lock_key: &str, value: &str) -> ScriptCall {
+    scripts::RELEASE.call(&[lock_key.as_bytes()], &[value.as_bytes(), b"0"])
+}
+
 /// The release of a held lock: the RELEASE script with the lock's token, so that every node's
 /// counter ends at or above it, and, on the nodes whose counter was seen at the token on the
 /// connection the release runs on ([`LockState::seen`]), the same script with token `0`, which
 /// skips that raise (it would find the counter there already: `docs/safety.md`, "Release raises
 /// counters everywhere").
-fn release_call(state: &LockState) -> ScriptCall {
+///
+/// In compat mode the call names the lock key only (see [`compat_release`]).
+fn release_call(state: &LockState, compat: bool) -> ScriptCall {
+    if compat {
+        return compat_release(state.lock_key(), state.value());
+    }
     let keys: [&[u8]; 3] = [
         state.lock_key().as_bytes(),
         state.fence_key().as_bytes(),

@@ -68,7 +68,7 @@ const HOLD_OUT_CHECK: Duration = Duration::from_secs(1);
 const WARN_AFTER: u32 = 5;
 impl Redlock {
     /// Starts restoring the counters of every node that needs it (at most one repair per node at
-    /// a time), and the migrations connects asked for (`migrate.rs`). Called around every round, so a restart seen in a round is repaired right away.
+    /// a time). Called around every round, so a restart seen in a round is repaired right away.
     ///
     /// A repair runs until it is done, however long the keyspace makes it, and is not waited for
     /// by [`flush`](Redlock::flush); it stops when the client is dropped.
@@ -84,8 +84,6 @@ impl Redlock {
                 tokio::spawn(repair(Arc::downgrade(&self.inner), nodes, i, claim));
             }
         }
-        // And the folding of legacy fencing counters a connect asked for.
-        self.schedule_migrations();
     }
 }
 

@@ -236,8 +236,7 @@ impl Redlock {
         if !timed_out {
             answers.abandon(nodes, op, verdict);
         }
-        // A connection made during the round may have revealed a restart, or a node whose
-        // legacy fencing counters are to be folded.
+        // A connection made during the round may have revealed a restart.
         self.schedule_repairs();
         let Answers {
             tally,

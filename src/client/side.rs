@@ -64,6 +64,15 @@ impl<T> Replies<T> {
         self.nodes.len()
     }
 
+    /// How many of the nodes for which `counts(i)` holds answered (`i` the node's index).
+    pub(crate) fn answered_where(&self, counts: impl Fn(usize) -> bool) -> usize {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(i, (_, r))| r.is_ok() && counts(*i))
+            .count()
+    }
+
     /// The answers, in node order.
     pub(crate) fn answers(&self) -> impl Iterator<Item = &T> {
         self.nodes.iter().filter_map(|(_, r)| r.as_ref().ok())

@@ -13,7 +13,7 @@ use crate::core::clock::{self, Stamp};
 use crate::core::keys::LockKeys;
 use crate::core::lock;
 use crate::core::token::FencingToken;
-use crate::error::{Error, LostReason};
+use crate::error::{Error, LostReason, NodeError, NodeFailure};
 use crate::metrics;
 
 /// Per node, the connection generation on which the node's fencing counter was seen at or
@@ -84,6 +84,10 @@ pub(crate) struct LockState {
     deadline: Mutex<Stamp>,
     lost: CancellationToken,
     reason: Mutex<Option<LostReason>>,
+    /// The failures of the last extension round, when a node's ACL refused it there, until an
+    /// extension succeeds: a loss at the deadline then names them ([`LostReason::Unreachable`])
+    /// rather than time alone.
+    refused: Mutex<Option<Vec<NodeFailure>>>,
     released: AtomicBool,
     /// The winning round's calls still unanswered at the grant (closed: none is sent any more),
     /// kept here rather than parked on the client so that their answers can be read when the
@@ -112,6 +116,7 @@ impl LockState {
             deadline: Mutex::new(deadline),
             lost: CancellationToken::new(),
             reason: Mutex::new(None),
+            refused: Mutex::new(None),
             released: AtomicBool::new(false),
             tail: Mutex::new(None),
             serial: tokio::sync::Mutex::new(()),
@@ -237,8 +242,25 @@ impl LockState {
         }
     }
 
+    /// Records an extension round's outcome: its failures when a node's ACL refused the
+    /// extension, nothing once one succeeded (see `refused`).
+    pub(crate) fn note_extension(&self, extended: bool, failures: &[NodeFailure]) {
+        let refused = failures
+            .iter()
+            .any(|f| matches!(f.cause, NodeError::Denied { .. }));
+        *lock(&self.refused) = (!extended && refused).then(|| failures.to_vec());
+    }
+
     /// Marks the lock lost (first reason wins), fires the signal and returns the error to report.
+    /// A loss at the deadline after an extension refused by a node's ACL names the refusal.
     pub(crate) fn lose(&self, reason: LostReason) -> Error {
+        let reason = match reason {
+            LostReason::Expired => match lock(&self.refused).clone() {
+                Some(failures) => LostReason::Unreachable { failures },
+                None => LostReason::Expired,
+            },
+            other => other,
+        };
         {
             let mut r = lock(&self.reason);
             if r.is_none() && !self.lost.is_cancelled() {

@@ -153,8 +153,12 @@ impl Redlock {
     pub async fn status(&self, key: &str) -> Result<LockStatus, Error> {
         self.check(key, Duration::from_secs(1))?;
         let (lock_key, fence_key) = (self.keys().lock_key(key), self.keys().fence_key(key));
-        let call =
-            Arc::new(scripts::STATUS.call(&[lock_key.as_bytes(), fence_key.as_bytes()], &[]));
+        // Compat mode names the lock key only (no counter: its fence reads 0).
+        let call = Arc::new(if self.inner.cfg.keys.is_compat() {
+            scripts::STATUS.call(&[lock_key.as_bytes()], &[])
+        } else {
+            scripts::STATUS.call(&[lock_key.as_bytes(), fence_key.as_bytes()], &[])
+        });
         let deadline = Instant::now() + self.inner.cfg.node_timeout;
         let replies =
             futures::future::join_all(self.inner.nodes.iter().map(|n| {

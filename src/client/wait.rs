@@ -6,7 +6,7 @@
 //!   `quorumlock:{K}:waiters` exists on the nodes (set by the waiting client with a 10 s expiry,
 //!   refreshed every 3 s while it waits). The release script deletes the lock and, only if
 //!   the marker exists, publishes the released value on the channel of the same name
-//!   (`node/scripts.rs`, `RELEASE`). An uncontended release pays one `EXISTS` inside the script
+//!   (`node/scripts.rs`, `RELEASE`). An uncontended release pays one `SCARD` inside the script
 //!   it already runs, and publishes nothing. Each client that waits holds one pub/sub
 //!   connection per node ([`Node::open_pubsub`]), subscribed to the channel of every key it
 //!   waits for, re-established with the crate's backoff when it breaks or stops answering a
@@ -355,6 +355,9 @@ impl Redlock {
     /// Sets (or refreshes, when due) the waiters marker on every node. Awaited (bounded by the
     /// node timeout) when `wait`, otherwise sent in the background.
     pub(crate) async fn set_marker(&self, kw: &KeyWait, channel: &str, wait: bool) {
+        if self.inner.cfg.keys.is_compat() {
+            return;
+        }
         let now = Instant::now();
         {
             let mut st = lock(&kw.state);
@@ -439,6 +442,11 @@ impl Redlock {
 
     /// Starts one subscription task per node, once per client (on the current runtime).
     fn start_subscriptions(&self) {
+        // Compat mode: no waiters marker nor notices (its calls name the resource key only);
+        // its waiters poll.
+        if self.inner.cfg.keys.is_compat() {
+            return;
+        }
         let waiting = &self.inner.waiting;
         if waiting.tasks.get().is_some() {
             return;

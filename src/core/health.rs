@@ -170,14 +170,32 @@ pub(crate) fn restart_verdict(
     }
 }
 
-/// The first node other than `i` whose run id is `i`'s. Pure.
+/// The first node other than `i` that shares a server with `i`. Pure.
+///
+/// Each node's record is one run id (a standalone server, a Sentinel member's primary) or, for
+/// a Cluster member, its masters' identities joined by commas (`run id/replication id`, see
+/// `node/health.rs`): two records share a server when any run id appears in both. So two URLs
+/// of one Cluster whose views differ (one saw a failover the other did not yet) are still one
+/// vote, and so is a standalone URL that reaches one of a Cluster member's masters.
 pub(crate) fn twin(run_ids: &[Option<String>], i: usize) -> Option<usize> {
     let mine = run_ids.get(i)?.as_deref()?;
     run_ids
         .iter()
         .enumerate()
-        .find(|&(j, r)| j != i && r.as_deref() == Some(mine))
+        .find(|&(j, r)| j != i && r.as_deref().is_some_and(|r| share_a_server(mine, r)))
         .map(|(j, _)| j)
+}
+
+/// Whether two records (see [`twin`]) name a run id in common.
+fn share_a_server(a: &str, b: &str) -> bool {
+    let ids = |s: &str| -> Vec<String> {
+        s.split(',')
+            .map(|e| e.split('/').next().unwrap_or(e).to_owned())
+            .filter(|e| !e.is_empty())
+            .collect()
+    };
+    let theirs = ids(b);
+    ids(a).iter().any(|x| theirs.contains(x))
 }
 
 /// The youngest a node that reports `uptime` can be: `uptime − 1 s`.
@@ -227,6 +245,30 @@ mod tests {
         // Not fsynced on every write now, or not durable in the run this client saw before.
         assert!(!data_survived(false, Some("r1"), "r2", None));
         assert!(!data_survived(true, Some("r1"), "r2", Some(false)));
+    }
+
+    #[test]
+    fn twins_share_any_run_id() {
+        let r = |s: &str| Some(s.to_owned());
+        let records = vec![
+            r("a/r1,b/r2,c/r3"),
+            r("a/r1,b/r2,d/r4"),
+            r("e"),
+            r("c"),
+            None,
+            r("f/r9"),
+        ];
+        assert_eq!(twin(&records, 0), Some(1), "overlapping Cluster views");
+        assert_eq!(twin(&records, 1), Some(0));
+        assert_eq!(
+            twin(&records, 3),
+            Some(0),
+            "a standalone URL of a Cluster master"
+        );
+        assert_eq!(twin(&records, 2), None);
+        assert_eq!(twin(&records, 4), None);
+        assert_eq!(twin(&records, 5), None);
+        assert_eq!(twin(&[r("x"), r("x")], 1), Some(0));
     }
 
     #[test]

@@ -9,7 +9,6 @@
 //! | --- | --- |
 //! | `P:{K}` | the lock on user key `K` (in compat mode: `K` itself, as other Redlock clients) |
 //! | `P:fence:{T}` | the fencing counter of every lock key in Cluster slot `s`, where `T` = [`slot_tag`]`(s)` |
-//! | `P:{K}:fence` | the per-name counter of builds before the slot layout (legacy): folded into the bucket by the acquire script |
 //!
 //! A lock key and its counter are in one hash slot (the tag `T` hashes to the lock key's
 //! slot), so the scripts that touch both run on a Redis Cluster too, and a node holds at most
@@ -110,6 +109,13 @@ impl KeyLayout {
         })
     }
 
+    /// Whether this is compat mode: the lock is the plain resource name, and calls name only
+    /// that key, as other Redlock clients do (no counter, no waiters marker: an ACL limited to
+    /// the resource key is enough, and on a Redis Cluster no call spans two slots).
+    pub(crate) fn is_compat(&self) -> bool {
+        self.compat
+    }
+
     /// The lock key for a user key: `P:{K}`, or `K` in compat mode.
     pub(crate) fn lock_key(&self, key: &str) -> String {
         if self.compat {
@@ -125,18 +131,10 @@ impl KeyLayout {
         format!("{}:fence:{{{tag}}}", self.prefix)
     }
 
-    /// The per-name counter of the layout before buckets (same hash slot as the lock key).
-    /// `None` in compat mode, which never had one.
-    #[cfg(test)]
-    pub(crate) fn legacy_fence_key(&self, key: &str) -> Option<String> {
-        (!self.compat).then(|| format!("{}:{{{key}}}:fence", self.prefix))
-    }
-
     /// Every key of one lock, laid out once in one buffer (one allocation per lock, not one
-    /// per key, per round or per node): the lock key, its waiters marker, the legacy per-name
-    /// counter and the fencing counter. The same strings as [`lock_key`](Self::lock_key),
-    /// [`fence_key`](Self::fence_key), [`legacy_fence_key`](Self::legacy_fence_key) and
-    /// [`waiters_key_of`].
+    /// per key, per round or per node): the lock key, its waiters marker and the fencing
+    /// counter. The same strings as [`lock_key`](Self::lock_key), [`fence_key`](Self::fence_key)
+    /// and [`waiters_key_of`].
     pub(crate) fn lock_keys(&self, key: &str) -> LockKeys {
         let prefix: &str = &self.prefix;
         let lock_len = if self.compat {
@@ -144,17 +142,10 @@ impl KeyLayout {
         } else {
             prefix.len() + key.len() + 3
         };
-        let mut buf = String::with_capacity(
-            2 * lock_len + WAITERS_SUFFIX.len() + LEGACY_SUFFIX.len() + prefix.len() + 13,
-        );
+        let mut buf = String::with_capacity(lock_len + WAITERS_SUFFIX.len() + prefix.len() + 13);
         push_lock_key(&mut buf, prefix, key, self.compat);
         buf.push_str(WAITERS_SUFFIX);
         let waiters = buf.len();
-        let legacy = (!self.compat).then(|| {
-            push_lock_key(&mut buf, prefix, key, false);
-            buf.push_str(LEGACY_SUFFIX);
-            buf.len()
-        });
         let fence_start = buf.len();
         let tag = slot_tag(slot(&buf.as_bytes()[..lock_len]));
         buf.push_str(prefix);
@@ -170,28 +161,14 @@ impl KeyLayout {
             },
             lock: lock_len,
             waiters,
-            legacy,
             fence: fence_start,
         }
     }
 
-    /// A `SCAN MATCH` glob that covers both counter layouts (and possibly other keys: filter
-    /// with [`Self::is_counter`]).
+    /// A `SCAN MATCH` glob for the fencing counters (`P:fence:*`; it may match other keys:
+    /// filter with [`Self::is_counter`]).
     pub(crate) fn counter_glob(&self) -> String {
-        format!("{}:*fence*", self.prefix)
-    }
-
-    /// A `SCAN MATCH` glob for the legacy per-name counters only (`P:{*}:fence`; braces are
-    /// not glob characters). Filter with [`Self::is_legacy_counter`].
-    pub(crate) fn legacy_glob(&self) -> String {
-        format!("{}:{{*}}{LEGACY_SUFFIX}", self.prefix)
-    }
-
-    /// The migration marker of this namespace (`P:fence:migrated`): present on a node, with
-    /// that node's run id as its value, once its legacy per-name counters have been folded into
-    /// the buckets (`node/fence.rs`). Not a counter: [`Self::is_counter`] is false for it.
-    pub(crate) fn migration_marker(&self) -> String {
-        format!("{}:fence:migrated", self.prefix)
+        format!("{}:fence:*", self.prefix)
     }
 
     /// The restart guard's durability marker of this namespace (`P:durability-marker`; see
@@ -200,43 +177,20 @@ impl KeyLayout {
         format!("{}:durability-marker", self.prefix)
     }
 
-    /// Whether a key is a legacy per-name counter (`P:{K}:fence`) of this namespace.
-    pub(crate) fn is_legacy_counter(&self, key: &[u8]) -> bool {
-        self.is_counter(key) && !key[self.prefix.len() + 1..].starts_with(b"fence:{")
-    }
-
-    /// The bucket a counter of this namespace belongs to: a bucket itself, or for a legacy
-    /// per-name counter `P:{K}:fence` the bucket of its lock key `P:{K}` (same hash tag, so
-    /// same slot). What a repair raises and a migration folds into: neither ever writes a
-    /// legacy counter.
-    pub(crate) fn bucket_of(&self, counter: &[u8]) -> Vec<u8> {
-        if !self.is_legacy_counter(counter) {
-            return counter.to_vec();
-        }
-        let tag = slot_tag(slot(counter));
-        format!("{}:fence:{{{tag}}}", self.prefix).into_bytes()
-    }
-
     /// Whether a key is a fencing counter of this namespace: a bucket (`P:fence:{T}`, `T` a
-    /// slot tag) or a legacy per-name counter (`P:{K}:fence`). Lock keys end with `}`, so
-    /// neither shape can be a lock key of this namespace.
+    /// slot tag). Lock keys of this namespace start with `P:{`, so none is a counter.
     pub(crate) fn is_counter(&self, key: &[u8]) -> bool {
-        let Some(rest) = key
+        let Some(tag) = key
             .strip_prefix(self.prefix.as_bytes())
-            .and_then(|r| r.strip_prefix(b":"))
+            .and_then(|r| r.strip_prefix(b":fence:{"))
+            .and_then(|t| t.strip_suffix(b"}"))
         else {
             return false;
         };
-        if let Some(tag) = rest
-            .strip_prefix(b"fence:{")
-            .and_then(|t| t.strip_suffix(b"}"))
-        {
-            return !tag.is_empty()
-                && tag.len() <= 4
-                && tag.iter().all(|b| TAG_ALPHABET.contains(b))
-                && slot_tag(slot(tag)).as_bytes() == tag;
-        }
-        rest.len() > b"{}:fence".len() && rest.starts_with(b"{") && rest.ends_with(b"}:fence")
+        !tag.is_empty()
+            && tag.len() <= 4
+            && tag.iter().all(|b| TAG_ALPHABET.contains(b))
+            && slot_tag(slot(tag)).as_bytes() == tag
     }
 }
 
@@ -272,14 +226,6 @@ pub(crate) fn waiters_key_of(lock_key: &str) -> String {
 /// What [`waiters_key_of`] appends to a lock key.
 pub(crate) const WAITERS_SUFFIX: &str = ":waiters";
 
-/// What the legacy per-name counter adds to the lock key.
-const LEGACY_SUFFIX: &str = ":fence";
-
-/// The legacy per-name counter of a lock key (`P:{K}` → `P:{K}:fence`).
-pub(crate) fn legacy_counter_of(lock_key: &[u8]) -> Vec<u8> {
-    [lock_key, LEGACY_SUFFIX.as_bytes()].concat()
-}
-
 /// Appends the lock key of `key` (`P:{K}`, or `K` in compat mode) to `buf`.
 fn push_lock_key(buf: &mut String, prefix: &str, key: &str, compat: bool) {
     if compat {
@@ -292,8 +238,8 @@ fn push_lock_key(buf: &mut String, prefix: &str, key: &str, compat: bool) {
     }
 }
 
-/// The keys of one lock, in one buffer: `lock + ":waiters"`, then (outside compat mode) the
-/// legacy counter, then the fencing counter (see [`KeyLayout::lock_keys`]).
+/// The keys of one lock, in one buffer: `lock + ":waiters"`, then the fencing counter (see
+/// [`KeyLayout::lock_keys`]).
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
     buf: String,
@@ -302,8 +248,6 @@ pub(crate) struct LockKeys {
     /// Where the lock key ends (it starts the buffer), and the waiters marker (which extends it).
     lock: usize,
     waiters: usize,
-    /// Where the legacy counter ends (it starts at `waiters`).
-    legacy: Option<usize>,
     /// Where the fencing counter starts (it ends the buffer).
     fence: usize,
 }
@@ -322,11 +266,6 @@ impl LockKeys {
     /// The fencing counter of the lock key's hash slot.
     pub(crate) fn fence(&self) -> &str {
         &self.buf[self.fence..]
-    }
-
-    /// The per-name counter of the layout before buckets (none in compat mode).
-    pub(crate) fn legacy(&self) -> Option<&str> {
-        self.legacy.map(|end| &self.buf[self.waiters..end])
     }
 
     /// The waiters marker, also the channel of release notices (see [`waiters_key_of`]).
@@ -398,18 +337,10 @@ mod tests {
                 assert_eq!(slot(l.as_bytes()), slot(f.as_bytes()), "{l} / {f}");
                 assert!(layout.is_counter(f.as_bytes()), "{f}");
                 assert!(!layout.is_counter(l.as_bytes()) || compat, "{l}");
-                if let Some(legacy) = layout.legacy_fence_key(key) {
-                    assert_eq!(slot(l.as_bytes()), slot(legacy.as_bytes()), "{legacy}");
-                    assert!(layout.is_counter(legacy.as_bytes()), "{legacy}");
-                }
             }
         }
         let default = KeyLayout::default();
         assert_eq!(default.lock_key("job"), "quorumlock:{job}");
-        assert_eq!(
-            default.legacy_fence_key("job").as_deref(),
-            Some("quorumlock:{job}:fence")
-        );
         assert_eq!(KeyLayout::new("x", true).unwrap().lock_key("job"), "job");
     }
 
@@ -421,15 +352,7 @@ mod tests {
             prop_assert_eq!(keys.key(), key.as_str());
             prop_assert_eq!(keys.lock(), layout.lock_key(&key));
             prop_assert_eq!(keys.fence(), layout.fence_key(&key));
-            let legacy = layout.legacy_fence_key(&key);
-            prop_assert_eq!(keys.legacy(), legacy.as_deref());
-            if let Some(legacy) = &legacy {
-                prop_assert!(layout.is_legacy_counter(legacy.as_bytes()));
-                prop_assert_eq!(legacy_counter_of(keys.lock().as_bytes()), legacy.as_bytes().to_vec());
-                prop_assert!(!layout.is_legacy_counter(keys.fence().as_bytes()));
-                prop_assert_eq!(layout.bucket_of(legacy.as_bytes()), keys.fence().as_bytes().to_vec());
-                prop_assert_eq!(layout.bucket_of(keys.fence().as_bytes()), keys.fence().as_bytes().to_vec());
-            }
+            prop_assert!(layout.is_counter(keys.fence().as_bytes()));
             prop_assert_eq!(keys.waiters(), waiters_key_of(&layout.lock_key(&key)));
         }
 
@@ -452,6 +375,8 @@ mod tests {
             "quorumlock:fence:{zzzz}",
             "quorumlock:fence:{}",
             "quorumlock:{}:fence",
+            "quorumlock:{job}:fence",
+            "quorumlock:fence:migrated",
             "other:{job}:fence",
             "quorumlock:durability-marker",
         ] {

@@ -307,9 +307,18 @@ impl RedlockBuilder {
     /// do, so that this client and services on redsync (Go), node-redlock, pottery (Python) or
     /// rslock exclude each other on the same nodes, for example during a migration.
     ///
+    /// Give the name of the Redis key the other client writes: redsync, node-redlock and rslock
+    /// lock the name they are given (use the same name); pottery's `Redlock(key=NAME)` locks
+    /// `redlock:NAME` (its `_KEY_PREFIX`), so give `redlock:NAME` to exclude it (tested against
+    /// rslock and pottery: `tests/compat.rs`).
+    ///
     /// The lock on `K` is the key `K` itself (no prefix, no hash tag), set with
     /// `SET K value NX PX ttl` (`value`: 128 random bits); release is compare-and-delete,
-    /// extension compare-and-`PEXPIRE` (an extension never re-sets a key a node lost). There are
+    /// extension compare-and-`PEXPIRE` (an extension never re-sets a key a node lost). Every
+    /// call names the key `K` only, as the other clients' calls do: a Redis user limited to the
+    /// resource's key is enough (`docs/acl.md`), and on a Redis Cluster member no call spans two
+    /// slots. So there is no waiters marker either: a waiting `acquire` polls (the client's
+    /// retry pause, doubling up to 1 s) instead of being woken by the release. There are
     /// no fencing counters: tokens are [`FencingToken`](crate::FencingToken) 0, and elections and
     /// run-once jobs refuse the client ([`ConfigError::FencingRequired`]), as with
     /// [`fencing(false)`](Self::fencing). Every client of a resource must use the same nodes,

@@ -139,8 +139,9 @@ impl Node {
 
     /// Connects, loads every script and reads `run_id` / `uptime_in_seconds` in one round trip.
     ///
-    /// A Cluster member reads every master's `INFO server` instead (its identity is their run
-    /// ids, its age its youngest master's) and loads the scripts on every node; `CONFIG` and the
+    /// A Cluster member reads every master's `INFO server` and `INFO replication` instead (its
+    /// identity is their run ids, its age its youngest master's, a promoted one counting as
+    /// just started) and loads the scripts on every node; `CONFIG` and the
     /// durability marker are skipped (its shards may not share a configuration; it is never
     /// taken for durable). A Sentinel member's primary is met like a standalone master, except
     /// that a new run id counts from now (a promotion does not reset the uptime) and the
@@ -173,9 +174,8 @@ impl Node {
     ///
     /// A refused `SCRIPT LOAD` (an ACL such as `-script|load`) does not fail the connect: the
     /// node then gets its scripts as `EVAL` (see `scripts.rs`). `INFO` is required: the restart
-    /// guard cannot work without the run id and uptime. With fencing on, the migration marker
-    /// is read too, and with the server's version decides the fenced acquire's form
-    /// (`fence.rs`).
+    /// guard cannot work without the run id and uptime. The server's version decides the fenced
+    /// acquire's form (`fence.rs`).
     async fn meet_server(
         &self,
         mut conn: MultiplexedConnection,
@@ -185,8 +185,9 @@ impl Node {
         pipe.ignore_errors();
         pipe.cmd("INFO").arg("server");
         pipe.cmd("INFO").arg("persistence");
-        if let Some(marker) = self.fence_marker() {
-            pipe.cmd("GET").arg(marker);
+        let sentinel = self.member.kind() == MemberKind::Sentinel;
+        if sentinel {
+            pipe.cmd("INFO").arg("replication");
         }
         for lua in scripts::all() {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.code());
@@ -203,16 +204,9 @@ impl Node {
                 .map_err(|e| self.connect_error(e))?;
             redis::from_redis_value(value).map_err(|e| NodeError::BadReply(e.to_string()))
         };
-        let (info, persistence) = (info()?, info()?);
-        let migrated: Option<String> = if self.fence_marker().is_some() {
-            // Unreadable (refused by an ACL, say) reads as absent: the node keeps the script.
-            replies
-                .next()
-                .and_then(Result::ok)
-                .and_then(|v| redis::from_redis_value(v).ok())
-        } else {
-            None
-        };
+        let (server, persistence) = (info()?, info()?);
+        let replication = if sentinel { Some(info()?) } else { None };
+        let info = server;
         match replies.find_map(Result::err) {
             Some(e) => self.use_eval(&match scripts::denial(&e, Some("SCRIPT|LOAD")) {
                 Some(NodeError::Denied { command, .. }) => command,
@@ -222,12 +216,7 @@ impl Node {
         }
         let (run_id, uptime) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
-        self.observe_fence(
-            generation,
-            super::fence::redis_major(&info),
-            migrated.as_deref(),
-            &run_id,
-        );
+        self.observe_fence(generation, super::fence::redis_major(&info));
         let aof = persistence.lines().any(|l| l.trim() == "aof_enabled:1");
         let config = read_config(&mut conn).await;
         self.observe_config(&config);
@@ -249,8 +238,11 @@ impl Node {
             config.maxmemory.as_deref(),
             config.policy.as_deref(),
         ));
-        if self.member.kind() == MemberKind::Sentinel {
-            self.observe_start(run_id, Duration::ZERO, false, None);
+        if let Some(replication) = replication {
+            // The primary's run id and replication id: a failback to a server that kept its
+            // run id (demoted, resynchronised, promoted again) reads as a new primary.
+            let identity = super::health::server_identity(&run_id, &replication);
+            self.observe_start(identity, Duration::ZERO, false, None);
         } else {
             self.observe_start(run_id, uptime, fsync_always, marker);
         }

@@ -168,6 +168,22 @@ impl Node {
         (health.repair != Repair::Clean).then_some(NodeError::Repairing)
     }
 
+    /// How long ago this client met the node after a data loss it could not rule out (a
+    /// restart or failover it saw, without proof the data survived), when that is less than
+    /// `within` ago. A key written with an expiry of `within` before that meeting may have
+    /// been lost; one written after it, or before but expired by now, is there or gone for
+    /// good: so the node's "absent" for such a key proves absence only once this returns
+    /// `None`.
+    pub(crate) fn lost_data_within(&self, within: Duration) -> Option<Duration> {
+        let at = self.lost_data.load(Ordering::Acquire);
+        if at == NOT_STARTED {
+            return None;
+        }
+        let ago = nanos(self.epoch.elapsed()).saturating_sub(at);
+        let ago = Duration::from_nanos(u64::try_from(ago).unwrap_or(0));
+        (ago < within).then_some(ago)
+    }
+
     /// How much longer the restart guard holds the node out: until the max ttl in use now has
     /// passed since the node's start.
     pub(crate) fn restart_hold_out(&self) -> Option<Duration> {
@@ -368,6 +384,8 @@ impl Node {
         // Seen restarting without proof its data survived: its fencing counters (which never
         // expire) may be gone too; restore them from the other nodes before it counts again.
         if repair {
+            self.lost_data
+                .store(nanos(self.epoch.elapsed()), Ordering::Release);
             health.repair = Repair::Needed;
             health.repair_epoch += 1;
             self.suspect.store(true, Ordering::Release);
@@ -394,26 +412,44 @@ pub(crate) struct NodeConfig {
 /// Reads `appendfsync`, `maxmemory` and `maxmemory-policy` in one round trip. Any error
 /// (CONFIG renamed or forbidden, as managed services do) leaves them all unknown: the node is
 /// then treated as one that may lose its last writes in a restart, and its eviction risk is
-/// reported as unknown; the connect goes on.
+/// reported as unknown; the connect goes on. Each reply is read in both shapes: a flat list
+/// `[name, value]` (RESP2) or a map `{name: value}` (RESP3, a `?protocol=resp3` URL or a
+/// user's RESP3 client).
 pub(crate) async fn read_config(conn: &mut MultiplexedConnection) -> NodeConfig {
     let mut pipe = redis::pipe();
     for name in ["appendfsync", "maxmemory", "maxmemory-policy"] {
         pipe.cmd("CONFIG").arg("GET").arg(name);
     }
-    let reply: redis::RedisResult<(Vec<String>, Vec<String>, Vec<String>)> =
+    let reply: redis::RedisResult<(redis::Value, redis::Value, redis::Value)> =
         pipe.query_async(conn).await;
-    let value = |pair: Vec<String>| match <[String; 2]>::try_from(pair) {
-        Ok([_, value]) => Some(value),
-        Err(_) => None,
-    };
     match reply {
         Ok((fsync, maxmemory, policy)) => NodeConfig {
-            appendfsync: value(fsync),
-            maxmemory: value(maxmemory),
-            policy: value(policy),
+            appendfsync: config_value(fsync),
+            maxmemory: config_value(maxmemory),
+            policy: config_value(policy),
         },
         Err(_) => NodeConfig::default(),
     }
+}
+
+/// The value in one `CONFIG GET name` reply: `[name, value]` (RESP2) or `{name: value}`
+/// (RESP3); `None` for any other shape (no such setting, an error).
+pub(crate) fn config_value(reply: redis::Value) -> Option<String> {
+    let value = match reply {
+        redis::Value::Array(pair) => <[redis::Value; 2]>::try_from(pair)
+            .ok()?
+            .into_iter()
+            .nth(1)?,
+        redis::Value::Map(pairs) => {
+            <[(redis::Value, redis::Value); 1]>::try_from(pairs)
+                .ok()?
+                .into_iter()
+                .next()?
+                .1
+        }
+        _ => return None,
+    };
+    redis::from_redis_value(value).ok()
 }
 
 /// Writes the node's durability marker (`key`: `P:durability-marker`) if it has none (`SET NX`,
@@ -452,9 +488,66 @@ pub(crate) fn parse_info(info: &str) -> Option<(String, Duration)> {
     Some((run_id?, uptime?))
 }
 
+/// The identity the restart guard compares across connects for a server that may change role
+/// (a Sentinel member's primary, a Cluster master): its run id and its replication id
+/// (`master_replid` in `INFO replication`). A restart changes the run id; a promotion, even of a
+/// server demoted and promoted back within one process (a failback), gives it a new
+/// replication id while the run id stays. An unreadable replication id reads as `?` (a later
+/// readable one then differs: the conservative direction).
+pub(crate) fn server_identity(run_id: &str, info_replication: &str) -> String {
+    let replid = info_replication
+        .lines()
+        .find_map(|l| l.strip_prefix("master_replid:"))
+        .map_or("?", str::trim);
+    format!("{run_id}/{replid}")
+}
+
+/// Whether an `INFO replication` reply shows a server promoted from a replica during its
+/// current process: Redis keeps its replication id from before the promotion as
+/// `master_replid2`, and `second_repl_offset` is then the offset where it took over (`-1` on a
+/// server that was never a replica since it started). An unreadable reply counts as promoted
+/// (the conservative reading: the server is held out as if it had just started).
+pub(crate) fn promoted(info_replication: &str) -> bool {
+    info_replication
+        .lines()
+        .find_map(|l| l.strip_prefix("second_repl_offset:"))
+        .is_none_or(|v| v.trim() != "-1")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_get_replies_are_read_in_both_protocols() {
+        use redis::Value;
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let resp2 = Value::Array(vec![bulk("maxmemory-policy"), bulk("volatile-lru")]);
+        let resp3 = Value::Map(vec![(bulk("maxmemory-policy"), bulk("volatile-lru"))]);
+        assert_eq!(config_value(resp2).as_deref(), Some("volatile-lru"));
+        assert_eq!(config_value(resp3).as_deref(), Some("volatile-lru"));
+        assert_eq!(config_value(Value::Array(vec![])), None);
+        assert_eq!(config_value(Value::Map(vec![])), None);
+        assert_eq!(config_value(Value::Nil), None);
+    }
+
+    #[test]
+    fn the_identity_of_a_server_that_may_change_role_carries_its_replication_id() {
+        let info = "# Replication\r\nrole:master\r\nmaster_replid:abc\r\nmaster_replid2:000\r\n";
+        assert_eq!(server_identity("run1", info), "run1/abc");
+        assert_eq!(server_identity("run1", "# Replication\r\n"), "run1/?");
+    }
+
+    #[test]
+    fn a_promotion_shows_in_info_replication() {
+        let never = "# Replication\r\nrole:master\r\nconnected_slaves:0\r\nmaster_replid:ab\r\n\
+                     master_replid2:0000000000000000000000000000000000000000\r\n\
+                     master_repl_offset:0\r\nsecond_repl_offset:-1\r\n";
+        assert!(!promoted(never));
+        let after = never.replace("second_repl_offset:-1", "second_repl_offset:1234");
+        assert!(promoted(&after));
+        assert!(promoted("# Replication\r\nrole:master\r\n"));
+    }
 
     #[test]
     pub(super) fn info_parsing_finds_run_id_and_uptime() {

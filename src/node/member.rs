@@ -20,13 +20,16 @@
 //!
 //! A Cluster member's identity is the set of its masters' run ids (sorted, joined): any shard
 //! restarted or failed over changes it, and the member is then held out for the max ttl
-//! (counted from its youngest master) and repaired, like a restarted standalone node. Because
+//! (counted from its youngest master, a master promoted from a replica in its current process
+//! counting as just started) and repaired, like a restarted standalone node. Because
 //! the cluster client reconnects to a shard by itself, every script call also reads the run id
 //! of the shard that ran it (`INFO server` in the same pipeline, one round trip): a run id this
 //! client has not met makes the call count as failed and the member reconnect, which applies
 //! the guard.
 //!
-//! A Sentinel member's identity is the run id of its current primary. A failover changes it:
+//! A Sentinel member's identity is the run id and replication id of its current primary (the
+//! replication id is renewed by every promotion, so a failback to a server that kept its run
+//! id changes it too; a Cluster master's identity is the same pair). A failover changes it:
 //! the member is held out for the max ttl counted from the moment the client met the new
 //! primary (its uptime says nothing about when it was promoted), and repaired, because
 //! asynchronous replication may have lost the last writes. The durability marker is not
@@ -46,7 +49,7 @@ use redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisFutur
 
 use super::Node;
 use super::address::node_name;
-use super::health::parse_info;
+use super::health::{parse_info, promoted, server_identity};
 use super::scripts::{self, ScriptCall};
 use crate::core::lock;
 use crate::error::NodeError;
@@ -335,9 +338,13 @@ impl ConnectionLike for MemberConn {
 pub(crate) struct ClusterView {
     /// Each master's `(host, port)`, sorted: the order of a repair's `SCAN` over them.
     pub(crate) masters: Vec<(String, u16)>,
-    /// Each master's run id.
+    /// Each master's identity: its run id and replication id ([`server_identity`]), so that a
+    /// master demoted and promoted back (the same run id) reads as changed.
     pub(crate) run_ids: BTreeSet<String>,
-    /// The smallest uptime among them.
+    /// The member's age for the restart guard: the smallest age among its masters, where a
+    /// master promoted from a replica in its current process counts as just started (its
+    /// uptime says nothing about when it was promoted, and asynchronous replication may have
+    /// lost its old master's last writes).
     pub(crate) uptime: Duration,
 }
 
@@ -348,10 +355,13 @@ impl ClusterView {
     }
 }
 
-/// Reads `INFO server` from every master of the cluster.
-pub(crate) async fn cluster_view(conn: &mut ClusterConnection) -> redis::RedisResult<ClusterView> {
+/// One `INFO <section>` from every master of the cluster: `(address, text)` per master.
+async fn info_of_masters(
+    conn: &mut ClusterConnection,
+    section: &str,
+) -> redis::RedisResult<Vec<(String, String)>> {
     let mut info = redis::cmd("INFO");
-    info.arg("server");
+    info.arg(section);
     let reply = conn
         .route_command(
             info,
@@ -359,24 +369,45 @@ pub(crate) async fn cluster_view(conn: &mut ClusterConnection) -> redis::RedisRe
         )
         .await?;
     let Value::Map(per_node) = reply else {
-        return Err(bad("INFO server from every master: not a map of replies"));
+        return Err(bad("INFO from every master: not a map of replies"));
     };
+    per_node
+        .into_iter()
+        .map(|(addr, text)| {
+            Ok((
+                redis::from_redis_value(addr)?,
+                redis::from_redis_value(text)?,
+            ))
+        })
+        .collect()
+}
+
+/// Reads `INFO server` and `INFO replication` from every master of the cluster (two round
+/// trips, on connect only).
+pub(crate) async fn cluster_view(conn: &mut ClusterConnection) -> redis::RedisResult<ClusterView> {
+    let servers = info_of_masters(conn, "server").await?;
+    // A master missing from this reply (the slot map changed in between) counts as promoted:
+    // the conservative reading.
+    let replication = info_of_masters(conn, "replication").await?;
     let mut view = ClusterView {
         uptime: Duration::MAX,
         ..ClusterView::default()
     };
-    for (addr, text) in per_node {
-        let addr: String = redis::from_redis_value(addr)?;
-        let text: String = redis::from_redis_value(text)?;
+    for (addr, text) in servers {
         let (run_id, uptime) =
             parse_info(&text).ok_or_else(|| bad("INFO server lacks run_id or uptime"))?;
+        let replication = replication.iter().find(|(a, _)| *a == addr);
+        let was_replica = replication.is_none_or(|(_, text)| promoted(text));
+        let run_id = server_identity(&run_id, replication.map_or("", |(_, text)| text));
         let (host, port) = addr
             .rsplit_once(':')
             .and_then(|(h, p)| Some((h.to_owned(), p.parse().ok()?)))
             .ok_or_else(|| bad("a master address without a port"))?;
         view.masters.push((host, port));
         view.run_ids.insert(run_id);
-        view.uptime = view.uptime.min(uptime);
+        view.uptime = view
+            .uptime
+            .min(if was_replica { Duration::ZERO } else { uptime });
     }
     if view.masters.is_empty() {
         return Err(bad("no master answered INFO"));
@@ -429,6 +460,11 @@ pub(crate) async fn cluster_scan_page(
     info.arg("server");
     let info: String = redis::from_redis_value(conn.route_command(info, route()).await?)?;
     let (run_id, _) = parse_info(&info).ok_or_else(|| bad("INFO server lacks run_id"))?;
+    let mut replication = redis::cmd("INFO");
+    replication.arg("replication");
+    let replication: String =
+        redis::from_redis_value(conn.route_command(replication, route()).await?)?;
+    let run_id = server_identity(&run_id, &replication);
     if next >> MASTER_SHIFT != 0 {
         return Err(bad("a SCAN cursor too large to carry a master index"));
     }
@@ -440,10 +476,23 @@ pub(crate) async fn cluster_scan_page(
     Ok((next, keys, run_id))
 }
 
+/// Whether a Cluster member's reply to `call` is the acquire script's refusal naming our own
+/// value: the cluster client re-sends a pipeline it could not read the answer of (its own
+/// retries), and the second run finds the key the first one set. Read as a refusal, our own
+/// key would count against us and the undo would skip the node (ours would stay until its
+/// ttl); it is a failure instead. Only the acquire script answers with a bulk string.
+fn resent_acquire(call: &ScriptCall, reply: &Value) -> bool {
+    match reply {
+        Value::BulkString(holder) => call.first_arg().is_some_and(|ours| ours == *holder),
+        _ => false,
+    }
+}
+
 impl Node {
-    /// One script call on a Cluster member, with `INFO server` in the same pipeline (one round
-    /// trip, one shard: the pipeline follows the script's key): a run id of that shard this
-    /// client has not met means the shard restarted or failed over since the connect, behind
+    /// One script call on a Cluster member, with `INFO server` and `INFO replication` in the same
+    /// pipeline (one round trip, one shard: the pipeline follows the script's key): an identity
+    /// (run id and replication id) of that shard this client has not met means the shard
+    /// restarted, failed over or failed back since the connect, behind
     /// the cluster client's own reconnect. The call then counts as failed and the connection is
     /// dropped: the next call reconnects, reads every master's run id, and the restart guard
     /// holds the member out and repairs it. The script is sent as `EVAL` (the shard may be new
@@ -460,20 +509,33 @@ impl Node {
             None => pipe.add_command(call.evalsha().into_owned()),
         };
         pipe.cmd("INFO").arg("server");
+        pipe.cmd("INFO").arg("replication");
         let replies: Vec<Value> = pipe
             .query_async(conn)
             .await
             .map_err(|e| self.call_error(e, generation))?;
-        let [reply, info] = <[Value; 2]>::try_from(replies)
-            .map_err(|_| NodeError::BadReply("a pipeline of two gave another count".to_owned()))?;
+        let [reply, info, replication] = <[Value; 3]>::try_from(replies).map_err(|_| {
+            NodeError::BadReply("a pipeline of three gave another count".to_owned())
+        })?;
         let info: String = redis::from_redis_value(info)
             .map_err(|e| NodeError::BadReply(format!("INFO server: {e}")))?;
+        let replication: String = redis::from_redis_value(replication)
+            .map_err(|e| NodeError::BadReply(format!("INFO replication: {e}")))?;
         let (run_id, _) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id".to_owned()))?;
-        self.check_cluster_run_ids([run_id], generation)?;
-        reply
+        self.check_cluster_run_ids([server_identity(&run_id, &replication)], generation)?;
+        let reply = reply
             .extract_error()
-            .map_err(|e| self.call_error(e, generation))
+            .map_err(|e| self.call_error(e, generation))?;
+        if resent_acquire(call, &reply) {
+            return Err(NodeError::BadReply(
+                "our own value already holds the key: the cluster client sent this acquire \
+                 again after it had run (a retry), so its counter is unknown; the member counts \
+                 as failed and our key there is released with the others"
+                    .to_owned(),
+            ));
+        }
+        Ok(reply)
     }
 
     /// Raises counters on a Cluster member: one `EVAL` per key (counters of different names live
@@ -507,9 +569,9 @@ impl Node {
         self.check_cluster_run_ids(view.run_ids, generation)
     }
 
-    /// Checks that each run id read from a Cluster member's masters is one the last connect
-    /// met; otherwise drops the connection (the next call reconnects and the restart guard
-    /// sees the change) and fails.
+    /// Checks that each identity (run id and replication id) read from a Cluster member's
+    /// masters is one the last connect met; otherwise drops the connection (the next call
+    /// reconnects and the restart guard sees the change) and fails.
     pub(super) fn check_cluster_run_ids(
         &self,
         run_ids: impl IntoIterator<Item = String>,
@@ -523,7 +585,7 @@ impl Node {
         self.invalidate(generation);
         Err(NodeError::Dropped(redis::RedisError::from(
             std::io::Error::other(
-                "a shard of this cluster member restarted or failed over (a run id not met before); reconnecting",
+                "a shard of this cluster member restarted, failed over or failed back (a run id or replication id not met before); reconnecting",
             ),
         )))
     }
@@ -532,6 +594,28 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resent_acquire_is_told_from_another_owner() {
+        let call = ScriptCall::fenced_acquire(
+            ("quorumlock:{job}", "quorumlock:fence:{x}"),
+            "ours",
+            10_000,
+            (true, false),
+        );
+        assert_eq!(call.first_arg().as_deref(), Some(&b"ours"[..]));
+        assert!(resent_acquire(&call, &Value::BulkString(b"ours".to_vec())));
+        assert!(!resent_acquire(
+            &call,
+            &Value::BulkString(b"theirs".to_vec())
+        ));
+        assert!(!resent_acquire(&call, &Value::Int(7)));
+        let plain = ScriptCall::plain(redis::cmd("PING"));
+        assert!(!resent_acquire(
+            &plain,
+            &Value::BulkString(b"ours".to_vec())
+        ));
+    }
 
     fn tcp() -> TcpSettings {
         TcpSettings::default()

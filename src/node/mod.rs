@@ -75,8 +75,8 @@ pub(crate) struct NodeSettings {
     pub(crate) connect_timeout: Duration,
     pub(crate) restart_guard: RestartGuard,
     pub(crate) eviction_guard: EvictionGuard,
-    /// The migration marker's key when acquires carry a fencing counter (`fence.rs`).
-    pub(crate) fence_marker: Option<String>,
+    /// Whether acquires carry a fencing counter (`fence.rs`).
+    pub(crate) fenced: bool,
     /// Keep this node on the acquire script whatever it runs (testkit only).
     pub(crate) force_script: bool,
     /// The key of the node's durability marker (`health.rs`), under the key prefix.
@@ -122,6 +122,11 @@ pub(crate) struct Node {
     /// The hold-out is computed on every check against the max ttl in use *then*, so a max
     /// ttl that grows after the connect lengthens it.
     started: AtomicI64,
+    /// When this client last met the node after a data loss it could not rule out (a restart
+    /// or failover without proof its data survived: the ones it repairs), in nanoseconds after
+    /// `epoch`; [`NOT_STARTED`] if never. Run-once markers read from the node prove nothing
+    /// about absence for their expiry after that (`run_once`).
+    lost_data: AtomicI64,
     /// Whether the last check found the node within its restart hold-out (for the log line
     /// when it ends).
     holding: AtomicBool,
@@ -144,8 +149,7 @@ pub(crate) struct Node {
     by_eval: AtomicBool,
     /// Whether the switch to `EVAL` was logged (once per node).
     by_eval_logged: AtomicBool,
-    /// The script or the pipelined fenced acquire, and the legacy-counter migration
-    /// (`fence.rs`).
+    /// The script or the pipelined fenced acquire (`fence.rs`).
     fence: fence::FencePath,
     /// The key of the restart guard's durability marker (`health.rs`).
     durability_marker: String,
@@ -180,6 +184,7 @@ impl Node {
             health: Mutex::new(Health::default()),
             epoch: Instant::now(),
             started: AtomicI64::new(NOT_STARTED),
+            lost_data: AtomicI64::new(NOT_STARTED),
             holding: AtomicBool::new(false),
             suspect: AtomicBool::new(false),
             evicting: AtomicBool::new(false),
@@ -188,7 +193,7 @@ impl Node {
             incarnation: AtomicU64::new(0),
             by_eval: AtomicBool::new(false),
             by_eval_logged: AtomicBool::new(false),
-            fence: fence::FencePath::new(settings.fence_marker, settings.force_script),
+            fence: fence::FencePath::new(settings.fenced, settings.force_script),
             durability_marker: settings.durability_marker,
         }
     }

@@ -16,10 +16,8 @@ use crate::error::NodeError;
 impl Node {
     /// One page of a `SCAN` for fencing counters, from `cursor`: the next cursor (0 when the
     /// scan is complete) and the page's counters, `(counter key, value)` (`SCAN ... COUNT
-    /// count` then one `MGET`), bounded by `timeout`. Both layouts are read (the slot buckets and
-    /// the legacy per-name counters, see [`crate::core::keys`]): one glob covers both, and keys of
-    /// other shapes it matches are dropped before the `MGET`. A legacy counter is returned as
-    /// its bucket (several may then name one bucket: the caller keeps the highest).
+    /// count` then one `MGET`), bounded by `timeout`. Keys the glob matches that are not
+    /// counters (see [`crate::core::keys`]) are dropped before the `MGET`.
     pub(crate) async fn fence_counters_page(
         self: &Arc<Self>,
         keys: &KeyLayout,
@@ -47,12 +45,7 @@ impl Node {
                 }
             };
             let found: Vec<Vec<u8>> = found.into_iter().filter(|k| keys.is_counter(k)).collect();
-            let mut counters = self.counter_values(&mut conn, found, generation).await?;
-            // A legacy per-name counter counts for its bucket: a repair never writes a legacy
-            // counter (`fence.rs`).
-            for (key, _) in &mut counters {
-                *key = keys.bucket_of(key);
-            }
+            let counters = self.counter_values(&mut conn, found, generation).await?;
             Ok((next, counters))
         };
         tokio::time::timeout(timeout, read)

@@ -145,7 +145,7 @@ impl ScriptCall {
     /// pipelined form `SET lock value NX PX ttl GET` + `INCR fence` when `pipelined` (both when
     /// the round's nodes take both; at least one is built). Sized once.
     pub(crate) fn fenced_acquire(
-        (lock, fence, legacy): (&str, &str, &str),
+        (lock, fence): (&str, &str),
         value: &str,
         ttl_ms: u64,
         (script, pipelined): (bool, bool),
@@ -154,7 +154,7 @@ impl ScriptCall {
         let ttl = digits.format(ttl_ms).as_bytes();
         let mut call = if script || !pipelined {
             ACQUIRE.call(
-                &[lock.as_bytes(), fence.as_bytes(), legacy.as_bytes()],
+                &[lock.as_bytes(), fence.as_bytes()],
                 &[value.as_bytes(), ttl],
             )
         } else {
@@ -196,6 +196,21 @@ impl ScriptCall {
         }
     }
 
+    /// The script's first argument (`ARGV[1]`: our value, for the acquire), if it runs a script.
+    pub(crate) fn first_arg(&self) -> Option<Vec<u8>> {
+        self.lua?;
+        let cmd = self.evalsha();
+        let mut args = cmd.args_iter().skip(2);
+        let numkeys: usize = match args.next()? {
+            redis::Arg::Simple(n) => std::str::from_utf8(n).ok()?.parse().ok()?,
+            _ => return None,
+        };
+        match args.nth(numkeys)? {
+            redis::Arg::Simple(v) => Some(v.to_vec()),
+            _ => None,
+        }
+    }
+
     /// Whether this call runs a script (and so has an `EVAL` form).
     pub(crate) fn is_script(&self) -> bool {
         self.lua.is_some()
@@ -217,8 +232,8 @@ impl ScriptCall {
 }
 
 /// The acquire script's `EVALSHA` rebuilt from the pipelined form (a cold path: a node that
-/// switched to the script between the call's building and its sending, e.g. restarted with
-/// its legacy counters unfolded).
+/// switched to the script between the call's building and its sending, e.g. reconnected to a
+/// server of an older version).
 fn script_form(pipe: &Pipeline) -> Cmd {
     let mut cmds = pipe.cmd_iter();
     let arg = |cmd: Option<&Cmd>, i: usize| -> Vec<u8> {
@@ -230,8 +245,7 @@ fn script_form(pipe: &Pipeline) -> Cmd {
     let set = cmds.next();
     let incr = cmds.next();
     let (lock, value, ttl, fence) = (arg(set, 1), arg(set, 2), arg(set, 5), arg(incr, 1));
-    let legacy = crate::core::keys::legacy_counter_of(&lock);
-    ACQUIRE.call(&[&lock, &fence, &legacy], &[&value, &ttl]).cmd
+    ACQUIRE.call(&[&lock, &fence], &[&value, &ttl]).cmd
 }
 
 /// Reads an ACL refusal out of a server error: `None` for any other error.
@@ -356,26 +370,18 @@ pub(crate) fn all() -> [&'static Lua; 7] {
 
 /// Acquire and fence in one atomic step: the fenced acquire of nodes that do not take the
 /// pipelined form (`SET NX PX GET` + `INCR`, [`ScriptCall::fenced_acquire`], `node/fence.rs`):
-/// Redis 6, Redis Cluster members, and Redis 7 nodes until their legacy per-name counters are
-/// folded (this script folds a lock's own when it sets the lock). Both forms reply alike, and
+/// Redis 6 and Redis Cluster members. Both forms reply alike, and
 /// mix safely in one client (`docs/safety.md`, "The pipelined increment"): the pipelined form
 /// also `INCR`s where the `SET` was refused, and its `INCR` is not atomic with the `SET`.
 ///
 /// - KEYS[1]: lock key, KEYS[2]: fencing counter (the bucket of the lock key's hash slot, shared
-///   with the other lock keys of that slot; never expires), KEYS[3]: the lock's per-name counter
-///   of the layout before buckets (legacy; same hash slot)
+///   with the other lock keys of that slot; never expires)
 /// - ARGV[1]: our unique value, ARGV[2]: ttl in milliseconds
 /// - Reply: the counter after `INCR` (>= 1) when the key was set; the value that holds the key
 ///   (a bulk string) when another value holds it, so that a refused round can tell a holder on
 ///   a quorum from contenders that split the nodes. The success path is unchanged; a refusal
 ///   costs one `GET` inside the script. (`0` if the key vanished in between, which a script's
 ///   frozen clock rules out; it counts as a refusal whose value is unknown.)
-///
-/// Migration: when the key was set and a legacy counter exists, the bucket is first raised to
-/// at least it and the legacy counter deleted, so a name's first token in the bucket layout
-/// exceeds every token it had before (see `CHANGELOG.md`). Absent (the usual case), it costs
-/// one `GET`: the cost the pipelined form drops, once the node's background migration has
-/// folded every legacy counter and written its marker (`client/migrate.rs`).
 ///
 /// With fencing off, the plain `SET NX PX` answers nil on refusal, without the value (`SET ...
 /// NX GET` needs Redis 7): such refusals count as unknown values, and contention is then never
@@ -384,13 +390,6 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local legacy = redis.call('GET', KEYS[3])
-  if legacy then
-    if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(legacy) then
-      redis.call('SET', KEYS[2], legacy)
-    end
-    redis.call('DEL', KEYS[3])
-  end
   return redis.call('INCR', KEYS[2])
 end
 return redis.call('GET', KEYS[1]) or 0
@@ -459,7 +458,8 @@ return 0
 /// skips would do nothing there (`ScriptCall::with_lean`). Where the key is absent it reads
 /// the counter either way (the re-set rule needs it).
 ///
-/// - KEYS[1]: lock key, KEYS[2]: fencing counter
+/// - KEYS[1]: lock key, KEYS[2]: fencing counter (absent in compat mode, where ARGV[3] is 0
+///   and ARGV[4] present, so the script never reads it)
 /// - ARGV[1]: our value, ARGV[2]: new ttl in milliseconds, ARGV[3]: our token (0: fencing off),
 ///   ARGV[4] (optional): present when the counter is known at or above the token here
 /// - Reply: `1` extended, `2` re-set on a node that had lost the key, `0` another value holds
@@ -507,8 +507,8 @@ return r
 /// channel, so that the waiters try at once. Without a waiter the release pays one `SCARD` and
 /// publishes nothing (`client/wait.rs`).
 ///
-/// - KEYS[1]: lock key, KEYS[2]: fencing counter, KEYS[3] (optional): waiters marker, also the
-///   channel
+/// - KEYS[1]: lock key, KEYS[2]: fencing counter (absent in compat mode, with token 0),
+///   KEYS[3] (optional): waiters marker, also the channel
 /// - ARGV[1]: our value, ARGV[2]: our token (`0` when the attempt failed before it had one, and
 ///   on a node whose counter is known to stand at the token already: `ScriptCall::with_lean`)
 /// - Reply: `1` deleted, `0` the key is absent, `-1` another value holds it (left alone).
@@ -540,12 +540,12 @@ return -1
 
 /// Read a lock's state on one node.
 ///
-/// - KEYS[1]: lock key, KEYS[2]: fencing counter
-/// - Reply: `{value or false, pttl (-2 when absent), counter}`.
+/// - KEYS[1]: lock key, KEYS[2] (absent in compat mode): fencing counter
+/// - Reply: `{value or false, pttl (-2 when absent), counter (0 without KEYS[2])}`.
 pub(crate) static STATUS: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0')}
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), KEYS[2] and tonumber(redis.call('GET', KEYS[2]) or '0') or 0}
 "#,
     )
 });
@@ -603,11 +603,7 @@ mod tests {
     /// A server error as the connection would hand it over.
     #[test]
     fn a_script_form_rebuilt_from_the_pipelined_one_is_the_one_built_directly() {
-        let keys = (
-            "quorumlock:{job}",
-            "quorumlock:fence:{x}",
-            "quorumlock:{job}:fence",
-        );
+        let keys = ("quorumlock:{job}", "quorumlock:fence:{x}");
         let direct = ScriptCall::fenced_acquire(keys, "v1", 30_000, (true, false));
         let rebuilt = ScriptCall::fenced_acquire(keys, "v1", 30_000, (false, true));
         assert!(direct.pipelined().is_none() && rebuilt.pipelined().is_some());

@@ -14,7 +14,10 @@
 //! no marker, so a later instance may run that tick again. Markers travel on the lock's own
 //! connection to each node, and count like lock votes: a node that counts toward no quorum (a
 //! restarted node within its hold-out, a second URL of one server, a node that may evict keys
-//! under the strict guard) neither confirms nor denies a marker.
+//! under the strict guard) neither confirms nor denies a marker. A marker's absence needs a
+//! quorum of answers from nodes this client has not seen lose their data (a restart or failover
+//! without proof the data survived) within the marker's expiry: such a node's counters are
+//! repaired, its markers are not (`docs/safety.md`, "Run-once markers across restarts").
 //!
 //! # A job that fails: the run policy
 //!
@@ -41,7 +44,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::client::Redlock;
 use crate::core::token::FencingToken;
-use crate::error::{ConfigError, Error, FailureList, LostReason, Setting};
+use crate::error::{ConfigError, Error, FailureList, LostReason, NodeError, NodeFailure, Setting};
 use crate::lock::guard::Lock;
 use crate::node::HoldOut;
 
@@ -491,6 +494,12 @@ impl RunOnce {
 
     /// Reads the tick marker from every node: present anywhere means the tick ran (markers are
     /// written on a quorum, and the nodes that answer here are a quorum).
+    ///
+    /// Absent needs a quorum of answers from nodes this client has not seen lose their data
+    /// (restart or failover without proof it survived) within the marker's expiry: such a
+    /// node may have lost the marker with the rest (its counters are repaired, its markers are
+    /// not), so its "absent" proves nothing until every marker it may have lost has expired
+    /// anyway (`docs/safety.md`, "Run-once markers across restarts").
     async fn read_marker(&self, tick: &str) -> Marker {
         let key = self.marker_key(tick);
         let mut get = redis::cmd("GET");
@@ -502,15 +511,35 @@ impl RunOnce {
         if let Some(by) = replies.answers().flatten().next() {
             return Marker::Present(RanBy::parse(by));
         }
+        let expiry = self.marker_ttl.unwrap_or_default();
+        let lost: Vec<Option<Duration>> = self
+            .locks
+            .inner
+            .nodes
+            .iter()
+            .map(|n| n.lost_data_within(expiry))
+            .collect();
+        let proven = replies.answered_where(|i| lost.get(i).is_some_and(Option::is_none));
         let quorum = self.locks.quorum();
-        if replies.answered() >= quorum {
+        if proven >= quorum {
             return Marker::Absent;
+        }
+        let mut failures = replies.failures();
+        for (node, ago) in self.locks.inner.nodes.iter().zip(&lost) {
+            if let Some(ago) = *ago
+                && !failures.iter().any(|f| f.node == node.name())
+            {
+                failures.push(NodeFailure {
+                    node: node.name().to_owned(),
+                    cause: NodeError::LostDataRecently { ago },
+                });
+            }
         }
         Marker::Unreadable(Error::no_quorum(
             &key,
-            replies.answered(),
+            proven,
             (replies.len(), quorum),
-            replies.failures(),
+            failures,
         ))
     }
 

@@ -26,6 +26,9 @@ const CLUSTER_READY: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub struct RedisClusterMember {
     shards: Vec<RedisServer>,
+    /// Replicas added with [`add_replica`](Self::add_replica), in order.
+    replicas: Vec<RedisServer>,
+    options: ServerOptions,
 }
 
 impl RedisClusterMember {
@@ -56,7 +59,11 @@ impl RedisClusterMember {
         let shards = (0..Self::SHARDS)
             .map(|_| RedisServer::start(&options))
             .collect::<Result<Vec<_>, _>>()?;
-        let member = RedisClusterMember { shards };
+        let member = RedisClusterMember {
+            shards,
+            replicas: Vec::new(),
+            options: options.clone(),
+        };
         let cli = std::env::var("REDIS_CLI_BIN").unwrap_or_else(|_| "redis-cli".to_owned());
         let mut cmd = Command::new(&cli);
         cmd.args(["--cluster", "create"])
@@ -175,6 +182,74 @@ impl RedisClusterMember {
         self.wait_ok()
     }
 
+    /// Starts a replica of shard `shard` (same options, cluster-enabled), joins it to the
+    /// cluster (`CLUSTER MEET`, then `CLUSTER REPLICATE` of the shard's node id) and waits
+    /// (bounded) until its replication link is up. Returns its index for
+    /// [`replica`](Self::replica). The replica is not a shard: [`shard_of`](Self::shard_of)
+    /// and [`wait_ok`](Self::wait_ok) look at the masters started with the member only.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::start`]; [`TestkitError::Timeout`] when it does not join or sync.
+    pub fn add_replica(&mut self, shard: usize) -> Result<usize, TestkitError> {
+        let master = self
+            .shards
+            .get(shard)
+            .ok_or(TestkitError::NoSuchNode(shard))?;
+        let master_port = master.port();
+        let master_id: String = query_shard(master, redis::cmd("CLUSTER").arg("MYID"))
+            .map_err(|e| command_error("CLUSTER MYID", &e))?;
+        let replica = RedisServer::start(&self.options)?;
+        let _: () = query_shard(
+            &replica,
+            redis::cmd("CLUSTER")
+                .arg("MEET")
+                .arg("127.0.0.1")
+                .arg(master_port),
+        )
+        .map_err(|e| command_error("CLUSTER MEET", &e))?;
+        wait_until("the replica to learn its master", CLUSTER_READY, || {
+            let nodes: String = query_shard(&replica, redis::cmd("CLUSTER").arg("NODES"))
+                .map_err(|e| e.to_string())?;
+            if nodes.contains(&master_id) {
+                Ok(())
+            } else {
+                Err(format!("the replica does not know {master_id} yet"))
+            }
+        })?;
+        wait_until("CLUSTER REPLICATE", CLUSTER_READY, || {
+            query_shard::<()>(
+                &replica,
+                redis::cmd("CLUSTER").arg("REPLICATE").arg(&master_id),
+            )
+            .map_err(|e| e.to_string())
+        })?;
+        wait_until("the replica's link to its master", CLUSTER_READY, || {
+            let info: String = query_shard(&replica, redis::cmd("INFO").arg("replication"))
+                .map_err(|e| e.to_string())?;
+            if info.lines().any(|l| l.trim() == "master_link_status:up")
+                && info
+                    .lines()
+                    .any(|l| l.trim() == "master_sync_in_progress:0")
+            {
+                Ok(())
+            } else {
+                Err("replication link not up yet".to_owned())
+            }
+        })?;
+        self.replicas.push(replica);
+        Ok(self.replicas.len() - 1)
+    }
+
+    /// Replica `i` (see [`add_replica`](Self::add_replica)).
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::NoSuchNode`].
+    pub fn replica(&mut self, i: usize) -> Result<&mut RedisServer, TestkitError> {
+        self.replicas.get_mut(i).ok_or(TestkitError::NoSuchNode(i))
+    }
+
     /// Waits until every running shard reports `cluster_state:ok` and knows all
     /// [`SHARDS`](Self::SHARDS) masters.
     ///
@@ -200,6 +275,13 @@ impl RedisClusterMember {
             }
             Ok(())
         })
+    }
+}
+
+fn command_error(what: &str, e: &redis::RedisError) -> TestkitError {
+    TestkitError::Command {
+        what: what.to_owned(),
+        output: e.to_string(),
     }
 }
 

@@ -664,8 +664,8 @@ pub fn deadline_clock_now() -> Duration {
 }
 
 /// Benchmark support (not a stable API): the body of the library's acquire script, the fenced
-/// acquire's form on nodes that do not take the pipelined one (Redis 6, Cluster members, nodes
-/// not yet migrated; `docs/safety.md`, "Fencing tokens").
+/// acquire's form on nodes that do not take the pipelined one (Redis 6, Cluster members;
+/// `docs/safety.md`, "Fencing tokens").
 #[doc(hidden)]
 pub fn acquire_script_source() -> &'static str {
     crate::node::scripts::ACQUIRE.code()

@@ -21,3 +21,4 @@ mod s12_small;
 mod s12d_strict_hold_out;
 mod s13_model_findings;
 mod s14_repair_after_hold_out;
+mod s15_resp3_config;

@@ -3,11 +3,11 @@
 //! failed step), paced (one bounded page per peer per step, with a pause between steps), and
 //! its raise pipeline survives a `SCRIPT FLUSH` on the restarted node (`NOSCRIPT`).
 //!
-//! The large keyspace is legacy per-name counters (`quorumlock:{k<i>}:fence`), the only layout
-//! with more than 16384 counters per node; the clients here keep every node on the acquire
-//! script (`testkit_script_acquire`), so no migration folds them away first. The repair raises
-//! the restarted node's buckets (a per-name counter counts for its bucket): what is checked is
-//! that each bucket stands at the highest counter of the names it holds.
+//! A node holds at most 16384 fencing counters (one per hash slot), but the repair's `SCAN`
+//! walks the whole keyspace: the large keyspace here is `KEYS` keys of the per-name shape of
+//! the first builds (`quorumlock:{k<i>}:fence`, never released; now no counter, so never read
+//! nor written back) beside the buckets of those names, each at the highest `i + plus` of its
+//! names. What is checked is that each bucket of the restarted node is restored to it.
 
 use std::time::Duration;
 
@@ -17,16 +17,24 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::*;
 
-/// Fencing counters on every node: `quorumlock:{k<i>}:fence = i + 1` for `i < KEYS`.
+/// Keys on every node: `quorumlock:{k<i>}:fence = i + 1` for `i < KEYS`, and the buckets.
 const KEYS: u64 = 200_000;
 /// How long the repair may take here: a bound for a failure only (it takes 5 to 25 s in a debug
 /// build on a busy machine; the old one never finished).
 const REPAIR_WAIT: Duration = Duration::from_secs(120);
 
-/// Creates `keys` counters server-side, `quorumlock:{k<i>}:fence = i + plus`, a Lua loop per
-/// batch (each batch blocks the node briefly).
+/// Creates `keys` keys server-side, `quorumlock:{k<i>}:fence = i + plus`, a Lua loop per
+/// batch (each batch blocks the node briefly), and sets the bucket of every name `k<i>` to the
+/// highest `i + plus` of its names.
 fn fill_counters(url: &str, keys: u64, plus: u64) {
     let mut c = conn(url);
+    for chunk in bucket_values(keys, plus).chunks(1000) {
+        let mut mset = redis::cmd("MSET");
+        for (k, v) in chunk {
+            mset.arg(k).arg(v);
+        }
+        let () = mset.query(&mut c).expect("MSET buckets");
+    }
     let script = "for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do \
                   redis.call('SET', 'quorumlock:{k' .. i .. '}:fence', i + tonumber(ARGV[3])) \
                   end return 1";
@@ -44,7 +52,7 @@ fn fill_counters(url: &str, keys: u64, plus: u64) {
     }
 }
 
-/// How many of the `keys` counters are missing or below `i + plus` on one node.
+/// How many of the `keys` per-name-shaped keys are missing or below `i + plus` on one node.
 fn counters_behind(url: &str, keys: u64, plus: u64) -> i64 {
     let script = "local n = 0 for i = 0, tonumber(ARGV[1]) - 1 do \
                   local v = tonumber(redis.call('GET', 'quorumlock:{k' .. i .. '}:fence') or '0') \
@@ -61,12 +69,7 @@ fn counters_behind(url: &str, keys: u64, plus: u64) -> i64 {
 /// How many of the buckets of the `keys` names `k<i>` are missing or below the highest
 /// `i + plus` of their names on one node.
 fn buckets_behind(url: &str, keys: u64, plus: u64) -> usize {
-    let mut expected: std::collections::HashMap<String, u64> = Default::default();
-    for i in 0..keys {
-        let v = expected.entry(fence_key(&format!("k{i}"))).or_default();
-        *v = (*v).max(i + plus);
-    }
-    let buckets: Vec<(String, u64)> = expected.into_iter().collect();
+    let buckets = bucket_values(keys, plus);
     let mut c = conn(url);
     buckets
         .chunks(1000)
@@ -82,7 +85,17 @@ fn buckets_behind(url: &str, keys: u64, plus: u64) -> usize {
         .sum()
 }
 
-/// The client of these tests: every node kept on the acquire script (no migration).
+/// The buckets of the `keys` names `k<i>`, each with the highest `i + plus` of its names.
+fn bucket_values(keys: u64, plus: u64) -> Vec<(String, u64)> {
+    let mut expected: std::collections::HashMap<String, u64> = Default::default();
+    for i in 0..keys {
+        let v = expected.entry(fence_key(&format!("k{i}"))).or_default();
+        *v = (*v).max(i + plus);
+    }
+    expected.into_iter().collect()
+}
+
+/// The client of these tests: every node kept on the acquire script.
 fn script_client(urls: &[String]) -> quorumlock::RedlockBuilder {
     Redlock::builder(urls)
         .node_timeout(NODE_TIMEOUT)
@@ -164,7 +177,7 @@ async fn repair_completes_on_a_large_keyspace_paced_and_after_script_flush() {
     assert_eq!(
         counters_behind(&urls[0], KEYS, 1),
         KEYS as i64,
-        "no per-name counter written back"
+        "no per-name-shaped key written back"
     );
 
     // Node 0 counts again: with node 2 paused, a quorum needs it.
@@ -343,7 +356,7 @@ fn summary(samples: &mut [Duration]) -> String {
 }
 
 /// Not a test: the figures in `docs/safety.md` ("Restarts"). Three nodes with `MEASURE_KEYS`
-/// fencing counters each (default 1M), node 0 restarted empty, the default connect timeout:
+/// keys each (default 1M) beside the buckets of their names, node 0 restarted empty, the default connect timeout:
 /// repair time, load on a peer (commands, `SCAN` / `MGET` calls, CPU) and the latency of an
 /// acquire-and-release on the peers during the repair against before it. Run with
 /// `cargo test --release --features testkit --test safety measure_repair -- --ignored --nocapture`.
@@ -359,6 +372,13 @@ async fn measure_repair_on_a_large_keyspace() {
     let fill_start = std::time::Instant::now();
     for u in &urls {
         let mut c = conn(u);
+        for chunk in bucket_values(keys, 1).chunks(1000) {
+            let mut mset = redis::cmd("MSET");
+            for (k, v) in chunk {
+                mset.arg(k).arg(v);
+            }
+            let () = mset.query(&mut c).expect("MSET buckets");
+        }
         let script = "for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do \
                       redis.call('SET', 'quorumlock:{k' .. i .. '}:fence', i + 1) end return 1";
         for start in (0..keys).step_by(50_000) {

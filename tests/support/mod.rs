@@ -93,11 +93,6 @@ pub fn fence_key(key: &str) -> String {
     )
 }
 
-/// The per-name counter of the layout before buckets.
-pub fn legacy_fence_key(key: &str) -> String {
-    format!("quorumlock:{{{key}}}:fence")
-}
-
 /// Redis Cluster's hash slot of a key.
 pub fn slot(key: &[u8]) -> u16 {
     let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
@@ -152,25 +147,6 @@ pub async fn warm(locks: &Redlock) {
             .status("warm-up")
             .await
             .is_ok_and(|s| s.answered() == locks.node_count())
-    })
-    .await;
-}
-
-/// Runs a throwaway client until every node's legacy fencing counters are migrated (its
-/// marker `quorumlock:fence:migrated` written): clients that connect from then on send their
-/// fenced acquires to these Redis 7 nodes as `SET NX PX GET` + `INCR`, never as a script, so
-/// tests that count commands see one form only.
-pub async fn migrate_all(cluster: &quorumlock::testkit::LocalCluster) {
-    let urls = cluster.urls();
-    let first = client(cluster);
-    wait_until(WAIT, "every node marked as migrated", || async {
-        let _ = first.status("warm-up").await;
-        urls.iter().all(|u| {
-            redis::cmd("EXISTS")
-                .arg("quorumlock:fence:migrated")
-                .query::<bool>(&mut conn(u))
-                .expect("EXISTS")
-        })
     })
     .await;
 }
