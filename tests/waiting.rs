@@ -384,6 +384,56 @@ async fn w17_a_round_does_not_wait_for_a_node_known_down() {
     );
 }
 
+/// `INCR` calls per node. On migrated nodes ([`migrate_all`]) every acquire round sends one
+/// `INCR` to each node it reaches, refused or not, and nothing else the tests below run does:
+/// the count of a node is the number of rounds that reached it.
+fn incrs(urls: &[String]) -> Vec<u64> {
+    urls.iter().map(|u| calls(u, "incr")).collect()
+}
+
+/// Per node, how many more `INCR`s than in `before`.
+fn incrs_since(urls: &[String], before: &[u64]) -> Vec<u64> {
+    incrs(urls)
+        .iter()
+        .zip(before)
+        .map(|(now, b)| now - b)
+        .collect()
+}
+
+/// A crashed holder (its lock forgotten, left to expire, which publishes nothing) is taken over
+/// by a waiter whose retry timer is an hour away: its timer follows the holder's key, waking it
+/// when the key expires. Counted in rounds: two before it waits (refused, registered, refused),
+/// then the one that wins after the expiry; one more is allowed for a wake a millisecond early
+/// (`PTTL` is in whole milliseconds). No timing enters the bound.
+#[tokio::test]
+async fn w20_a_crashed_holders_lock_is_taken_at_its_expiry() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    migrate_all(&cluster).await;
+    let holder = client(&cluster);
+    warm(&holder).await;
+    let waiter = patient(&cluster).await;
+    let lock = holder.acquire("w20", Duration::from_secs(3)).await.unwrap();
+    spread(&lock, &urls).await;
+    let first = lock.token();
+    lock.forget();
+    let before = incrs(&urls);
+    let won = tokio::time::timeout(
+        WAIT,
+        waiter.acquire_timeout("w20", Duration::from_secs(10), NEVER),
+    )
+    .await
+    .expect("the waiter took over after the expiry (its poll timer is an hour away)")
+    .unwrap();
+    assert!(won.token() > first);
+    let rounds = incrs_since(&urls, &before);
+    assert!(
+        rounds.iter().all(|&r| r <= 4),
+        "rounds per node to take over a crashed holder's lock: {rounds:?}"
+    );
+    won.release().await.unwrap();
+}
+
 /// A timestamped trace of handovers (8 tasks of one client on one key, the default 50 ms node
 /// timeout), healthy and with node 0 paused, alternating four times (a change of load on the
 /// machine touches both alike), for `docs/benchmarks.md`:

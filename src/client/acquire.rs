@@ -146,20 +146,27 @@ impl Redlock {
                 continue;
             }
             drop(undo);
-            let delay = self.retry_pause_after(polls);
-            let now = Instant::now();
+            let backoff = self.retry_pause_after(polls);
             let give_up = !err.is_retryable()
                 || (round_no >= patience.rounds
                     && if waits {
-                        now >= give_up_at
+                        Instant::now() >= give_up_at
                     } else {
-                        called.elapsed().saturating_add(delay) > patience.wait
+                        called.elapsed().saturating_add(backoff) > patience.wait
                     });
             if give_up {
                 metrics::acquire(super::outcome_label(&err), called.elapsed());
                 return Err(err);
             }
             let held = err.is_held();
+            // A registered waiter refused by a holder sleeps until the holder's key expires
+            // (or a notice): the holder's lease, not a poll interval, is what it waits for.
+            let delay = if held && waiter.is_some() {
+                self.holder_pause(lock_key).await
+            } else {
+                backoff
+            };
+            let now = Instant::now();
             tracing::debug!(key, round = round_no, ?delay, error = %err, "retrying acquisition");
             last_err = Some(err);
             // The last rounds of a wait: none starts after it.

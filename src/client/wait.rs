@@ -15,10 +15,16 @@
 //! - **No local shortcut.** A release by this client reaches this client's own waiters by the
 //!   same notices: woken earlier, they would win nearly every time and starve the waiters of
 //!   other clients (measured: one client of three took 46 of 60 acquisitions).
-//! - **Polling, the fallback.** A waiter also retries when its timer fires, after the crate's
-//!   one retry policy (`core::timing::backoff`: the configured delay, doubling up to 1 s, plus
-//!   jitter). That is what acquires when notices are lost (a pub/sub connection down, a holder
-//!   that crashed and let its lock expire: an expiry publishes nothing).
+//! - **The holder's expiry, the fallback.** A waiter refused by a holder also retries when its
+//!   timer fires: it reads the key's `PTTL` on every node (one command each) and sleeps until
+//!   the key has expired on a quorum, at most 1 s (`core::timing::HOLDER_WAIT_CAP`, or the
+//!   configured retry delay when longer; `Redlock::holder_pause`). A holder that crashed (an
+//!   expiry publishes nothing) is so taken over within a round trip of its key's expiry; one
+//!   that keeps its lock alive costs each waiting client at most one round a second; a release
+//!   that published nothing (another Redlock client in compat mode, a Redis Cluster member, a
+//!   notice lost on every node) is noticed within that second. A round that failed for another
+//!   reason (too few nodes) retries after the crate's one retry policy
+//!   (`core::timing::backoff`: the configured delay, doubling up to 1 s, plus jitter).
 //!
 //! The copies of one notice (one per node) are counted once: a notice carries the released
 //! value, and the last few values are remembered.
@@ -405,6 +411,41 @@ impl Redlock {
                 all.await;
             });
         }
+    }
+
+    /// How long a waiter refused by a holder sleeps before its next round unless a notice
+    /// wakes it: until the holder's key has expired on a quorum (its `PTTL` read on every
+    /// node, one command each), at most [`timing::HOLDER_WAIT_CAP`] (or the configured retry
+    /// delay, when longer). A holder that extends its lock meanwhile refuses the next round,
+    /// and the pause is read again; one that crashed is followed within a round trip of its
+    /// key's expiry.
+    pub(crate) async fn holder_pause(&self, lock_key: &str) -> Duration {
+        let cap = self.inner.cfg.retry_delay.max(timing::HOLDER_WAIT_CAP);
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let reads = self.inner.nodes.iter().map(|node| {
+            let node = Arc::clone(node);
+            async move {
+                // A Cluster member serves lock rounds only.
+                if node.is_cluster() {
+                    return None;
+                }
+                node.with_connection(
+                    |mut conn| async move {
+                        redis::cmd("PTTL")
+                            .arg(lock_key)
+                            .query_async::<i64>(&mut conn)
+                            .await
+                    },
+                    deadline,
+                )
+                .await
+                .ok()
+            }
+        });
+        let pttls: Vec<Option<i64>> = futures::future::join_all(reads).await;
+        let free_in = timing::quorum_free_in(&pttls, self.quorum());
+        tracing::trace!(lock_key, ?pttls, ?free_in, "holder's key read");
+        free_in.map_or(cap, |d| d.min(cap))
     }
 
     /// Forgets keys nobody waits for (only the map holds them), unsubscribing their channels.
