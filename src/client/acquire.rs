@@ -103,7 +103,12 @@ impl Redlock {
                     &value,
                     ttl,
                     drift,
-                    (&mut contended, &mut undo.skip, &mut undo.tail),
+                    (
+                        &mut contended,
+                        &mut undo.skip,
+                        &mut undo.tail,
+                        &mut undo.notify,
+                    ),
                 )
                 .await;
             let err = match result {
@@ -279,7 +284,8 @@ impl Redlock {
         contention_round: u32,
         woken: bool,
     ) {
-        self.release_on(lock_key, fence_key, value, 0, skip).await;
+        self.release_on((lock_key, fence_key), value, skip, false)
+            .await;
         let spread = if woken {
             round_trip * 4
         } else {
@@ -300,7 +306,8 @@ impl Redlock {
     /// the deadline clock) and the validity.
     /// `contended` is set when the round was refused but no value can stand on a quorum
     /// (contenders split the nodes); `held_elsewhere` marks the nodes that refused because
-    /// another value holds the key (the undo of the round skips them: ours is not there).
+    /// another value holds the key (the undo of the round skips them: ours is not there);
+    /// `stood` is set when the value stood on a quorum (the round won, whatever follows).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn attempt(
         &self,
@@ -309,7 +316,12 @@ impl Redlock {
         value: &str,
         ttl: Duration,
         drift: Duration,
-        (contended, held_elsewhere, tail): (&mut bool, &mut Vec<bool>, &mut Option<Tail>),
+        (contended, held_elsewhere, tail, stood): (
+            &mut bool,
+            &mut Vec<bool>,
+            &mut Option<Tail>,
+            &mut bool,
+        ),
     ) -> Result<(Granted, Stamp, Duration, Tail), Error> {
         metrics::attempt();
         let start = Instant::now();
@@ -355,7 +367,7 @@ impl Redlock {
                 .collect();
         }
         match quorum::acquisition(round.verdict, || round.refusal()) {
-            Acquisition::Won => {}
+            Acquisition::Won => *stood = true,
             Acquisition::Held { contended: split } => {
                 *contended = split;
                 tracing::debug!(
@@ -561,6 +573,9 @@ struct UndoRelease<'a> {
     value: &'a str,
     armed: bool,
     skip: Vec<bool>,
+    /// Whether the undo announces itself to waiters: only when the attempt's value stood on
+    /// a quorum (`Redlock::release_on`).
+    notify: bool,
     /// A refused round's unanswered calls: the undo waits for their answers (bounded by the
     /// round's deadline) and skips the nodes among them that refused too.
     tail: Option<Tail>,
@@ -580,6 +595,7 @@ impl<'a> UndoRelease<'a> {
             value,
             armed: true,
             skip: Vec::new(),
+            notify: false,
             tail: None,
         }
     }
@@ -599,14 +615,18 @@ impl Drop for UndoRelease<'_> {
         skip.resize(n, false);
         let Some(tail) = self.tail.take() else {
             if !skip.iter().all(|&s| s) {
-                let release =
-                    self.client
-                        .release_on(self.lock_key, self.fence_key, self.value, 0, &skip);
+                let release = self.client.release_on(
+                    (self.lock_key, self.fence_key),
+                    self.value,
+                    &skip,
+                    self.notify,
+                );
                 self.client.spawn_release_task(self.lock_key, release);
             }
             return;
         };
         let client = self.client.clone();
+        let notify = self.notify;
         let (lock_key, fence_key, value) = (
             self.lock_key.to_owned(),
             self.fence_key.to_owned(),
@@ -620,7 +640,7 @@ impl Drop for UndoRelease<'_> {
             }
             if !skip.iter().all(|&s| s) {
                 client
-                    .release_on(&lock_key, &fence_key, &value, 0, &skip)
+                    .release_on((&lock_key, &fence_key), &value, &skip, notify)
                     .await;
             }
         });

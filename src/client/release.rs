@@ -115,30 +115,33 @@ impl Redlock {
         self.inner.tasks.spawn_on(release, &handle);
     }
 
-    /// A release of `value` with `token` on every node except those `skip` marks (an undo skips
-    /// the nodes that answered that another value holds the key: ours is not there), each
-    /// bounded by the node timeout from now. Built before it is awaited, so the caller's borrows
-    /// end here.
+    /// The undo of a failed attempt: a release of `value` (token 0) on every node except those
+    /// `skip` marks (the nodes that answered that another value holds the key: ours is not
+    /// there), each bounded by the node timeout from now. Built before it is awaited, so the
+    /// caller's borrows end here.
+    ///
+    /// It announces itself to waiters only when `notify`: the attempt's value stood on a quorum
+    /// (its round won, then failed: no validity left, or its counters could not be raised), so
+    /// it held others off. An undo of a round that did not win releases nothing anyone waits
+    /// for, and its notice would wake every waiter, its own client's included, as if the lock
+    /// had been released: a waiter whose `SET` succeeded on a node the holder's key had left
+    /// was woken by its own undo and tried again at once, for the whole hold (issue 27).
     pub(super) fn release_on(
         &self,
-        lock_key: &str,
-        fence_key: &str,
+        (lock_key, fence_key): (&str, &str),
         value: &str,
-        token: u64,
         skip: &[bool],
+        notify: bool,
     ) -> impl Future<Output = ()> + Send + 'static {
         let waiters = waiters_key_of(lock_key);
-        let call = Arc::new(scripts::RELEASE.call(
-            &[
-                lock_key.as_bytes(),
-                fence_key.as_bytes(),
-                waiters.as_bytes(),
-            ],
-            &[
-                value.as_bytes(),
-                itoa::Buffer::new().format(token).as_bytes(),
-            ],
-        ));
+        let keys: [&[u8]; 3] = [
+            lock_key.as_bytes(),
+            fence_key.as_bytes(),
+            waiters.as_bytes(),
+        ];
+        // Without KEYS[3] the script publishes nothing.
+        let keys = if notify { &keys[..] } else { &keys[..2] };
+        let call = Arc::new(scripts::RELEASE.call(keys, &[value.as_bytes(), b"0"]));
         self.release_with(call, skip)
     }
 

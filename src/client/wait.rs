@@ -26,6 +26,15 @@
 //!   reason (too few nodes) retries after the crate's one retry policy
 //!   (`core::timing::backoff`: the configured delay, doubling up to 1 s, plus jitter).
 //!
+//! Only a release of a lock that stood on a quorum announces itself. The undo of a failed
+//! attempt (a round refused, or split between contenders) publishes nothing
+//! (`Redlock::release_on`): it releases nothing anyone waits for, and its notice woke every
+//! waiter, its own client's included, which then tried at once, failed, undid and woke itself
+//! again, for as long as the holder's key was missing on some node (issue 27). A fresh client's
+//! first wait also awaits its subscriptions (at most the connect timeout) before its next round:
+//! each node's subscription wakes the waiters once it stands, which would otherwise cost one
+//! round per node.
+//!
 //! The copies of one notice (one per node) are counted once: a notice carries the released
 //! value, and the last few values are remembered.
 //!
@@ -51,7 +60,7 @@
 //! and a lost notice only delays it until its timer.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -99,6 +108,8 @@ impl Default for Hub {
             keys: Mutex::default(),
             any: AtomicBool::default(),
             sinks: Mutex::default(),
+            first_tries: AtomicUsize::default(),
+            tried: Notify::new(),
         }
     }
 }
@@ -121,6 +132,11 @@ struct Hub {
     any: AtomicBool,
     /// The sink of each node's pub/sub connection, while it is up.
     sinks: Mutex<Vec<Option<PubSubSink>>>,
+    /// How many nodes' subscription tasks have ended their first attempt (subscribed and woken
+    /// the waiters, or failed).
+    first_tries: AtomicUsize,
+    /// Notified at each end of a first attempt.
+    tried: Notify,
 }
 
 /// The waiters of one key in this client.
@@ -354,7 +370,25 @@ impl Redlock {
             });
             futures::future::join_all(subs).await;
         };
-        futures::join!(subscribe, self.set_marker(&kw, &channel, true));
+        // A fresh client's subscriptions wake every waiter once they stand (notices may have
+        // been missed before): awaited here, so that the round that follows registration
+        // starts after those wake-ups and is not repeated for them, five times on five nodes.
+        let first_tries = async {
+            let n = self.inner.nodes.len();
+            let _ = tokio::time::timeout(self.inner.cfg.connect_timeout, async {
+                loop {
+                    let tried = hub.tried.notified();
+                    tokio::pin!(tried);
+                    tried.as_mut().enable();
+                    if hub.first_tries.load(Ordering::Acquire) >= n {
+                        return;
+                    }
+                    tried.await;
+                }
+            })
+            .await;
+        };
+        futures::join!(subscribe, self.set_marker(&kw, &channel, true), first_tries);
         (kw, ticket)
     }
 
@@ -518,6 +552,13 @@ impl Redlock {
 /// missed meanwhile).
 async fn subscription(hub: Arc<Hub>, node: Arc<Node>, i: usize, connect_timeout: Duration) {
     let mut failures = 0u32;
+    let mut first = true;
+    let first_tried = |first: &mut bool| {
+        if std::mem::take(first) {
+            hub.first_tries.fetch_add(1, Ordering::AcqRel);
+            hub.tried.notify_waiters();
+        }
+    };
     loop {
         let why = match tokio::time::timeout(connect_timeout, node.open_pubsub()).await {
             Ok(Ok(pubsub)) => {
@@ -536,6 +577,7 @@ async fn subscription(hub: Arc<Hub>, node: Arc<Node>, i: usize, connect_timeout:
                     failures = 0;
                     tracing::debug!(node = %node.name(), keys = channels.len(), "waiters subscribed");
                     hub.wake_all();
+                    first_tried(&mut first);
                     listen(&hub, i, &mut sink, &mut messages, connect_timeout).await
                 } else {
                     "subscribe failed".to_owned()
@@ -546,6 +588,7 @@ async fn subscription(hub: Arc<Hub>, node: Arc<Node>, i: usize, connect_timeout:
             Ok(Err(e)) => e.to_string(),
             Err(_) => "connect timed out".to_owned(),
         };
+        first_tried(&mut first);
         tracing::debug!(node = %node.name(), reason = %why, "waiters' subscription lost; resubscribing");
         let pause = resubscribe_pause(failures);
         failures = failures.saturating_add(1);
