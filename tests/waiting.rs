@@ -3,6 +3,8 @@
 //! (an expiry, pub/sub connections killed), and contenders with exactly a quorum reachable do
 //! not starve.
 
+#[path = "support/proxy.rs"]
+mod proxy;
 mod support;
 
 use std::sync::Arc;
@@ -542,6 +544,50 @@ async fn w18_fresh_waiters_cost_at_most_four_rounds_a_second() {
              waiting client (at most 4)"
         );
     }
+}
+
+/// A fresh client's won round reaches every reachable node, not just the quorum that answered
+/// first: two nodes are reached through proxies that add 40 ms each way, so their connections
+/// are still being made when the three others have granted the lock. The calls to them are sent
+/// once they connect (within the node timeout), so the key stands on all five; and a release
+/// right after the acquisition still runs after them on every node (nothing is left behind).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn w19_a_fresh_clients_lock_stands_on_every_node() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let slow = [
+        proxy::Proxy::for_url(&urls[3]).await.unwrap(),
+        proxy::Proxy::for_url(&urls[4]).await.unwrap(),
+    ];
+    for p in &slow {
+        p.set_latency(Duration::from_millis(40));
+    }
+    let mut through = urls[..3].to_vec();
+    through.extend(slow.iter().map(|p| p.url()));
+    let fresh = || {
+        Redlock::builder(through.clone())
+            .node_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap()
+    };
+    let ttl = Duration::from_secs(60);
+    let locks = fresh();
+    let lock = locks.acquire("w19", ttl).await.unwrap();
+    wait_until(
+        WAIT,
+        "all five nodes hold the fresh client's key",
+        || async { holders(&urls, "w19") == urls.len() },
+    )
+    .await;
+    lock.release().await.unwrap();
+    // Again on a fresh client, released at once: the late calls land before the release.
+    let locks = fresh();
+    let lock = locks.acquire("w19", ttl).await.unwrap();
+    lock.release().await.unwrap();
+    tokio::time::timeout(WAIT, locks.flush())
+        .await
+        .expect("flush is bounded");
+    assert_eq!(holders(&urls, "w19"), 0, "a key outlived its release");
 }
 
 /// A crashed holder (its lock forgotten, left to expire, which publishes nothing) is taken over

@@ -126,11 +126,7 @@ impl Redlock {
                         ttl,
                         measured.saturating_add(validity),
                     ));
-                    // Closed (no call of the round is sent from now on), and kept by the lock:
-                    // the nodes that answer after the verdict tell where else its counter
-                    // stands at the token.
-                    tail.gate.close();
-                    state.keep_tail(tail);
+                    self.keep_granted(&state, tail);
                     return Ok(state);
                 }
                 Err(e) => e,
@@ -213,6 +209,30 @@ impl Redlock {
                 }
             }
         }
+    }
+
+    /// The won round's unanswered calls: closed (no call of the round is sent once they are
+    /// all handed) and kept by the lock, whose extensions and release read their late answers
+    /// (where else its counter stands at the token). Calls to nodes whose connection was still
+    /// being made at the grant are first driven by a task until they are handed, or until the
+    /// round's deadline (the node timeout): the lock then stands on every node that answers in
+    /// time, not only on the quorum that answered first, and a fresh client's lock is not left
+    /// on a bare majority (issue 27). The lock's extensions and release wait for that task
+    /// (`LockState::until_handed`), so on every node they run after the acquisition.
+    fn keep_granted(&self, state: &Arc<LockState>, mut tail: Tail) {
+        if tail.can_park() {
+            tail.gate.close();
+            state.keep_tail(tail);
+            return;
+        }
+        state.start_handing(tail.deadline);
+        let state = Arc::clone(state);
+        self.inner.tasks.spawn(async move {
+            tail.hand(&state).await;
+            tail.gate.close();
+            state.keep_tail(tail);
+            state.end_handing();
+        });
     }
 
     /// Before a queued waiter's round: waits for its turn (it is the oldest of this client's

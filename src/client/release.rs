@@ -23,6 +23,8 @@ impl Redlock {
     /// extension can follow the release on any node.
     pub(crate) async fn release_held(&self, state: &LockState) -> Result<(), Error> {
         let _serial = state.serial().await;
+        // After the acquisition's own calls on every node (`LockState::until_handed`).
+        state.until_handed().await;
         let expired = state.deadline() <= clock::now();
         // Lost before the release (its signal fired): that is what the release reports.
         let lost = state.reason();
@@ -91,6 +93,7 @@ impl Redlock {
         let key = state.lock_key().to_owned();
         self.spawn_release_task(&key, async move {
             let _serial = state.serial().await;
+            state.until_handed().await;
             let call = Arc::new(release_call(&state));
             client.release_with(call, &[]).await;
             if let Some(tail) = state.take_tail() {
