@@ -63,16 +63,16 @@ async fn patient(cluster: &quorumlock::testkit::LocalCluster) -> Redlock {
 
 /// Waits until a waiter of another client has made its second round (refused, registered,
 /// refused again) and is subscribed with its marker set on every node: from then on it only
-/// waits. On migrated nodes ([`migrate_all`]) each acquire round is one `INCR` per node, refused
-/// or not (and a round refused by a holder on every node has no undo: w16); `before` counts
-/// those made so far.
+/// waits. Each acquire round is one `SET` per node, refused or not, in either form (a round
+/// refused by a holder on every node has no undo: w16); `before` counts those made so far
+/// ([`sets`]).
 async fn until_waiting(urls: &[String], key: &str, before: &[u64]) {
     let state = || {
         urls.iter()
             .zip(before)
             .map(|(u, b)| {
                 (
-                    calls(u, "incr").saturating_sub(*b),
+                    calls(u, "set").saturating_sub(*b),
                     subscribers(u, key),
                     marker_on(u, key),
                 )
@@ -106,7 +106,7 @@ async fn w10_a_release_wakes_a_waiter_of_another_client() {
     let ttl = Duration::from_secs(60);
     let lock = holder.acquire("w10", ttl).await.unwrap();
     spread(&lock, &urls).await;
-    let before: Vec<u64> = urls.iter().map(|u| calls(u, "incr")).collect();
+    let before = sets(&urls);
     let task = tokio::spawn(async move { waiter.acquire_timeout("w10", ttl, NEVER).await });
     until_waiting(&urls, "w10", &before).await;
     let first = lock.token();
@@ -141,7 +141,7 @@ async fn w11_only_a_waited_for_release_publishes() {
     let waiter = patient(&cluster).await;
     let lock = holder.acquire("w11", ttl).await.unwrap();
     spread(&lock, &urls).await;
-    let before: Vec<u64> = urls.iter().map(|u| calls(u, "incr")).collect();
+    let before = sets(&urls);
     let task = tokio::spawn(async move { waiter.acquire_timeout("w11", ttl, NEVER).await });
     until_waiting(&urls, "w11", &before).await;
     lock.release().await.unwrap();
@@ -192,7 +192,7 @@ async fn w13_killed_subscriptions_still_acquire() {
     let ttl = Duration::from_secs(60);
     let lock = holder.acquire("w13", ttl).await.unwrap();
     spread(&lock, &urls).await;
-    let before: Vec<u64> = urls.iter().map(|u| calls(u, "incr")).collect();
+    let before = sets(&urls);
     let task = tokio::spawn(async move { waiter.acquire_timeout("w13", ttl, NEVER).await });
     until_waiting(&urls, "w13", &before).await;
     for u in &urls {
@@ -386,16 +386,18 @@ async fn w17_a_round_does_not_wait_for_a_node_known_down() {
     );
 }
 
-/// `INCR` calls per node. On migrated nodes ([`migrate_all`]) every acquire round sends one
-/// `INCR` to each node it reaches, refused or not, and nothing else the tests below run does:
-/// the count of a node is the number of rounds that reached it.
-fn incrs(urls: &[String]) -> Vec<u64> {
-    urls.iter().map(|u| calls(u, "incr")).collect()
+/// `SET` calls per node. Every acquire round sends one `SET` to each node it reaches, refused
+/// or not, in either form (the pipelined `SET NX PX GET` + `INCR`, or the script's `SET NX`),
+/// and the tests below send no other `SET` but a holder's few (an extension that re-sets its
+/// key or raises a counter, once per node at most): the count of a node is the number of
+/// rounds that reached it.
+fn sets(urls: &[String]) -> Vec<u64> {
+    urls.iter().map(|u| calls(u, "set")).collect()
 }
 
-/// Per node, how many more `INCR`s than in `before`.
-fn incrs_since(urls: &[String], before: &[u64]) -> Vec<u64> {
-    incrs(urls)
+/// Per node, how many more `SET`s than in `before`.
+fn sets_since(urls: &[String], before: &[u64]) -> Vec<u64> {
+    sets(urls)
         .iter()
         .zip(before)
         .map(|(now, b)| now - b)
@@ -471,7 +473,7 @@ async fn waiting_rounds(
         del_lock(&urls[3], key);
         del_lock(&urls[4], key);
     }
-    let before = incrs(&urls);
+    let before = sets(&urls);
     let start = tokio::time::Instant::now();
     let waiters: Vec<_> = (0..clients)
         .flat_map(|_| {
@@ -491,7 +493,7 @@ async fn waiting_rounds(
         assert!(got.is_err(), "a waiter acquired a held lock");
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let rounds = incrs_since(&urls, &before);
+    let rounds = sets_since(&urls, &before);
     let _ = stop_tx.send(());
     tokio::time::timeout(WAIT, holder)
         .await
@@ -507,17 +509,18 @@ async fn waiting_rounds(
 /// waiters per client.
 ///
 /// Bound: a waiter refused by a holder makes its round, registers and makes one more, then
-/// sleeps until the holder's key expires (at least 2 s ahead: the holder extends its 3 s ttl
-/// every second) or 1 s, whichever is first; it makes at least 4 rounds before giving up
-/// (`1 + retry_count`). Nothing else wakes it (no release). So one client's waiters make about
-/// 2 + 1 per second, and 4 per second of the measured time (which only grows on a loaded
-/// machine) is not reached by chance: no timing enters the count. One round more is allowed
-/// per node: the holder's own acquisition, whose calls to nodes still connecting may land
-/// after the count started.
+/// sleeps until the holder's key would expire on a quorum (at least 2 s ahead: the holder
+/// extends its 3 s ttl every second) or 1 s, whichever is first, reads the key again and sleeps
+/// on while it stands; past its wait it makes the rounds it still owes (`1 + retry_count` = 4 in
+/// all), 1 s apart. Nothing else wakes it (no release). So one client's waiters make 4 rounds
+/// in at least 3 s, and 4 per second of the measured time (which only grows on a loaded
+/// machine) is not reached by chance: no timing enters the count. Three `SET`s more are allowed
+/// per node for the holder: its acquisition's calls to nodes still connecting, which may land
+/// after the count started, and its extensions' re-set of a missing key and raise of a lagging
+/// counter (once per node each).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn w18_fresh_waiters_cost_at_most_four_rounds_a_second() {
     let cluster = cluster(5);
-    migrate_all(&cluster).await;
     let wait = Duration::from_secs(2);
     let scenarios: [(&'static str, Holding, (usize, usize)); 6] = [
         ("w18-a", Holding::KeepAlive, (1, 1)),
@@ -530,7 +533,7 @@ async fn w18_fresh_waiters_cost_at_most_four_rounds_a_second() {
     let mut report = Vec::new();
     for (key, holding, shape) in scenarios {
         let (rounds, secs) = waiting_rounds(&cluster, key, holding, shape, wait).await;
-        let per_client = rounds.saturating_sub(1) as f64 / shape.0 as f64 / secs;
+        let per_client = rounds.saturating_sub(3) as f64 / shape.0 as f64 / secs;
         eprintln!(
             "{key} {holding:?} {shape:?}: {rounds} rounds on the busiest node in {secs:.2} s, \
              {per_client:.1} per second per waiting client"
@@ -599,7 +602,6 @@ async fn w19_a_fresh_clients_lock_stands_on_every_node() {
 async fn w20_a_crashed_holders_lock_is_taken_at_its_expiry() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    migrate_all(&cluster).await;
     let holder = client(&cluster);
     warm(&holder).await;
     let waiter = patient(&cluster).await;
@@ -607,7 +609,7 @@ async fn w20_a_crashed_holders_lock_is_taken_at_its_expiry() {
     spread(&lock, &urls).await;
     let first = lock.token();
     lock.forget();
-    let before = incrs(&urls);
+    let before = sets(&urls);
     let won = tokio::time::timeout(
         WAIT,
         waiter.acquire_timeout("w20", Duration::from_secs(10), NEVER),
@@ -616,7 +618,7 @@ async fn w20_a_crashed_holders_lock_is_taken_at_its_expiry() {
     .expect("the waiter took over after the expiry (its poll timer is an hour away)")
     .unwrap();
     assert!(won.token() > first);
-    let rounds = incrs_since(&urls, &before);
+    let rounds = sets_since(&urls, &before);
     assert!(
         rounds.iter().all(|&r| r <= 4),
         "rounds per node to take over a crashed holder's lock: {rounds:?}"

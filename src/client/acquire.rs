@@ -163,7 +163,7 @@ impl Redlock {
             // A registered waiter refused by a holder sleeps until the holder's key expires
             // (or a notice): the holder's lease, not a poll interval, is what it waits for.
             let delay = if held && waiter.is_some() {
-                self.holder_pause(lock_key).await
+                self.holder_pause(lock_key).await.unwrap_or(backoff)
             } else {
                 backoff
             };
@@ -187,7 +187,9 @@ impl Redlock {
                 // that could not reach a quorum (a node hung, the others split between the
                 // holder's value and ours) is usually followed by the holder's release.
                 Some((kw, _)) => {
-                    let woken = self.await_release(kw, lock_key, epoch, until).await;
+                    let woken = self
+                        .await_release_or_expiry(kw, lock_key, epoch, (until, give_up_at))
+                        .await;
                     tracing::trace!(key, ?woken, "waiter woken");
                     match woken {
                         Woken::Notice => {
@@ -289,6 +291,37 @@ impl Redlock {
         }
     }
 
+    /// [`await_release`](Self::await_release), and when the timer fires before `give_up_at`,
+    /// reads the holder's key (`PTTL`) first: while it still stands on a quorum and will for
+    /// a while yet, the waiter sleeps again instead of making a round that would be refused.
+    /// A round is made on a notice, once a quorum may be free, when the nodes cannot tell, or
+    /// once `give_up_at` has passed (the rounds an `acquire` makes are owed).
+    async fn await_release_or_expiry(
+        &self,
+        kw: &KeyWait,
+        lock_key: &str,
+        epoch: u64,
+        (mut until, give_up_at): (Instant, Instant),
+    ) -> Woken {
+        loop {
+            let woken = self.await_release(kw, lock_key, epoch, until).await;
+            if woken == Woken::Notice || Instant::now() >= give_up_at {
+                return woken;
+            }
+            match self.holder_pause(lock_key).await {
+                Some(pause) if pause > timing::HOLDER_READ_AGAIN => {
+                    until = (Instant::now() + pause).min(give_up_at);
+                    tracing::trace!(
+                        lock_key,
+                        ?pause,
+                        "the holder's key still stands; waiting on"
+                    );
+                }
+                _ => return woken,
+            }
+        }
+    }
+
     /// Nobody won a split vote: undo our part before anyone re-tries (awaited, so it has landed
     /// by the time our own pause starts), then pause at random for several round trips, so that
     /// one contender re-tries alone and finds the nodes free. Waiters woken by a release
@@ -352,7 +385,15 @@ impl Redlock {
         let deadline = start + timing::acquire_round(self.inner.cfg.node_timeout, sent, drift);
         let fencing = self.inner.cfg.fencing;
         let (lock_key, fence_key) = (keys.lock(), keys.fence());
-        let call = self.acquire_call(fencing, (lock_key, fence_key, keys.legacy()), value, ttl_ms);
+        // A key this client has waited for is likely held: the script form, which raises the
+        // counter only where it sets the key, so refused rounds do not make tokens jump.
+        let likely_held = self.inner.waiting.has_waited(lock_key);
+        let call = self.acquire_call(
+            fencing,
+            (lock_key, fence_key, keys.legacy()),
+            value,
+            (ttl_ms, likely_held),
+        );
         // Before any call: a node whose yes carries the token was answered on this connection
         // generation or a later one (`Node::process_generation`).
         let generations: Seen = if fencing {
@@ -560,16 +601,25 @@ impl Redlock {
     /// folded yet, which the script folds into the bucket) and/or its pipelined form (`SET NX
     /// PX GET` + `INCR`, for the others; `node/fence.rs`), each built only if a node takes it;
     /// a plain `SET NX PX` with fencing off.
+    ///
+    /// With `likely_held` (a key this client has waited for) every node gets the script: the
+    /// pipelined form raises the counter on a refusal too (its `INCR` does not depend on the
+    /// `SET`), so each refused round of a waiter would raise the token that the next holder
+    /// gets; the script raises it only where it sets the key.
     fn acquire_call(
         &self,
         fencing: bool,
         (lock_key, fence_key, legacy): (&str, &str, Option<&str>),
         value: &str,
-        ttl_ms: u64,
+        (ttl_ms, likely_held): (u64, bool),
     ) -> ScriptCall {
         if fencing && let Some(legacy) = legacy {
             let nodes = &self.inner.nodes;
-            let pipelined = nodes.iter().filter(|n| n.pipelines()).count();
+            let pipelined = if likely_held {
+                0
+            } else {
+                nodes.iter().filter(|n| n.pipelines()).count()
+            };
             ScriptCall::fenced_acquire(
                 (lock_key, fence_key, legacy),
                 value,

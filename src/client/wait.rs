@@ -18,9 +18,12 @@
 //! - **The holder's expiry, the fallback.** A waiter refused by a holder also retries when its
 //!   timer fires: it reads the key's `PTTL` on every node (one command each) and sleeps until
 //!   the key has expired on a quorum, at most 1 s (`core::timing::HOLDER_WAIT_CAP`, or the
-//!   configured retry delay when longer; `Redlock::holder_pause`). A holder that crashed (an
+//!   configured retry delay when longer; `Redlock::holder_pause`); when it wakes it reads the
+//!   key again and makes a round only once a quorum may be free (or the nodes cannot tell, or
+//!   its wait is over). A holder that crashed (an
 //!   expiry publishes nothing) is so taken over within a round trip of its key's expiry; one
-//!   that keeps its lock alive costs each waiting client at most one round a second; a release
+//!   that keeps its lock alive costs each waiting client one `PTTL` per node a second and no
+//!   round; a release
 //!   that published nothing (another Redlock client in compat mode, a Redis Cluster member, a
 //!   notice lost on every node) is noticed within that second. A round that failed for another
 //!   reason (too few nodes) retries after the crate's one retry policy
@@ -312,6 +315,12 @@ impl Waiting {
         }
     }
 
+    /// Whether this client has waited for `lock_key` (and not forgotten it since: keys nobody
+    /// waits for are forgotten past [`MAX_IDLE_KEYS`]).
+    pub(crate) fn has_waited(&self, lock_key: &str) -> bool {
+        self.hub.any.load(Ordering::Relaxed) && lock(&self.hub.keys).contains_key(lock_key)
+    }
+
     /// The waiters of `lock_key`, if this client has a queue for it that is not empty.
     pub(crate) fn queued(&self, lock_key: &str) -> Option<Arc<KeyWait>> {
         if !self.hub.any.load(Ordering::Relaxed) {
@@ -453,7 +462,8 @@ impl Redlock {
     /// delay, when longer). A holder that extends its lock meanwhile refuses the next round,
     /// and the pause is read again; one that crashed is followed within a round trip of its
     /// key's expiry.
-    pub(crate) async fn holder_pause(&self, lock_key: &str) -> Duration {
+    /// `None` when the nodes cannot tell (too few answers, keys that never expire).
+    pub(crate) async fn holder_pause(&self, lock_key: &str) -> Option<Duration> {
         let cap = self.inner.cfg.retry_delay.max(timing::HOLDER_WAIT_CAP);
         let deadline = Instant::now() + self.inner.cfg.node_timeout;
         let reads = self.inner.nodes.iter().map(|node| {
@@ -479,7 +489,7 @@ impl Redlock {
         let pttls: Vec<Option<i64>> = futures::future::join_all(reads).await;
         let free_in = timing::quorum_free_in(&pttls, self.quorum());
         tracing::trace!(lock_key, ?pttls, ?free_in, "holder's key read");
-        free_in.map_or(cap, |d| d.min(cap))
+        free_in.map(|d| d.min(cap))
     }
 
     /// Forgets keys nobody waits for (only the map holds them), unsubscribing their channels.

@@ -110,6 +110,11 @@ pub(crate) fn backoff(base: Duration, jitter: Duration, attempt: u32, unit: f64)
 /// it is one round a second per waiting client, a quarter of issue 27's target of four.
 pub(crate) const HOLDER_WAIT_CAP: Duration = BACKOFF_CAP;
 
+/// A waiter whose timer fired reads the holder's key again and sleeps on, without a round,
+/// while a quorum will stay held longer than this; closer to the expiry it makes its round
+/// (a round trip or so early is cheaper than a second read).
+pub(crate) const HOLDER_READ_AGAIN: Duration = Duration::from_millis(2);
+
 /// When a quorum of nodes will be free of the key that refused a waiter, read from each node's
 /// `PTTL` of the key (`None`: no answer): `-2` the key is absent (free now), `-1` it never
 /// expires, `p >= 0` it expires in `p` ms. The key is free on a quorum once the
