@@ -36,6 +36,15 @@ const MAX_DEFERRED_LOSSES: u32 = 2;
 /// A granted round's token, and where the counter was seen at it.
 type Granted = (FencingToken, SeenAt);
 
+/// Ends a won round's handing (`LockState::end_handing`) when dropped.
+struct Handing(Arc<LockState>);
+
+impl Drop for Handing {
+    fn drop(&mut self) {
+        self.0.end_handing();
+    }
+}
+
 /// How long an acquisition keeps trying: it gives up once it has made `rounds` attempt rounds
 /// *and* the next one would start more than `wait` after the call.
 #[derive(Debug, Clone, Copy)]
@@ -231,10 +240,11 @@ impl Redlock {
         state.start_handing(tail.deadline);
         let state = Arc::clone(state);
         self.inner.tasks.spawn(async move {
+            // Ends the handing however the task ends (aborted with its runtime included).
+            let _handing = Handing(Arc::clone(&state));
             tail.hand(&state).await;
             tail.gate.close();
             state.keep_tail(tail);
-            state.end_handing();
         });
     }
 

@@ -165,6 +165,11 @@ impl Tail {
         let _ = tokio::time::timeout_at(
             deadline,
             std::future::poll_fn(|cx| {
+                // Never handed after the deadline, even on a first poll that comes late (a
+                // runtime too busy to run this task meanwhile).
+                if Instant::now() >= deadline {
+                    return std::task::Poll::Ready(());
+                }
                 if let Some(calls) = &mut self.calls {
                     loop {
                         match calls.poll_next_unpin(cx) {

@@ -181,9 +181,11 @@ impl LockState {
         self.handed.notify_waiters();
     }
 
-    /// Waits until the winning round's calls have all been handed to their connections (at
-    /// most until the round's deadline), so that a call sent next to a node runs after the
-    /// acquisition there. At once in the common case (every call was handed by the grant).
+    /// Waits until the task handing the winning round's calls to their connections has ended
+    /// (it hands nothing after the round's deadline), so that a call sent next to a node runs
+    /// after the acquisition there. At once in the common case (every call was handed by the
+    /// grant). Bounded: one second past the round's deadline at most, should the task never
+    /// run (its runtime gone).
     pub(crate) async fn until_handed(&self) {
         loop {
             let handed = self.handed.notified();
@@ -192,7 +194,9 @@ impl LockState {
             let Some(until) = *lock(&self.handing) else {
                 return;
             };
-            if tokio::time::timeout_at(until, handed).await.is_err() {
+            let bound = until + Duration::from_secs(1);
+            if tokio::time::timeout_at(bound, handed).await.is_err() {
+                tracing::debug!(key = %self.key(), "the acquisition's late calls were not handed in time");
                 return;
             }
         }
