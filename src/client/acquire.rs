@@ -117,7 +117,7 @@ impl Redlock {
                         &mut contended,
                         &mut undo.skip,
                         &mut undo.tail,
-                        &mut undo.notify,
+                        &mut undo.stood,
                     ),
                 )
                 .await;

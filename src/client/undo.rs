@@ -4,6 +4,7 @@
 
 use super::Redlock;
 use super::round::Tail;
+use crate::core::quorum;
 use crate::error::NodeError;
 
 /// Releases an attempt's value everywhere when dropped, unless disarmed: covers both a failed
@@ -17,9 +18,9 @@ pub(super) struct UndoRelease<'a> {
     value: &'a str,
     armed: bool,
     pub(super) skip: Vec<bool>,
-    /// Whether the undo announces itself to waiters: only when the attempt's value stood on
-    /// a quorum (`Redlock::release_on`).
-    pub(super) notify: bool,
+    /// Whether the attempt's value stood on a quorum: only then does the undo announce itself
+    /// to waiters (`quorum::undo_announces`).
+    pub(super) stood: bool,
     /// A refused round's unanswered calls: the undo waits for their answers (bounded by the
     /// round's deadline) and skips the nodes among them that refused too.
     pub(super) tail: Option<Tail>,
@@ -39,7 +40,7 @@ impl<'a> UndoRelease<'a> {
             value,
             armed: true,
             skip: Vec::new(),
-            notify: false,
+            stood: false,
             tail: None,
         }
     }
@@ -63,14 +64,14 @@ impl Drop for UndoRelease<'_> {
                     (self.lock_key, self.fence_key),
                     self.value,
                     &skip,
-                    self.notify,
+                    quorum::undo_announces(self.stood),
                 );
                 self.client.spawn_release_task(self.lock_key, release);
             }
             return;
         };
         let client = self.client.clone();
-        let notify = self.notify;
+        let notify = quorum::undo_announces(self.stood);
         let (lock_key, fence_key, value) = (
             self.lock_key.to_owned(),
             self.fence_key.to_owned(),
