@@ -328,7 +328,13 @@ impl Redlock {
                         "the holder's key still stands; waiting on"
                     );
                 }
-                _ => return woken,
+                // About to expire: the round once it has (the pause counts the millisecond
+                // `PTTL` rounds off), not a round trip early.
+                Some(pause) => {
+                    tokio::time::sleep(pause).await;
+                    return woken;
+                }
+                None => return woken,
             }
         }
     }
