@@ -91,7 +91,9 @@ impl Redlock {
         let mut losses = 0u32;
         loop {
             if let Some((kw, ticket)) = &waiter
-                && self.wait_turn(kw, ticket, give_up_at, &mut polls).await
+                && self
+                    .wait_turn((kw, ticket), lock_key, give_up_at, &mut polls)
+                    .await
                 && round_no >= patience.rounds
                 && let Some(err) = last_err.take()
             {
@@ -250,17 +252,23 @@ impl Redlock {
 
     /// Before a queued waiter's round: waits for its turn (it is the oldest of this client's
     /// waiters for the key, and the lock its predecessor won has been released since), for at
-    /// most `give_up_at`; the head waiting for that release polls after the backoff. Returns
-    /// true when the wait is over (the caller then makes its remaining rounds out of turn).
+    /// most `give_up_at`. The head waiting for that release makes a round only once the
+    /// predecessor's key may have expired on a quorum (its `PTTL`, re-read after the crate's
+    /// backoff, then at the expiry or within 1 s): polling it on the backoff cost a round every
+    /// few milliseconds of a short hold. Returns true when the wait is over (the caller then
+    /// makes its remaining rounds out of turn).
     async fn wait_turn(
         &self,
-        kw: &KeyWait,
-        ticket: &Ticket,
+        (kw, ticket): (&KeyWait, &Ticket),
+        lock_key: &str,
         give_up_at: Instant,
         polls: &mut u32,
     ) -> bool {
+        let mut next: Option<Instant> = None;
         loop {
-            let poll = Instant::now() + self.retry_pause_after(*polls);
+            let poll = next
+                .take()
+                .unwrap_or_else(|| Instant::now() + self.retry_pause_after(*polls));
             let epoch = kw.epoch();
             let turn = kw.turn(ticket, Some(poll.min(give_up_at))).await;
             tracing::trace!(turn, "queued waiter's turn");
@@ -276,8 +284,16 @@ impl Redlock {
                 return true;
             }
             if kw.is_head(ticket) {
-                *polls = polls.saturating_add(1);
-                return false;
+                self.set_marker(kw, &waiters_key_of(lock_key), false).await;
+                match self.holder_pause(lock_key).await {
+                    Some(pause) if pause > timing::HOLDER_READ_AGAIN => {
+                        next = Some(Instant::now() + pause);
+                    }
+                    _ => {
+                        *polls = polls.saturating_add(1);
+                        return false;
+                    }
+                }
             }
         }
     }
