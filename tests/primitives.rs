@@ -347,6 +347,93 @@ async fn p22_a_full_semaphore_is_held_and_a_released_permit_is_free_again() {
     p3.release().await.unwrap();
 }
 
+/// `SET` calls per node: every acquire round sends one to each node it reaches, refused or not.
+fn sets(urls: &[String]) -> Vec<u64> {
+    urls.iter()
+        .map(|u| {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut conn(u))
+                .expect("INFO");
+            info.lines()
+                .find_map(|l| l.strip_prefix("cmdstat_set:calls="))
+                .and_then(|rest| rest.split(',').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+/// Semaphore waiters are woken by releases, and take turns: six tasks of one client on two
+/// permits, each taking a permit, holding it 20 ms and asking again, until 24 acquisitions.
+/// Their retry pause is an hour: only release notices can move them on (before issue 27 they
+/// slept it and the workload stalled). A task that has just released queues behind the others
+/// instead of taking its permit back at once, so the acquisitions are shared evenly (the client's
+/// FIFO: at most 2 apart).
+///
+/// Rounds: a woken head sweeps from the released permit (one round), a new head sweeps once
+/// (at most `permits` rounds), each task's first call sweeps before and after registering (at
+/// most 2 × `permits`), a timer sweep is 5 s away (the permits' ttl, longer than the workload);
+/// a release may raise a counter (one `SET`). So a node receives at most (2 + permits) `SET`s per
+/// acquisition and 3 × `permits` per task; no timing enters the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p24_semaphore_waiters_are_woken_by_releases_and_take_turns() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = builder(&cluster)
+        .retry_delay(Duration::from_secs(3600), Duration::ZERO)
+        .build()
+        .unwrap();
+    warm(&locks).await;
+    let (permits, tasks, total) = (2u32, 6usize, 24usize);
+    let sem = locks.semaphore("turns", permits).unwrap();
+    let before = sets(&urls);
+    let done = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (sem, done) = (sem.clone(), Arc::clone(&done));
+            tokio::spawn(async move {
+                let mut mine = 0;
+                while done.load(Ordering::SeqCst) < total {
+                    let permit = sem
+                        .acquire_timeout(TTL, PATIENCE)
+                        .await
+                        .expect("a permit within the patience");
+                    if done.fetch_add(1, Ordering::SeqCst) < total {
+                        mine += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    permit.release().await.unwrap();
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut counts = Vec::new();
+    for h in handles {
+        counts.push(
+            tokio::time::timeout(WAIT * 3, h)
+                .await
+                .expect("the waiters were woken by the releases (their retry pause is an hour)")
+                .unwrap(),
+        );
+    }
+    locks.flush().await;
+    let rounds: Vec<u64> = sets(&urls)
+        .iter()
+        .zip(&before)
+        .map(|(n, b)| n - b)
+        .collect();
+    eprintln!("acquisitions per task {counts:?}; SET per node {rounds:?}");
+    let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+    assert!(max - min <= 2, "the tasks did not take turns: {counts:?}");
+    let bound = (2 + permits as u64) * total as u64 + 3 * permits as u64 * tasks as u64;
+    assert!(
+        rounds.iter().all(|&r| r <= bound),
+        "SET per node {rounds:?} for {total} acquisitions (at most {bound})"
+    );
+}
+
 #[tokio::test]
 async fn p23_bad_arguments_are_refused_before_any_round() {
     let cluster = cluster(1);

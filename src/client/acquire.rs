@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::Redlock;
 use super::round::{Round, Tail, int_reply, positive};
 use super::state::{LockState, Seen, SeenAt};
+use super::undo::UndoRelease;
 use super::wait::{KeyWait, MARKER_REFRESH, Ticket, Woken};
 use crate::core::clock::{self, Stamp};
 use crate::core::keys::{LockKeys, new_value, waiters_key_of};
@@ -34,6 +35,15 @@ const MAX_DEFERRED_LOSSES: u32 = 2;
 
 /// A granted round's token, and where the counter was seen at it.
 type Granted = (FencingToken, SeenAt);
+
+/// Ends a won round's handing (`LockState::end_handing`) when dropped.
+struct Handing(Arc<LockState>);
+
+impl Drop for Handing {
+    fn drop(&mut self) {
+        self.0.end_handing();
+    }
+}
 
 /// How long an acquisition keeps trying: it gives up once it has made `rounds` attempt rounds
 /// *and* the next one would start more than `wait` after the call.
@@ -81,7 +91,9 @@ impl Redlock {
         let mut losses = 0u32;
         loop {
             if let Some((kw, ticket)) = &waiter
-                && self.wait_turn(kw, ticket, give_up_at, &mut polls).await
+                && self
+                    .wait_turn((kw, ticket), lock_key, give_up_at, &mut polls)
+                    .await
                 && round_no >= patience.rounds
                 && let Some(err) = last_err.take()
             {
@@ -103,7 +115,12 @@ impl Redlock {
                     &value,
                     ttl,
                     drift,
-                    (&mut contended, &mut undo.skip, &mut undo.tail),
+                    (
+                        &mut contended,
+                        &mut undo.skip,
+                        &mut undo.tail,
+                        &mut undo.stood,
+                    ),
                 )
                 .await;
             let err = match result {
@@ -121,11 +138,7 @@ impl Redlock {
                         ttl,
                         measured.saturating_add(validity),
                     ));
-                    // Closed (no call of the round is sent from now on), and kept by the lock:
-                    // the nodes that answer after the verdict tell where else its counter
-                    // stands at the token.
-                    tail.gate.close();
-                    state.keep_tail(tail);
+                    self.keep_granted(&state, tail);
                     return Ok(state);
                 }
                 Err(e) => e,
@@ -146,20 +159,27 @@ impl Redlock {
                 continue;
             }
             drop(undo);
-            let delay = self.retry_pause_after(polls);
-            let now = Instant::now();
+            let backoff = self.retry_pause_after(polls);
             let give_up = !err.is_retryable()
                 || (round_no >= patience.rounds
                     && if waits {
-                        now >= give_up_at
+                        Instant::now() >= give_up_at
                     } else {
-                        called.elapsed().saturating_add(delay) > patience.wait
+                        called.elapsed().saturating_add(backoff) > patience.wait
                     });
             if give_up {
                 metrics::acquire(super::outcome_label(&err), called.elapsed());
                 return Err(err);
             }
             let held = err.is_held();
+            // A registered waiter refused by a holder sleeps until the holder's key expires
+            // (or a notice): the holder's lease, not a poll interval, is what it waits for.
+            let delay = if held && waiter.is_some() {
+                self.holder_pause(lock_key).await.unwrap_or(backoff)
+            } else {
+                backoff
+            };
+            let now = Instant::now();
             tracing::debug!(key, round = round_no, ?delay, error = %err, "retrying acquisition");
             last_err = Some(err);
             // The last rounds of a wait: none starts after it.
@@ -179,7 +199,9 @@ impl Redlock {
                 // that could not reach a quorum (a node hung, the others split between the
                 // holder's value and ours) is usually followed by the holder's release.
                 Some((kw, _)) => {
-                    let woken = self.await_release(kw, lock_key, epoch, until).await;
+                    let woken = self
+                        .await_release_or_expiry(kw, lock_key, epoch, (until, give_up_at))
+                        .await;
                     tracing::trace!(key, ?woken, "waiter woken");
                     match woken {
                         Woken::Notice => {
@@ -203,19 +225,50 @@ impl Redlock {
         }
     }
 
+    /// The won round's unanswered calls: closed (no call of the round is sent once they are
+    /// all handed) and kept by the lock, whose extensions and release read their late answers
+    /// (where else its counter stands at the token). Calls to nodes whose connection was still
+    /// being made at the grant are first driven by a task until they are handed, or until the
+    /// round's deadline (the node timeout): the lock then stands on every node that answers in
+    /// time, not only on the quorum that answered first, and a fresh client's lock is not left
+    /// on a bare majority (issue 27). The lock's extensions and release wait for that task
+    /// (`LockState::until_handed`), so on every node they run after the acquisition.
+    fn keep_granted(&self, state: &Arc<LockState>, mut tail: Tail) {
+        if tail.can_park() {
+            tail.gate.close();
+            state.keep_tail(tail);
+            return;
+        }
+        state.start_handing(tail.deadline);
+        let state = Arc::clone(state);
+        self.inner.tasks.spawn(async move {
+            // Ends the handing however the task ends (aborted with its runtime included).
+            let _handing = Handing(Arc::clone(&state));
+            tail.hand(&state).await;
+            tail.gate.close();
+            state.keep_tail(tail);
+        });
+    }
+
     /// Before a queued waiter's round: waits for its turn (it is the oldest of this client's
     /// waiters for the key, and the lock its predecessor won has been released since), for at
-    /// most `give_up_at`; the head waiting for that release polls after the backoff. Returns
-    /// true when the wait is over (the caller then makes its remaining rounds out of turn).
+    /// most `give_up_at`. The head waiting for that release makes a round only once the
+    /// predecessor's key may have expired on a quorum (its `PTTL`, re-read after the crate's
+    /// backoff, then at the expiry or within 1 s): polling it on the backoff cost a round every
+    /// few milliseconds of a short hold. Returns true when the wait is over (the caller then
+    /// makes its remaining rounds out of turn).
     async fn wait_turn(
         &self,
-        kw: &KeyWait,
-        ticket: &Ticket,
+        (kw, ticket): (&KeyWait, &Ticket),
+        lock_key: &str,
         give_up_at: Instant,
         polls: &mut u32,
     ) -> bool {
+        let mut next: Option<Instant> = None;
         loop {
-            let poll = Instant::now() + self.retry_pause_after(*polls);
+            let poll = next
+                .take()
+                .unwrap_or_else(|| Instant::now() + self.retry_pause_after(*polls));
             let epoch = kw.epoch();
             let turn = kw.turn(ticket, Some(poll.min(give_up_at))).await;
             tracing::trace!(turn, "queued waiter's turn");
@@ -231,8 +284,16 @@ impl Redlock {
                 return true;
             }
             if kw.is_head(ticket) {
-                *polls = polls.saturating_add(1);
-                return false;
+                self.set_marker(kw, &waiters_key_of(lock_key), false).await;
+                match self.holder_pause(lock_key).await {
+                    Some(pause) if pause > timing::HOLDER_READ_AGAIN => {
+                        next = Some(Instant::now() + pause);
+                    }
+                    _ => {
+                        *polls = polls.saturating_add(1);
+                        return false;
+                    }
+                }
             }
         }
     }
@@ -257,6 +318,43 @@ impl Redlock {
         }
     }
 
+    /// [`await_release`](Self::await_release), and when the timer fires before `give_up_at`,
+    /// reads the holder's key (`PTTL`) first: while it still stands on a quorum and will for
+    /// a while yet, the waiter sleeps again instead of making a round that would be refused.
+    /// A round is made on a notice, once a quorum may be free, when the nodes cannot tell, or
+    /// once `give_up_at` has passed (the rounds an `acquire` makes are owed).
+    async fn await_release_or_expiry(
+        &self,
+        kw: &KeyWait,
+        lock_key: &str,
+        epoch: u64,
+        (mut until, give_up_at): (Instant, Instant),
+    ) -> Woken {
+        loop {
+            let woken = self.await_release(kw, lock_key, epoch, until).await;
+            if woken == Woken::Notice || Instant::now() >= give_up_at {
+                return woken;
+            }
+            match self.holder_pause(lock_key).await {
+                Some(pause) if pause > timing::HOLDER_READ_AGAIN => {
+                    until = (Instant::now() + pause).min(give_up_at);
+                    tracing::trace!(
+                        lock_key,
+                        ?pause,
+                        "the holder's key still stands; waiting on"
+                    );
+                }
+                // About to expire: the round once it has (the pause counts the millisecond
+                // `PTTL` rounds off), not a round trip early.
+                Some(pause) => {
+                    tokio::time::sleep(pause).await;
+                    return woken;
+                }
+                None => return woken,
+            }
+        }
+    }
+
     /// Nobody won a split vote: undo our part before anyone re-tries (awaited, so it has landed
     /// by the time our own pause starts), then pause at random for several round trips, so that
     /// one contender re-tries alone and finds the nodes free. Waiters woken by a release
@@ -272,7 +370,8 @@ impl Redlock {
         contention_round: u32,
         woken: bool,
     ) {
-        self.release_on(lock_key, fence_key, value, 0, skip).await;
+        self.release_on((lock_key, fence_key), value, skip, false)
+            .await;
         let spread = if woken {
             round_trip * 4
         } else {
@@ -293,7 +392,8 @@ impl Redlock {
     /// the deadline clock) and the validity.
     /// `contended` is set when the round was refused but no value can stand on a quorum
     /// (contenders split the nodes); `held_elsewhere` marks the nodes that refused because
-    /// another value holds the key (the undo of the round skips them: ours is not there).
+    /// another value holds the key (the undo of the round skips them: ours is not there);
+    /// `stood` is set when the value stood on a quorum (the round won, whatever follows).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn attempt(
         &self,
@@ -302,7 +402,12 @@ impl Redlock {
         value: &str,
         ttl: Duration,
         drift: Duration,
-        (contended, held_elsewhere, tail): (&mut bool, &mut Vec<bool>, &mut Option<Tail>),
+        (contended, held_elsewhere, tail, stood): (
+            &mut bool,
+            &mut Vec<bool>,
+            &mut Option<Tail>,
+            &mut bool,
+        ),
     ) -> Result<(Granted, Stamp, Duration, Tail), Error> {
         metrics::attempt();
         let start = Instant::now();
@@ -313,7 +418,10 @@ impl Redlock {
         let deadline = start + timing::acquire_round(self.inner.cfg.node_timeout, sent, drift);
         let fencing = self.inner.cfg.fencing;
         let (lock_key, fence_key) = (keys.lock(), keys.fence());
-        let call = self.acquire_call(fencing, (lock_key, fence_key), value, ttl_ms);
+        // A key this client has waited for is likely held: the script form, which raises the
+        // counter only where it sets the key, so refused rounds do not make tokens jump.
+        let likely_held = self.inner.waiting.has_waited(lock_key);
+        let call = self.acquire_call(fencing, (lock_key, fence_key), value, (ttl_ms, likely_held));
         // Before any call: a node whose yes carries the token was answered on this connection
         // generation or a later one (`Node::process_generation`).
         let generations: Seen = if fencing {
@@ -348,7 +456,7 @@ impl Redlock {
                 .collect();
         }
         match quorum::acquisition(round.verdict, || round.refusal()) {
-            Acquisition::Won => {}
+            Acquisition::Won => *stood = true,
             Acquisition::Held { contended: split } => {
                 *contended = split;
                 tracing::debug!(
@@ -520,16 +628,25 @@ impl Redlock {
     /// Redis 6, Cluster members) and/or its pipelined form (`SET NX PX GET` + `INCR`, for the
     /// others; `node/fence.rs`), each built only if a node takes it; a plain `SET NX PX` with
     /// fencing off.
+    ///
+    /// With `likely_held` (a key this client has waited for) every node gets the script: the
+    /// pipelined form raises the counter on a refusal too (its `INCR` does not depend on the
+    /// `SET`), so each refused round of a waiter would raise the token that the next holder
+    /// gets; the script raises it only where it sets the key.
     fn acquire_call(
         &self,
         fencing: bool,
         (lock_key, fence_key): (&str, &str),
         value: &str,
-        ttl_ms: u64,
+        (ttl_ms, likely_held): (u64, bool),
     ) -> ScriptCall {
         if fencing {
             let nodes = &self.inner.nodes;
-            let pipelined = nodes.iter().filter(|n| n.pipelines()).count();
+            let pipelined = if likely_held {
+                0
+            } else {
+                nodes.iter().filter(|n| n.pipelines()).count()
+            };
             ScriptCall::fenced_acquire(
                 (lock_key, fence_key),
                 value,
@@ -540,91 +657,4 @@ impl Redlock {
             ScriptCall::plain(scripts::set_nx_px(lock_key, value, ttl_ms))
         }
     }
-}
-
-/// Releases an attempt's value everywhere when dropped, unless disarmed: covers both a failed
-/// round and a caller that drops the acquire future midway. Nodes that answered that another
-/// value holds the key (`skip`) are spared: our value is not there. A node that timed out or
-/// failed is not spared: it may have set our value all the same.
-struct UndoRelease<'a> {
-    client: &'a Redlock,
-    lock_key: &'a str,
-    fence_key: &'a str,
-    value: &'a str,
-    armed: bool,
-    skip: Vec<bool>,
-    /// A refused round's unanswered calls: the undo waits for their answers (bounded by the
-    /// round's deadline) and skips the nodes among them that refused too.
-    tail: Option<Tail>,
-}
-
-impl<'a> UndoRelease<'a> {
-    pub(super) fn arm(
-        client: &'a Redlock,
-        lock_key: &'a str,
-        fence_key: &'a str,
-        value: &'a str,
-    ) -> Self {
-        UndoRelease {
-            client,
-            lock_key,
-            fence_key,
-            value,
-            armed: true,
-            skip: Vec::new(),
-            tail: None,
-        }
-    }
-
-    pub(super) fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for UndoRelease<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let n = self.client.inner.nodes.len();
-        let mut skip = std::mem::take(&mut self.skip);
-        skip.resize(n, false);
-        let Some(tail) = self.tail.take() else {
-            if !skip.iter().all(|&s| s) {
-                let release =
-                    self.client
-                        .release_on(self.lock_key, self.fence_key, self.value, 0, &skip);
-                self.client.spawn_release_task(self.lock_key, release);
-            }
-            return;
-        };
-        let client = self.client.clone();
-        let (lock_key, fence_key, value) = (
-            self.lock_key.to_owned(),
-            self.fence_key.to_owned(),
-            self.value.to_owned(),
-        );
-        self.client.spawn_release_task(self.lock_key, async move {
-            for (i, reply) in tail.answers().await {
-                if refused(&reply) {
-                    skip[i] = true;
-                }
-            }
-            if !skip.iter().all(|&s| s) {
-                client
-                    .release_on(&lock_key, &fence_key, &value, 0, &skip)
-                    .await;
-            }
-        });
-    }
-}
-
-/// Whether an acquire call's reply says that our value was not set: another value holds the
-/// key (the script names it; a plain `SET NX` answers nil), or the script found the key gone
-/// (`0`).
-fn refused(reply: &Result<redis::Value, NodeError>) -> bool {
-    matches!(
-        reply,
-        Ok(redis::Value::BulkString(_) | redis::Value::Nil | redis::Value::Int(0))
-    )
 }

@@ -34,6 +34,8 @@ impl Redlock {
     ) -> Result<Duration, Error> {
         let drift = self.check(state.key(), ttl)?;
         let _serial = state.serial().await;
+        // After the acquisition's own calls on every node (`LockState::until_handed`).
+        state.until_handed().await;
         if state.is_released() {
             return Err(Error::Lost {
                 key: state.key().to_owned(),

@@ -13,6 +13,7 @@ pub(crate) mod round;
 pub(crate) mod side;
 pub(crate) mod state;
 pub(crate) mod status;
+mod undo;
 pub(crate) mod wait;
 
 use std::collections::VecDeque;

@@ -23,6 +23,8 @@ impl Redlock {
     /// extension can follow the release on any node.
     pub(crate) async fn release_held(&self, state: &LockState) -> Result<(), Error> {
         let _serial = state.serial().await;
+        // After the acquisition's own calls on every node (`LockState::until_handed`).
+        state.until_handed().await;
         let expired = state.deadline() <= clock::now();
         // Lost before the release (its signal fired): that is what the release reports.
         let lost = state.reason();
@@ -91,6 +93,7 @@ impl Redlock {
         let key = state.lock_key().to_owned();
         self.spawn_release_task(&key, async move {
             let _serial = state.serial().await;
+            state.until_handed().await;
             let call = Arc::new(release_call(&state, client.inner.cfg.keys.is_compat()));
             client.release_with(call, &[]).await;
             if let Some(tail) = state.take_tail() {
@@ -115,33 +118,37 @@ impl Redlock {
         self.inner.tasks.spawn_on(release, &handle);
     }
 
-    /// A release of `value` with `token` on every node except those `skip` marks (an undo skips
-    /// the nodes that answered that another value holds the key: ours is not there), each
-    /// bounded by the node timeout from now. Built before it is awaited, so the caller's borrows
-    /// end here.
+    /// The undo of a failed attempt: a release of `value` (token 0) on every node except those
+    /// `skip` marks (the nodes that answered that another value holds the key: ours is not
+    /// there), each bounded by the node timeout from now. Built before it is awaited, so the
+    /// caller's borrows end here.
+    ///
+    /// It announces itself to waiters only when `notify`: the attempt's value stood on a quorum
+    /// (its round won, then failed: no validity left, or its counters could not be raised), so
+    /// it held others off. An undo of a round that did not win releases nothing anyone waits
+    /// for, and its notice would wake every waiter, its own client's included, as if the lock
+    /// had been released: a waiter whose `SET` succeeded on a node the holder's key had left
+    /// was woken by its own undo and tried again at once, for the whole hold (issue 27).
     pub(super) fn release_on(
         &self,
-        lock_key: &str,
-        fence_key: &str,
+        (lock_key, fence_key): (&str, &str),
         value: &str,
-        token: u64,
         skip: &[bool],
+        notify: bool,
     ) -> impl Future<Output = ()> + Send + 'static {
         let waiters = waiters_key_of(lock_key);
+        // Compat mode names the lock key only (and so publishes nothing: waiters poll there).
         let call = Arc::new(if self.inner.cfg.keys.is_compat() {
             compat_release(lock_key, value)
         } else {
-            scripts::RELEASE.call(
-                &[
-                    lock_key.as_bytes(),
-                    fence_key.as_bytes(),
-                    waiters.as_bytes(),
-                ],
-                &[
-                    value.as_bytes(),
-                    itoa::Buffer::new().format(token).as_bytes(),
-                ],
-            )
+            let keys: [&[u8]; 3] = [
+                lock_key.as_bytes(),
+                fence_key.as_bytes(),
+                waiters.as_bytes(),
+            ];
+            // Without KEYS[3] the script publishes nothing.
+            let keys = if notify { &keys[..] } else { &keys[..2] };
+            scripts::RELEASE.call(keys, &[value.as_bytes(), b"0"])
         });
         self.release_with(call, skip)
     }

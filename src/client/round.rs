@@ -144,6 +144,55 @@ impl Tail {
         self.is_empty()
     }
 
+    /// Whether every call that has not answered by the verdict has been handed to its
+    /// connection since (a call that answered later was handed too).
+    fn all_handed(&self) -> bool {
+        self.answered
+            .iter()
+            .enumerate()
+            .all(|(i, &answered)| answered || self.gate.handed(i))
+    }
+
+    /// Drives a won acquisition's calls (its round still open) until each has been handed to
+    /// its connection, or answered, or the round's deadline has passed, reporting their yes
+    /// answers to the lock ([`LockState::late_yes`]). A call to a node whose connection was
+    /// still being made at the verdict is sent once it is up, instead of giving up: the lock
+    /// then stands on every node that answers within the node timeout, not only on the quorum
+    /// that answered first (issue 27). When this returns, every call handed was handed in one
+    /// of its polls, so it is queued on its connection before anything sent afterwards.
+    pub(super) async fn hand(&mut self, granted: &LockState) {
+        let deadline = self.deadline;
+        let _ = tokio::time::timeout_at(
+            deadline,
+            std::future::poll_fn(|cx| {
+                // Never handed after the deadline, even on a first poll that comes late (a
+                // runtime too busy to run this task meanwhile).
+                if Instant::now() >= deadline {
+                    return std::task::Poll::Ready(());
+                }
+                if let Some(calls) = &mut self.calls {
+                    loop {
+                        match calls.poll_next_unpin(cx) {
+                            std::task::Poll::Ready(Some((i, reply))) => {
+                                if let Ok(Value::Int(counter)) = &reply {
+                                    granted.late_yes(i, *counter);
+                                }
+                            }
+                            std::task::Poll::Ready(None) => return std::task::Poll::Ready(()),
+                            std::task::Poll::Pending => break,
+                        }
+                    }
+                }
+                if self.all_handed() {
+                    std::task::Poll::Ready(())
+                } else {
+                    std::task::Poll::Pending
+                }
+            }),
+        )
+        .await;
+    }
+
     /// Drives the unanswered calls to their answer, bounded by the round's deadline, and
     /// returns the answers that came (node index, reply).
     pub(super) async fn answers(self) -> Vec<(usize, Result<Value, NodeError>)> {

@@ -89,7 +89,8 @@ pub(crate) struct LockState {
     /// rather than time alone.
     refused: Mutex<Option<Vec<NodeFailure>>>,
     released: AtomicBool,
-    /// The winning round's calls still unanswered at the grant (closed: none is sent any more),
+    /// The winning round's calls still unanswered at the grant (closed once all were handed:
+    /// none is sent any more),
     /// kept here rather than parked on the client so that their answers can be read when the
     /// release or an extension is built (where else the counter stands at the token); handed
     /// to the client's parked list by the release.
@@ -97,6 +98,13 @@ pub(crate) struct LockState {
     /// Held for a whole extension round and by the release: no extension is sent after (or
     /// during) a release, so an extension can never re-set a key the release removed.
     serial: tokio::sync::Mutex<()>,
+    /// While the winning round's calls to nodes still connecting at the grant are being sent
+    /// (`Tail::hand`): until when at the latest (the round's deadline). Extensions and the
+    /// release wait for it, so that each of their calls is queued after the acquisition's on
+    /// its node's connection.
+    handing: Mutex<Option<tokio::time::Instant>>,
+    /// Notified when the handing ends.
+    handed: tokio::sync::Notify,
 }
 
 impl LockState {
@@ -120,6 +128,8 @@ impl LockState {
             released: AtomicBool::new(false),
             tail: Mutex::new(None),
             serial: tokio::sync::Mutex::new(()),
+            handing: Mutex::new(None),
+            handed: tokio::sync::Notify::new(),
         }
     }
 
@@ -160,6 +170,40 @@ impl LockState {
     pub(crate) fn keep_tail(&self, mut tail: Tail) {
         if !tail.collect_granted(Some(self)) {
             *lock(&self.tail) = Some(tail);
+        }
+    }
+
+    /// Marks the winning round's calls as being handed to their connections until `until` at
+    /// the latest (see the field `handing`).
+    pub(crate) fn start_handing(&self, until: tokio::time::Instant) {
+        *lock(&self.handing) = Some(until);
+    }
+
+    /// The winning round's calls have all been handed (or given up): extensions and the
+    /// release may be sent.
+    pub(crate) fn end_handing(&self) {
+        *lock(&self.handing) = None;
+        self.handed.notify_waiters();
+    }
+
+    /// Waits until the task handing the winning round's calls to their connections has ended
+    /// (it hands nothing after the round's deadline), so that a call sent next to a node runs
+    /// after the acquisition there. At once in the common case (every call was handed by the
+    /// grant). Bounded: one second past the round's deadline at most, should the task never
+    /// run (its runtime gone).
+    pub(crate) async fn until_handed(&self) {
+        loop {
+            let handed = self.handed.notified();
+            tokio::pin!(handed);
+            handed.as_mut().enable();
+            let Some(until) = *lock(&self.handing) else {
+                return;
+            };
+            let bound = until + Duration::from_secs(1);
+            if tokio::time::timeout_at(bound, handed).await.is_err() {
+                tracing::debug!(key = %self.key(), "the acquisition's late calls were not handed in time");
+                return;
+            }
         }
     }
 

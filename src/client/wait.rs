@@ -15,10 +15,28 @@
 //! - **No local shortcut.** A release by this client reaches this client's own waiters by the
 //!   same notices: woken earlier, they would win nearly every time and starve the waiters of
 //!   other clients (measured: one client of three took 46 of 60 acquisitions).
-//! - **Polling, the fallback.** A waiter also retries when its timer fires, after the crate's
-//!   one retry policy (`core::timing::backoff`: the configured delay, doubling up to 1 s, plus
-//!   jitter). That is what acquires when notices are lost (a pub/sub connection down, a holder
-//!   that crashed and let its lock expire: an expiry publishes nothing).
+//! - **The holder's expiry, the fallback.** A waiter refused by a holder also retries when its
+//!   timer fires: it reads the key's `PTTL` on every node (one command each) and sleeps until
+//!   the key has expired on a quorum, at most 1 s (`core::timing::HOLDER_WAIT_CAP`, or the
+//!   configured retry delay when longer; `Redlock::holder_pause`); when it wakes it reads the
+//!   key again and makes a round only once a quorum may be free (or the nodes cannot tell, or
+//!   its wait is over). A holder that crashed (an
+//!   expiry publishes nothing) is so taken over within a round trip of its key's expiry; one
+//!   that keeps its lock alive costs each waiting client one `PTTL` per node a second and no
+//!   round; a release
+//!   that published nothing (another Redlock client in compat mode, a Redis Cluster member, a
+//!   notice lost on every node) is noticed within that second. A round that failed for another
+//!   reason (too few nodes) retries after the crate's one retry policy
+//!   (`core::timing::backoff`: the configured delay, doubling up to 1 s, plus jitter).
+//!
+//! Only a release of a lock that stood on a quorum announces itself. The undo of a failed
+//! attempt (a round refused, or split between contenders) publishes nothing
+//! (`Redlock::release_on`): it releases nothing anyone waits for, and its notice woke every
+//! waiter, its own client's included, which then tried at once, failed, undid and woke itself
+//! again, for as long as the holder's key was missing on some node (issue 27). A fresh client's
+//! first wait also awaits its subscriptions (at most the connect timeout) before its next round:
+//! each node's subscription wakes the waiters once it stands, which would otherwise cost one
+//! round per node.
 //!
 //! The copies of one notice (one per node) are counted once: a notice carries the released
 //! value, and the last few values are remembered.
@@ -45,7 +63,7 @@
 //! and a lost notice only delays it until its timer.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -93,6 +111,8 @@ impl Default for Hub {
             keys: Mutex::default(),
             any: AtomicBool::default(),
             sinks: Mutex::default(),
+            first_tries: AtomicUsize::default(),
+            tried: Notify::new(),
         }
     }
 }
@@ -115,6 +135,11 @@ struct Hub {
     any: AtomicBool,
     /// The sink of each node's pub/sub connection, while it is up.
     sinks: Mutex<Vec<Option<PubSubSink>>>,
+    /// How many nodes' subscription tasks have ended their first attempt (subscribed and woken
+    /// the waiters, or failed).
+    first_tries: AtomicUsize,
+    /// Notified at each end of a first attempt.
+    tried: Notify,
 }
 
 /// The waiters of one key in this client.
@@ -290,6 +315,12 @@ impl Waiting {
         }
     }
 
+    /// Whether this client has waited for `lock_key` (and not forgotten it since: keys nobody
+    /// waits for are forgotten past [`MAX_IDLE_KEYS`]).
+    pub(crate) fn has_waited(&self, lock_key: &str) -> bool {
+        self.hub.any.load(Ordering::Relaxed) && lock(&self.hub.keys).contains_key(lock_key)
+    }
+
     /// The waiters of `lock_key`, if this client has a queue for it that is not empty.
     pub(crate) fn queued(&self, lock_key: &str) -> Option<Arc<KeyWait>> {
         if !self.hub.any.load(Ordering::Relaxed) {
@@ -348,7 +379,25 @@ impl Redlock {
             });
             futures::future::join_all(subs).await;
         };
-        futures::join!(subscribe, self.set_marker(&kw, &channel, true));
+        // A fresh client's subscriptions wake every waiter once they stand (notices may have
+        // been missed before): awaited here, so that the round that follows registration
+        // starts after those wake-ups and is not repeated for them, five times on five nodes.
+        let first_tries = async {
+            let n = self.inner.nodes.len();
+            let _ = tokio::time::timeout(self.inner.cfg.connect_timeout, async {
+                loop {
+                    let tried = hub.tried.notified();
+                    tokio::pin!(tried);
+                    tried.as_mut().enable();
+                    if hub.first_tries.load(Ordering::Acquire) >= n {
+                        return;
+                    }
+                    tried.await;
+                }
+            })
+            .await;
+        };
+        futures::join!(subscribe, self.set_marker(&kw, &channel, true), first_tries);
         (kw, ticket)
     }
 
@@ -408,6 +457,42 @@ impl Redlock {
                 all.await;
             });
         }
+    }
+
+    /// How long a waiter refused by a holder sleeps before its next round unless a notice
+    /// wakes it: until the holder's key has expired on a quorum (its `PTTL` read on every
+    /// node, one command each), at most [`timing::HOLDER_WAIT_CAP`] (or the configured retry
+    /// delay, when longer). A holder that extends its lock meanwhile refuses the next round,
+    /// and the pause is read again; one that crashed is followed within a round trip of its
+    /// key's expiry.
+    /// `None` when the nodes cannot tell (too few answers, keys that never expire).
+    pub(crate) async fn holder_pause(&self, lock_key: &str) -> Option<Duration> {
+        let cap = self.inner.cfg.retry_delay.max(timing::HOLDER_WAIT_CAP);
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let reads = self.inner.nodes.iter().map(|node| {
+            let node = Arc::clone(node);
+            async move {
+                // A Cluster member serves lock rounds only.
+                if node.is_cluster() {
+                    return None;
+                }
+                node.with_connection(
+                    |mut conn| async move {
+                        redis::cmd("PTTL")
+                            .arg(lock_key)
+                            .query_async::<i64>(&mut conn)
+                            .await
+                    },
+                    deadline,
+                )
+                .await
+                .ok()
+            }
+        });
+        let pttls: Vec<Option<i64>> = futures::future::join_all(reads).await;
+        let free_in = timing::quorum_free_in(&pttls, self.quorum());
+        tracing::trace!(lock_key, ?pttls, ?free_in, "holder's key read");
+        free_in.map(|d| d.min(cap))
     }
 
     /// Forgets keys nobody waits for (only the map holds them), unsubscribing their channels.
@@ -485,6 +570,13 @@ impl Redlock {
 /// missed meanwhile).
 async fn subscription(hub: Arc<Hub>, node: Arc<Node>, i: usize, connect_timeout: Duration) {
     let mut failures = 0u32;
+    let mut first = true;
+    let first_tried = |first: &mut bool| {
+        if std::mem::take(first) {
+            hub.first_tries.fetch_add(1, Ordering::AcqRel);
+            hub.tried.notify_waiters();
+        }
+    };
     loop {
         let why = match tokio::time::timeout(connect_timeout, node.open_pubsub()).await {
             Ok(Ok(pubsub)) => {
@@ -503,6 +595,7 @@ async fn subscription(hub: Arc<Hub>, node: Arc<Node>, i: usize, connect_timeout:
                     failures = 0;
                     tracing::debug!(node = %node.name(), keys = channels.len(), "waiters subscribed");
                     hub.wake_all();
+                    first_tried(&mut first);
                     listen(&hub, i, &mut sink, &mut messages, connect_timeout).await
                 } else {
                     "subscribe failed".to_owned()
@@ -513,6 +606,7 @@ async fn subscription(hub: Arc<Hub>, node: Arc<Node>, i: usize, connect_timeout:
             Ok(Err(e)) => e.to_string(),
             Err(_) => "connect timed out".to_owned(),
         };
+        first_tried(&mut first);
         tracing::debug!(node = %node.name(), reason = %why, "waiters' subscription lost; resubscribing");
         let pause = resubscribe_pause(failures);
         failures = failures.saturating_add(1);

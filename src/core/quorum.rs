@@ -200,6 +200,17 @@ pub(crate) enum Acquisition {
 
 /// Decides an acquisition round. `refusal` is asked only for a refused round (it classifies
 /// the refusals: see [`refusal_of`]).
+/// Whether the undo of a failed acquisition attempt announces itself to waiters (a release
+/// notice, when the waiters marker exists): only when the attempt's value had stood on a
+/// quorum (its round won, then failed), holding others off. An undo of a round that did not
+/// win releases nothing anyone waits for, and its notice woke every waiter, its own client's
+/// included, which tried again at once, failed, undid and woke itself again for as long as the
+/// holder's key was missing on some node (issue 27; `model/waiting.rs` checks the bound and
+/// catches that mutant).
+pub(crate) const fn undo_announces(stood_on_quorum: bool) -> bool {
+    stood_on_quorum
+}
+
 pub(crate) fn acquisition(verdict: Verdict, refusal: impl FnOnce() -> Refusal) -> Acquisition {
     match verdict {
         Verdict::Quorum => Acquisition::Won,

@@ -103,6 +103,39 @@ pub(crate) fn backoff(base: Duration, jitter: Duration, attempt: u32, unit: f64)
     retry_delay(grown, jitter, unit)
 }
 
+/// The longest a waiter refused by a holder sleeps before its next round when no release
+/// notice comes (unless the configured retry delay is longer): the retry policy's own cap.
+/// It bounds how late a waiter notices a release that published nothing (another Redlock
+/// client in compat mode, a Redis Cluster member, a notice lost with every subscription), and
+/// it is one round a second per waiting client, a quarter of issue 27's target of four.
+pub(crate) const HOLDER_WAIT_CAP: Duration = BACKOFF_CAP;
+
+/// A waiter whose timer fired reads the holder's key again and sleeps on, without a round,
+/// while a quorum will stay held longer than this; closer to the expiry it makes its round
+/// (a round trip or so early is cheaper than a second read).
+pub(crate) const HOLDER_READ_AGAIN: Duration = Duration::from_millis(2);
+
+/// When a quorum of nodes will be free of the key that refused a waiter, read from each node's
+/// `PTTL` of the key (`None`: no answer): `-2` the key is absent (free now), `-1` it never
+/// expires, `p >= 0` it expires in `p` ms. The key is free on a quorum once the
+/// `quorum - free`-th soonest expiry has passed (plus 1 ms: `PTTL` is whole milliseconds).
+/// `Some(ZERO)` when a quorum is free already; `None` when no quorum can become free by
+/// expiry alone (too few answers, or keys that never expire).
+pub(crate) fn quorum_free_in(pttls: &[Option<i64>], quorum: usize) -> Option<Duration> {
+    let free = pttls.iter().filter(|p| **p == Some(-2)).count();
+    let Some(need) = quorum.checked_sub(free).filter(|&n| n > 0) else {
+        return Some(Duration::ZERO);
+    };
+    let mut expiring: smallvec::SmallVec<[u64; 8]> = pttls
+        .iter()
+        .filter_map(|p| p.and_then(|p| u64::try_from(p).ok()))
+        .collect();
+    expiring.sort_unstable();
+    expiring
+        .get(need - 1)
+        .map(|&ms| Duration::from_millis(ms.saturating_add(1)))
+}
+
 #[cfg(test)]
 mod timing_tests {
     use super::*;
@@ -181,5 +214,51 @@ mod timing_tests {
         );
         assert_eq!(extension(Verdict::Refused, true, v), Extension::NotOwner);
         assert_eq!(extension(Verdict::Refused, false, v), Extension::NotOwner);
+    }
+
+    #[test]
+    fn a_quorum_is_free_once_enough_keys_have_expired() {
+        let ms = Duration::from_millis;
+        // Five nodes, quorum three: two free, the third frees at the soonest expiry.
+        let p = [Some(-2), Some(-2), Some(900), Some(300), Some(600)];
+        assert_eq!(quorum_free_in(&p, 3), Some(ms(301)));
+        // None free: the third soonest.
+        let p = [Some(100), Some(500), Some(300), Some(200), Some(400)];
+        assert_eq!(quorum_free_in(&p, 3), Some(ms(301)));
+        // Already free on a quorum.
+        let p = [Some(-2), Some(-2), Some(-2), None, Some(10)];
+        assert_eq!(quorum_free_in(&p, 3), Some(Duration::ZERO));
+        // Too few answers, or keys that never expire: not by expiry alone.
+        let p = [None, None, None, Some(10), Some(20)];
+        assert_eq!(quorum_free_in(&p, 3), None);
+        let p = [Some(-1), Some(-1), Some(-1), Some(10), Some(20)];
+        assert_eq!(quorum_free_in(&p, 3), None);
+    }
+
+    proptest::proptest! {
+        /// Never before the moment a quorum is free by expiry: at the returned time (less the
+        /// millisecond of rounding) at least a quorum of keys is absent or expired, and one
+        /// millisecond earlier fewer are (unless free already).
+        #[test]
+        fn the_quorum_free_time_is_the_first_moment_a_quorum_is_free(
+            pttls in proptest::collection::vec(proptest::option::of(-2i64..2_000), 1..8),
+        ) {
+            let n = pttls.len();
+            let quorum = n / 2 + 1;
+            let free_at = |t: i64| pttls.iter().filter(|p| match p {
+                Some(-2) => true,
+                Some(p) if *p >= 0 => *p <= t,
+                _ => false,
+            }).count();
+            match quorum_free_in(&pttls, quorum) {
+                Some(d) if d.is_zero() => proptest::prop_assert!(free_at(-1) >= quorum),
+                Some(d) => {
+                    let t = d.as_millis() as i64 - 1;
+                    proptest::prop_assert!(free_at(t) >= quorum);
+                    proptest::prop_assert!(free_at(t - 1) < quorum);
+                }
+                None => proptest::prop_assert!(free_at(i64::MAX) < quorum),
+            }
+        }
     }
 }

@@ -46,6 +46,8 @@ mod deep;
 mod finding5;
 #[cfg(test)]
 mod pipelined;
+#[cfg(test)]
+mod waiting;
 
 use std::collections::VecDeque;
 use std::fmt;

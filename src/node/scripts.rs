@@ -508,7 +508,8 @@ return r
 /// publishes nothing (`client/wait.rs`).
 ///
 /// - KEYS[1]: lock key, KEYS[2]: fencing counter (absent in compat mode, with token 0),
-///   KEYS[3] (optional): waiters marker, also the channel
+///   KEYS[3] (optional): waiters marker, also the channel (omitted in compat mode, and by the
+///   undo of an attempt that did not win: it publishes nothing, `Redlock::release_on`)
 /// - ARGV[1]: our value, ARGV[2]: our token (`0` when the attempt failed before it had one, and
 ///   on a node whose counter is known to stand at the token already: `ScriptCall::with_lean`)
 /// - Reply: `1` deleted, `0` the key is absent, `-1` another value holds it (left alone).

@@ -71,3 +71,48 @@ async fn t86_demo_interrupted_stops_its_servers() {
     assert_eq!(out.code(), 128 + 2, "{out:?}");
     assert_closed(&ports_in(&seen));
 }
+
+/// The fencing tokens `redlock demo` prints rise by about one per holder (issue 27: a fresh
+/// clone printed `1 < 3467 < 3481 < ...`, its two waiters spinning through thousands of refused
+/// rounds, each of which raised the counters).
+///
+/// Bound: a refused round raises a node's counter only in the pipelined form, which a client
+/// uses until it has waited for the key once; each worker's first wait costs at most two such
+/// rounds (its `try_acquire` and `acquire_timeout`'s first round). From then on a round raises
+/// a counter only where it sets the key: once per acquisition, plus once per split vote (two
+/// waiters woken by one release that each set the key on some nodes; each split is undone and
+/// re-tried after a random pause, so a second split at one handover already needs two losing
+/// draws in a row). So the last token is at most the first + 2 per worker + 4 per acquisition,
+/// three split votes at every handover; the demo printed 11 above the first in runs on this
+/// machine, and thousands before.
+#[tokio::test]
+async fn t87_demo_tokens_rise_by_about_one_per_holder() {
+    let mut cmd = bare();
+    cmd.arg("demo");
+    let out = finish_within(cmd.spawn().unwrap(), Instant::now(), DEMO_LIMIT).await;
+    assert_eq!(out.code(), 0, "{out:?}");
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.contains("fencing tokens"))
+        .unwrap_or_else(|| panic!("a token summary in:\n{}", out.stdout));
+    let tokens: Vec<u64> = line
+        .split("fencing tokens ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .map(|list| {
+            list.split(" < ")
+                .filter_map(|t| t.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(tokens.len() >= 3, "{line}");
+    let (first, last) = (tokens[0], tokens[tokens.len() - 1]);
+    // The demo's default: three workers.
+    let bound = first + 2 * 3 + 4 * tokens.len() as u64;
+    assert!(
+        last <= bound,
+        "tokens rose from {first} to {last} over {} acquisitions (at most {bound}): {line}",
+        tokens.len()
+    );
+}

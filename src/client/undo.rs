@@ -1,0 +1,103 @@
+//! The undo of an acquisition attempt: a guard armed before a round's first await that
+//! releases the attempt's value on every node when the round failed or the caller dropped the
+//! acquisition midway (`client/acquire.rs`).
+
+use super::Redlock;
+use super::round::Tail;
+use crate::core::quorum;
+use crate::error::NodeError;
+
+/// Releases an attempt's value everywhere when dropped, unless disarmed: covers both a failed
+/// round and a caller that drops the acquire future midway. Nodes that answered that another
+/// value holds the key (`skip`) are spared: our value is not there. A node that timed out or
+/// failed is not spared: it may have set our value all the same.
+pub(super) struct UndoRelease<'a> {
+    client: &'a Redlock,
+    lock_key: &'a str,
+    fence_key: &'a str,
+    value: &'a str,
+    armed: bool,
+    pub(super) skip: Vec<bool>,
+    /// Whether the attempt's value stood on a quorum: only then does the undo announce itself
+    /// to waiters (`quorum::undo_announces`).
+    pub(super) stood: bool,
+    /// A refused round's unanswered calls: the undo waits for their answers (bounded by the
+    /// round's deadline) and skips the nodes among them that refused too.
+    pub(super) tail: Option<Tail>,
+}
+
+impl<'a> UndoRelease<'a> {
+    pub(super) fn arm(
+        client: &'a Redlock,
+        lock_key: &'a str,
+        fence_key: &'a str,
+        value: &'a str,
+    ) -> Self {
+        UndoRelease {
+            client,
+            lock_key,
+            fence_key,
+            value,
+            armed: true,
+            skip: Vec::new(),
+            stood: false,
+            tail: None,
+        }
+    }
+
+    pub(super) fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for UndoRelease<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let n = self.client.inner.nodes.len();
+        let mut skip = std::mem::take(&mut self.skip);
+        skip.resize(n, false);
+        let Some(tail) = self.tail.take() else {
+            if !skip.iter().all(|&s| s) {
+                let release = self.client.release_on(
+                    (self.lock_key, self.fence_key),
+                    self.value,
+                    &skip,
+                    quorum::undo_announces(self.stood),
+                );
+                self.client.spawn_release_task(self.lock_key, release);
+            }
+            return;
+        };
+        let client = self.client.clone();
+        let notify = quorum::undo_announces(self.stood);
+        let (lock_key, fence_key, value) = (
+            self.lock_key.to_owned(),
+            self.fence_key.to_owned(),
+            self.value.to_owned(),
+        );
+        self.client.spawn_release_task(self.lock_key, async move {
+            for (i, reply) in tail.answers().await {
+                if refused(&reply) {
+                    skip[i] = true;
+                }
+            }
+            if !skip.iter().all(|&s| s) {
+                client
+                    .release_on((&lock_key, &fence_key), &value, &skip, notify)
+                    .await;
+            }
+        });
+    }
+}
+
+/// Whether an acquire call's reply says that our value was not set: another value holds the
+/// key (the script names it; a plain `SET NX` answers nil), or the script found the key gone
+/// (`0`).
+fn refused(reply: &Result<redis::Value, NodeError>) -> bool {
+    matches!(
+        reply,
+        Ok(redis::Value::BulkString(_) | redis::Value::Nil | redis::Value::Int(0))
+    )
+}

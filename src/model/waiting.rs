@@ -1,0 +1,257 @@
+//! Waiting, as its own small model (issue 27): a waiter's rounds between two changes of the key
+//! it waits for (the holder's grant, release, expiry) are bounded.
+//!
+//! Three nodes; a holder whose key stands on a bare majority (nodes 0 and 1: node 2 missed its
+//! acquisition, as a fresh client's often did); one waiting client. A waiter's round sets its
+//! value where the key is absent and wins with a quorum; a round that does not win is undone
+//! (its value deleted where it was set), and the undo announces itself to waiters only as the
+//! library's rule says (`quorum::undo_announces`). The first refusal registers the waiter (the
+//! waiters marker, from which on a release publishes a notice) and is followed by one more
+//! round at once. A registered waiter makes a round on a notice, or when its timer finds the key
+//! free on a quorum (`timing::quorum_free_in` of the nodes' `PTTL`s: a timer that finds the key
+//! still standing reads again instead of making a round). The holder may release (a notice
+//! when the marker exists), let its key expire (no notice) or acquire again when a quorum is
+//! free: each is a change of the key, bounded in number so that the model is finite.
+//!
+//! Checked: at most two rounds between two changes (the first one and the one after
+//! registering), mutual exclusion, and that the waiter can acquire. The mutant `self_wake` puts
+//! issue 27's bug back (every undo announces itself): the waiter, woken by its own undo's
+//! notice, makes round after round while the holder's key stands on two nodes, and the checker
+//! finds the third round.
+
+use stateright::{Checker, HasDiscoveries, Model, Property};
+
+use crate::core::{quorum, timing};
+
+/// Nodes in the model.
+const N: usize = 3;
+/// Changes of the key the holder makes at most (release, expiry, acquisition).
+const CHANGES: u8 = 3;
+/// The bound checked: a waiter's rounds between two changes of the key.
+const ROUNDS: u8 = 2;
+
+const BOUNDED: &str = "a waiter's rounds between two changes of the key are bounded";
+const MUTEX: &str = "mutual exclusion";
+const ACQUIRED: &str = "coverage: the waiter acquired";
+
+/// What a node's lock key holds.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Key {
+    Absent,
+    Holder,
+    Waiter,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Phase {
+    /// About to make a round at once (its first, or the one after registering).
+    Round,
+    /// Its round did not win: the undo is next, on the nodes where its value was set.
+    Undo,
+    /// Registered, waiting for a notice or its timer.
+    Waiting,
+    Won,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct State {
+    nodes: [Key; N],
+    holder: bool,
+    /// The waiters marker stands (the waiter registered).
+    marker: bool,
+    phase: Phase,
+    /// Release notices published since the waiter's round started (its epoch).
+    notices: u8,
+    /// The waiter's rounds since the key last changed (saturating above the bound).
+    rounds: u8,
+    changes: u8,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Action {
+    HolderReleases,
+    HolderExpires,
+    HolderAcquires,
+    WaiterRound,
+    WaiterUndo,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Waiting {
+    /// Every undo announces itself (issue 27's bug).
+    self_wake: bool,
+}
+
+fn count(s: &State, k: Key) -> usize {
+    s.nodes.iter().filter(|&&n| n == k).count()
+}
+
+fn quorum_of_n() -> usize {
+    quorum::quorum(N)
+}
+
+/// The waiter's timer: a round only once the key may be free on a quorum, as the library's
+/// `Redlock::holder_pause` reads it (a held key has seconds left, an absent one answers `-2`).
+fn timer_allows_round(s: &State) -> bool {
+    let pttls: Vec<Option<i64>> = s
+        .nodes
+        .iter()
+        .map(|&k| Some(if k == Key::Absent { -2 } else { 1_000 }))
+        .collect();
+    timing::quorum_free_in(&pttls, quorum_of_n()).is_none_or(|d| d <= timing::HOLDER_READ_AGAIN)
+}
+
+/// A change of the key: the count of rounds starts again.
+fn changed(s: &mut State) {
+    s.rounds = 0;
+    s.changes += 1;
+}
+
+impl Model for Waiting {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![State {
+            nodes: [Key::Holder, Key::Holder, Key::Absent],
+            holder: true,
+            marker: false,
+            phase: Phase::Round,
+            notices: 0,
+            rounds: 0,
+            changes: 0,
+        }]
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        if s.changes < CHANGES {
+            if s.holder {
+                actions.push(Action::HolderReleases);
+                actions.push(Action::HolderExpires);
+            } else if s.phase != Phase::Won && count(s, Key::Absent) >= quorum_of_n() {
+                actions.push(Action::HolderAcquires);
+            }
+        }
+        // Past the bound the checker has what it looks for: no need to go further.
+        if s.rounds > ROUNDS {
+            return;
+        }
+        match s.phase {
+            Phase::Round => actions.push(Action::WaiterRound),
+            Phase::Undo => actions.push(Action::WaiterUndo),
+            Phase::Waiting if s.notices > 0 || timer_allows_round(s) => {
+                actions.push(Action::WaiterRound);
+            }
+            Phase::Waiting | Phase::Won => {}
+        }
+    }
+
+    fn next_state(&self, s: &State, action: Action) -> Option<State> {
+        let mut s = s.clone();
+        match action {
+            Action::HolderReleases => {
+                for k in &mut s.nodes {
+                    if *k == Key::Holder {
+                        *k = Key::Absent;
+                    }
+                }
+                s.holder = false;
+                if s.marker {
+                    s.notices = s.notices.saturating_add(1).min(2);
+                }
+                changed(&mut s);
+            }
+            Action::HolderExpires => {
+                for k in &mut s.nodes {
+                    if *k == Key::Holder {
+                        *k = Key::Absent;
+                    }
+                }
+                s.holder = false;
+                changed(&mut s);
+            }
+            Action::HolderAcquires => {
+                for k in &mut s.nodes {
+                    if *k == Key::Absent {
+                        *k = Key::Holder;
+                    }
+                }
+                s.holder = true;
+                changed(&mut s);
+            }
+            Action::WaiterRound => {
+                // The round reacts to notices after its start (its epoch).
+                s.notices = 0;
+                s.rounds = s.rounds.saturating_add(1);
+                for k in &mut s.nodes {
+                    if *k == Key::Absent {
+                        *k = Key::Waiter;
+                    }
+                }
+                s.phase = if count(&s, Key::Waiter) >= quorum_of_n() {
+                    Phase::Won
+                } else {
+                    Phase::Undo
+                };
+            }
+            Action::WaiterUndo => {
+                for k in &mut s.nodes {
+                    if *k == Key::Waiter {
+                        *k = Key::Absent;
+                    }
+                }
+                // The round did not win: its value never stood on a quorum.
+                let announces = self.self_wake || quorum::undo_announces(false);
+                if announces && s.marker {
+                    s.notices = s.notices.saturating_add(1).min(2);
+                }
+                if s.marker {
+                    s.phase = Phase::Waiting;
+                } else {
+                    // The first refusal: register, then one more round at once.
+                    s.marker = true;
+                    s.phase = Phase::Round;
+                }
+            }
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always(BOUNDED, |_, s: &State| s.rounds <= ROUNDS),
+            Property::always(MUTEX, |_, s: &State| {
+                !(s.phase == Phase::Won && count(s, Key::Holder) >= quorum_of_n())
+            }),
+            Property::sometimes(ACQUIRED, |_, s: &State| s.phase == Phase::Won),
+        ]
+    }
+}
+
+#[test]
+fn a_waiters_rounds_between_two_changes_of_the_key_are_bounded() {
+    let checker = Waiting::default().checker().spawn_bfs().join();
+    checker.assert_properties();
+    println!(
+        "[waiting] {} states, {} unique: rounds between two changes at most {ROUNDS}",
+        checker.state_count(),
+        checker.unique_state_count()
+    );
+}
+
+#[test]
+fn mutant_self_wake_is_caught() {
+    let checker = Waiting { self_wake: true }
+        .checker()
+        .finish_when(HasDiscoveries::AnyOf([BOUNDED].into_iter().collect()))
+        .spawn_bfs()
+        .join();
+    let path = checker
+        .discovery(BOUNDED)
+        .unwrap_or_else(|| panic!("the self-wake mutant was not caught"));
+    let steps = path.into_actions();
+    println!(
+        "[waiting, mutant self_wake] `{BOUNDED}` fails in {} steps: {steps:?}",
+        steps.len()
+    );
+}
