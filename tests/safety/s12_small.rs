@@ -101,8 +101,9 @@ async fn a_parked_acquire_answered_noscript_is_not_re_sent_after_the_release() {
     let c = cluster(3);
     let urls = c.urls();
     let slow = Proxy::for_url(&urls[2]).await.expect("proxy");
-    // Node 2 takes the acquire script (a Redis 7 node would otherwise get the pipelined
-    // `SET` + `INCR`, which no script cache concerns).
+    // Node 2 takes the acquire as the script (a Redis 7 standalone node would take the
+    // pipelined `SET NX PX GET` + `INCR`, which has no script to forget): as a Redis 6 node, a
+    // Cluster member, or a key this client has waited for.
     let a = Redlock::builder([urls[0].clone(), urls[1].clone(), slow.url()])
         .node_timeout(Duration::from_secs(5))
         .testkit_script_acquire(2)
