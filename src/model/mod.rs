@@ -31,6 +31,10 @@
 //! so a client may stop anywhere for any time: between its verdict and acting on it, with calls
 //! queued, past its validity).
 
+// Issue 26's promotion histories (kept apart from the other test modules below).
+#[cfg(test)]
+mod promotion;
+
 mod client;
 mod node;
 mod round;
@@ -46,8 +50,6 @@ mod deep;
 mod finding5;
 #[cfg(test)]
 mod pipelined;
-#[cfg(test)]
-mod promotion;
 
 use std::collections::VecDeque;
 use std::fmt;
