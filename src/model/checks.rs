@@ -474,6 +474,42 @@ fn mutant_old_verdict_split_vote_is_caught() {
 
 // ---- liveness --------------------------------------------------------------------------------
 
+// ---- issue 26: promotions (failover to a replica that missed writes, failback) ----------------
+
+/// The configuration of issue 26's promotion checks: one promotion (a failover or a failback,
+/// both offered everywhere), two attempts per client (the first may meet the promoted node and
+/// start its repair), no extension.
+fn promotions(mutants: Mutants) -> Config {
+    Config {
+        promotions: 1,
+        attempts: 2,
+        extensions: 0,
+        mutants,
+        ..Config::base()
+    }
+}
+
+/// A node failing over to a replica that missed the last writes, or failing back to a server
+/// that kept its run id: with the fixes (a promoted server counts as just started; the
+/// identity is the run id and the replication id), the restart guard holds it out and repairs
+/// it, and the safety properties hold.
+#[test]
+fn bounded_promotions() {
+    let cfg = promotions(Mutants::default());
+    assert_safe_to("bounded promotions", cfg, env("DEPTH", 10).into());
+}
+
+/// Issue 26, item 2 put back: the identity is the run id alone, so a failback (same run id,
+/// data from replication) is not seen and a second client is granted the lock.
+#[test]
+fn mutant_run_id_only_identity_is_caught() {
+    let cfg = promotions(Mutants {
+        run_id_only_identity: true,
+        ..Mutants::default()
+    });
+    expect_counterexample("run id only", cfg, MUTEX);
+}
+
 /// The liveness configurations: faults before the `Quiet` step, then the fairness assumption
 /// (`docs/verification.md`), and a grant due within `within` seconds. Clients keep trying:
 /// more fresh attempts than the horizon has retry slots. (With 3, the checker found a lone

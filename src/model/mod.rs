@@ -31,6 +31,10 @@
 //! so a client may stop anywhere for any time: between its verdict and acting on it, with calls
 //! queued, past its validity).
 
+// Issue 26's promotion histories (kept apart from the other test modules below).
+#[cfg(test)]
+mod promotion;
+
 mod client;
 mod node;
 mod round;
@@ -83,6 +87,13 @@ pub(crate) struct Mutants {
     /// not once the node's restart hold-out is over (a round that counted the node's answer
     /// from before the restart may still be raising its token on the sources).
     pub(crate) repair_before_hold_out_ends: bool,
+    /// Issue 26, item 1 put back: a replica promoted in place of a node keeps its uptime for
+    /// the restart guard (a promotion does not reset it), as a Cluster member's age did before
+    /// the fix (the youngest master's `uptime_in_seconds`).
+    pub(crate) promoted_uptime_trusted: bool,
+    /// Issue 26, item 2 put back: a node's identity is its run id alone, so a failback to a
+    /// server that kept its run id (demoted, resynchronised, promoted again) is not seen.
+    pub(crate) run_id_only_identity: bool,
 }
 
 /// How an acquisition is sent to each node.
@@ -131,6 +142,13 @@ pub(crate) struct Config {
     pub(crate) jump: u8,
     /// Lock keys a node may evict (a `volatile-*` policy under memory pressure).
     pub(crate) evictions: u8,
+    /// Promotions over the run (issue 26): a node's server replaced by a replica that missed
+    /// the last writes (a failover: a new run id), or demoted and promoted back (a failback:
+    /// the same run id, a new replication id). Either way the node answers at once, its lock key
+    /// gone and its counter lagging (modelled as lost, the worst a lagging replica can be), and
+    /// every connection to it breaks (the sentinels kill the clients of a server they
+    /// reconfigure; the cluster client reconnects and the per-call check drops the connection).
+    pub(crate) promotions: u8,
     /// Whether a crashed node may come back empty.
     pub(crate) empty_restarts: bool,
     /// Whether a crashed node may come back with its data (one of the two is on; a run with a
@@ -179,6 +197,7 @@ impl Config {
             node_jumps: 0,
             jump: 3,
             evictions: 0,
+            promotions: 0,
             empty_restarts: true,
             data_restarts: true,
             acquire: AcquireMode::Script,
@@ -261,8 +280,10 @@ pub(crate) struct NodeS {
     /// The run id: a new one at every restart.
     epoch: u8,
     /// Seconds since the last (re)start (capped: only `uptime_in_seconds` below the max ttl
-    /// matters).
+    /// matters), as the restart guard counts it: a promotion counts as a start (issue 26).
     age: u8,
+    /// The replication id: a new one at every promotion (failover or failback).
+    replid: u8,
     /// The lock key: value and seconds to live on the node's clock (gone at 0).
     key: Option<(Val, u8)>,
     /// The fencing counter (never expires).
@@ -276,6 +297,8 @@ pub(crate) struct NodeS {
 pub(crate) struct ConnS {
     live: bool,
     seen_epoch: Option<u8>,
+    /// The replication id seen with `seen_epoch` (the identity is the pair, issue 26).
+    seen_replid: u8,
     /// Hold-out left, on the client's clock.
     held_until: Option<Duration>,
     repair: bool,
@@ -405,6 +428,7 @@ pub(crate) struct State {
     stalls: u8,
     jumps: u8,
     evictions: u8,
+    promotions: u8,
     max_token: u8,
     flags: Flags,
     seen: Seen,
@@ -449,6 +473,12 @@ pub(crate) enum Action {
     },
     JumpClock(u8),
     Evict(u8),
+    /// Node `n`'s server is replaced by a promoted replica that missed the last writes
+    /// (`failback`: the same process, demoted and promoted back: same run id).
+    Promote {
+        n: u8,
+        failback: bool,
+    },
     /// Faults stop (liveness configurations).
     Quiet,
 }

@@ -122,9 +122,12 @@ impl Redlock {
         }
         let node = s.nodes[n].clone();
         let conn = &mut s.clients[c].conns[n];
+        // The identity is the run id and the replication id (issue 26); the mutant compares
+        // the run id alone.
+        let same_replid = self.cfg.mutants.run_id_only_identity || conn.seen_replid == node.replid;
         let meeting = match conn.seen_epoch {
             None => Meeting::First,
-            Some(e) if e == node.epoch => Meeting::Same,
+            Some(e) if e == node.epoch && same_replid => Meeting::Same,
             Some(_) => Meeting::Restarted,
         };
         let run_id = node.epoch.to_string();
@@ -146,6 +149,7 @@ impl Redlock {
         }
         conn.live = true;
         conn.seen_epoch = Some(node.epoch);
+        conn.seen_replid = node.replid;
         // The marker: written at first contact, and again where it is missing.
         let marker = node.marker.unwrap_or(node.epoch);
         s.nodes[n].marker = Some(marker);

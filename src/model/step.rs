@@ -20,6 +20,7 @@ impl Model for Redlock {
             ConnS {
                 live: true,
                 seen_epoch: Some(0),
+                seen_replid: 0,
                 held_until: None,
                 repair: false,
                 down: false,
@@ -31,6 +32,7 @@ impl Model for Redlock {
                 NodeS {
                     up: true,
                     epoch: 0,
+                    replid: 0,
                     age: self.cfg.ttl + 2,
                     key: None,
                     counter: 0,
@@ -55,6 +57,7 @@ impl Model for Redlock {
             stalls: 0,
             jumps: 0,
             evictions: 0,
+            promotions: 0,
             max_token: 0,
             flags: Flags::default(),
             seen: Seen::default(),
@@ -116,6 +119,14 @@ impl Model for Redlock {
                 }
                 if s.evictions < cfg.evictions && s.nodes[n].key.is_some() {
                     out.push(Action::Evict(n as u8));
+                }
+                if s.promotions < cfg.promotions && s.nodes[n].up {
+                    for failback in [false, true] {
+                        out.push(Action::Promote {
+                            n: n as u8,
+                            failback,
+                        });
+                    }
                 }
             }
         }
@@ -225,6 +236,25 @@ impl Model for Redlock {
             Action::Evict(n) => {
                 s.evictions += 1;
                 s.nodes[usize::from(n)].key = None;
+            }
+            // mirrors node/member.rs cluster_view() (a promoted master counts as just started)
+            // and node/health.rs server_identity() (run id and replication id)
+            Action::Promote { n, failback } => {
+                s.promotions += 1;
+                let n = usize::from(n);
+                let node = &mut s.nodes[n];
+                if !failback {
+                    node.epoch += 1;
+                }
+                node.replid += 1;
+                if !self.cfg.mutants.promoted_uptime_trusted {
+                    node.age = 0;
+                }
+                node.key = None;
+                node.counter = 0;
+                for c in 0..self.cfg.clients {
+                    self.break_conn(&mut s, c, n);
+                }
             }
         }
         self.normalize(&mut s);

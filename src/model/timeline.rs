@@ -171,6 +171,14 @@ fn step(m: &Redlock, tm: &Times, before: &State, action: Action, after: &State) 
         ),
         Action::JumpClock(n) => format!("{t} n{n}'s clock JUMPS {}s forward", m.cfg.jump),
         Action::Evict(n) => format!("{t} n{n} EVICTS the lock key"),
+        Action::Promote { n, failback } => format!(
+            "{t} n{n} {} (lock key and counter not replicated; clients' connections killed)",
+            if failback {
+                "FAILS BACK to its old server (same run id, new replication id)"
+            } else {
+                "FAILS OVER to a replica (new run id)"
+            }
+        ),
         Action::Quiet => format!("{t} faults stop"),
     }
 }
@@ -202,9 +210,10 @@ fn events(m: &Redlock, tm: &Times, before: &State, action: Action, after: &State
     let mut ev = Vec::new();
     for (n, (b, a)) in before.nodes.iter().zip(&after.nodes).enumerate() {
         let touched = match action {
-            Action::Deliver { n: d, .. } | Action::Evict(d) | Action::Restart { n: d, .. } => {
-                usize::from(d) == n
-            }
+            Action::Deliver { n: d, .. }
+            | Action::Evict(d)
+            | Action::Restart { n: d, .. }
+            | Action::Promote { n: d, .. } => usize::from(d) == n,
             _ => false,
         };
         if let (Some((v, _)), None) = (b.key, a.key)
