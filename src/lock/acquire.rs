@@ -80,9 +80,13 @@ impl Redlock {
     ///
     /// While the lock is held by someone else it *waits* rather than polls: the release (by any
     /// client) announces itself on every node, and the next round starts then. Between
-    /// announcements it retries after the retry policy (see
-    /// [`RedlockBuilder::retry_delay`]), which is what acquires when an announcement is lost
-    /// or the holder crashed and its lock expired. The waiters of one client take turns
+    /// announcements it reads the holder's key (`PTTL` on every node) and sleeps until the key
+    /// has expired on a quorum, at most 1 s (or the retry delay, see
+    /// [`RedlockBuilder::retry_delay`], when that is longer), then reads it again rather than
+    /// trying while it stands: that is what acquires when an announcement is lost (a client
+    /// that publishes nothing, compat mode) or the holder crashed, at its lock's expiry. A
+    /// kept-alive lock costs each waiting client one `PTTL` per node a second and no round.
+    /// The waiters of one client take turns
     /// (first come, first served); waiters in different clients get an equal chance at each
     /// release, and one that lost twice in a row goes first at the next. Waiting costs the
     /// client one pub/sub connection per node (opened at its first wait) and the nodes a small
