@@ -198,8 +198,6 @@ pub(crate) enum Acquisition {
     Unreachable,
 }
 
-/// Decides an acquisition round. `refusal` is asked only for a refused round (it classifies
-/// the refusals: see [`refusal_of`]).
 /// Whether the undo of a failed acquisition attempt announces itself to waiters (a release
 /// notice, when the waiters marker exists): only when the attempt's value had stood on a
 /// quorum (its round won, then failed), holding others off. An undo of a round that did not
@@ -211,6 +209,18 @@ pub(crate) const fn undo_announces(stood_on_quorum: bool) -> bool {
     stood_on_quorum
 }
 
+/// Whether a run-once tick marker reads as absent, when no node answered with it: the
+/// answers from nodes this client has not seen lose their data within the marker's expiry
+/// (`clean`) make a quorum. A node that lost its data may have lost the marker with it (its
+/// counters are repaired, its markers are not), so its "absent" proves nothing
+/// (`docs/safety.md`, "Run-once markers across restarts"; `model/markers.rs` checks it and
+/// catches the rule that counted every answer).
+pub(crate) const fn marker_absent(clean: usize, quorum: usize) -> bool {
+    clean >= quorum
+}
+
+/// Decides an acquisition round. `refusal` is asked only for a refused round (it classifies
+/// the refusals: see [`refusal_of`]).
 pub(crate) fn acquisition(verdict: Verdict, refusal: impl FnOnce() -> Refusal) -> Acquisition {
     match verdict {
         Verdict::Quorum => Acquisition::Won,

@@ -43,6 +43,7 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use crate::client::Redlock;
+use crate::core::quorum;
 use crate::core::token::FencingToken;
 use crate::error::{ConfigError, Error, FailureList, LostReason, NodeError, NodeFailure, Setting};
 use crate::lock::guard::Lock;
@@ -521,7 +522,7 @@ impl RunOnce {
             .collect();
         let proven = replies.answered_where(|i| lost.get(i).is_some_and(Option::is_none));
         let quorum = self.locks.quorum();
-        if proven >= quorum {
+        if quorum::marker_absent(proven, quorum) {
             return Marker::Absent;
         }
         let mut failures = replies.failures();
