@@ -363,23 +363,24 @@ mod driver {
         waits: Vec<u64>,
     }
 
-    /// One sample of the nodes: total commands, CPU (µs).
-    fn sample(urls: &[String]) -> (u64, u64) {
+    /// Each node's commands and CPU (µs) so far, `None` where it did not answer.
+    fn sample(urls: &[String]) -> Vec<Option<(u64, u64)>> {
+        urls.iter().map(|url| sample_one(url)).collect()
+    }
+
+    fn sample_one(url: &str) -> Option<(u64, u64)> {
         let (mut calls, mut cpu) = (0u64, 0u64);
-        for url in urls {
-            let Ok(client) = redis::Client::open(url.as_str()) else {
-                continue;
-            };
-            let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200))
-            else {
-                continue;
-            };
+        {
+            let client = redis::Client::open(url).ok()?;
+            let mut conn = client
+                .get_connection_with_timeout(Duration::from_millis(200))
+                .ok()?;
             let _ = conn.set_read_timeout(Some(Duration::from_millis(500)));
             let info: String = redis::cmd("INFO")
                 .arg("commandstats")
                 .arg("cpu")
                 .query(&mut conn)
-                .unwrap_or_default();
+                .ok()?;
             for line in info.lines() {
                 if let Some(rest) = line.strip_prefix("cmdstat_") {
                     // Our own INFO calls are not the workload's.
@@ -399,7 +400,35 @@ mod driver {
                 }
             }
         }
-        (calls, cpu)
+        Some((calls, cpu))
+    }
+
+    /// Running totals over the nodes' counters, which restart from zero with their node and
+    /// are unreadable while it is paused: per node, each sample adds its increase since the
+    /// last one it answered (all of it after a restart).
+    #[derive(Default)]
+    struct Totals {
+        last: Vec<Option<(u64, u64)>>,
+        calls: u64,
+        cpu: u64,
+    }
+
+    impl Totals {
+        fn add(&mut self, now: &[Option<(u64, u64)>]) {
+            self.last.resize(now.len(), None);
+            for (last, now) in self.last.iter_mut().zip(now) {
+                let Some((calls, cpu)) = *now else { continue };
+                let (c0, u0) = match *last {
+                    Some((c0, u0)) if c0 <= calls && u0 <= cpu => (c0, u0),
+                    // First sample, or the node restarted (its counters start again).
+                    Some(_) => (0, 0),
+                    None => (calls, cpu),
+                };
+                self.calls += calls - c0;
+                self.cpu += cpu - u0;
+                *last = Some((calls, cpu));
+            }
+        }
     }
 
     fn keys_on(urls: &[String]) -> Vec<u64> {
@@ -439,7 +468,11 @@ mod driver {
             Arc::new(Mutex::new(vec![WorkerState::default(); workers]));
         let began = Instant::now();
         let keys_start = keys_on(&urls);
-        let (calls0, cpu0) = sample(&urls);
+        let mut totals = Totals::default();
+        totals.add(&sample(&urls));
+        // Taken once warm (60 s in, or a tenth of a shorter run): flat means flat after that.
+        let warm_at = began + Duration::from_secs((secs / 10).min(60));
+        let mut warm: Option<(Vec<u64>, Vec<u64>)> = None;
         let mut children: Vec<Child> = Vec::new();
         let mut readers = Vec::new();
         for w in 0..workers {
@@ -503,14 +536,25 @@ mod driver {
         let mut next_sample = Instant::now();
         while Instant::now() < end {
             if Instant::now() >= next_sample {
-                let (calls, cpu) = sample(&urls);
-                let acquired: u64 = states
-                    .lock()
-                    .expect("states")
-                    .iter()
-                    .map(|s| s.row.first().copied().unwrap_or(0))
-                    .sum();
-                samples.push((began.elapsed().as_secs_f64(), calls, cpu, acquired));
+                totals.add(&sample(&urls));
+                let (acquired, rss): (u64, Vec<u64>) = {
+                    let st = states.lock().expect("states");
+                    (
+                        st.iter().map(|s| s.row.first().copied().unwrap_or(0)).sum(),
+                        st.iter()
+                            .map(|s| s.row.get(10).copied().unwrap_or(0))
+                            .collect(),
+                    )
+                };
+                if warm.is_none() && Instant::now() >= warm_at {
+                    warm = Some((rss, keys_on(&urls)));
+                }
+                samples.push((
+                    began.elapsed().as_secs_f64(),
+                    totals.calls,
+                    totals.cpu,
+                    acquired,
+                ));
                 next_sample += Duration::from_secs(1);
             }
             if nemesis_on && Instant::now() >= next_fault {
@@ -553,15 +597,16 @@ mod driver {
         for r in readers {
             let _ = r.join();
         }
-        let (calls1, cpu1) = sample(&urls);
+        totals.add(&sample(&urls));
         let keys_end = keys_on(&urls);
+        let (rss_warm, keys_warm) = warm.unwrap_or_default();
         report(
             &out,
             secs,
             &states.lock().expect("states"),
             (&samples, &faults),
-            (calls1 - calls0, cpu1.saturating_sub(cpu0)),
-            (&keys_start, &keys_end),
+            (totals.calls, totals.cpu),
+            (&keys_start, &keys_warm, &keys_end, &rss_warm),
             &resource.url(),
         );
     }
@@ -572,7 +617,7 @@ mod driver {
         states: &[WorkerState],
         (samples, faults): (&[Sample], &[(f64, String)]),
         (calls, redis_cpu): (u64, u64),
-        (keys_start, keys_end): (&[u64], &[u64]),
+        (keys_start, keys_warm, keys_end, rss_warm): (&[u64], &[u64], &[u64], &[u64]),
         resource: &str,
     ) {
         let total = |i: usize| -> u64 {
@@ -587,9 +632,10 @@ mod driver {
             .filter_map(|s| s.done.as_ref())
             .map(|d| d[0])
             .sum();
-        let rss: Vec<(u64, u64)> = states
+        let rss: Vec<(u64, u64, u64)> = states
             .iter()
-            .filter_map(|s| s.done.as_ref().map(|d| (d[1], d[2])))
+            .zip(rss_warm.iter().chain(std::iter::repeat(&0)))
+            .filter_map(|(s, warm)| s.done.as_ref().map(|d| (d[1], *warm, d[2])))
             .collect();
         let mut handovers: Vec<u64> = states
             .iter()
@@ -634,21 +680,21 @@ mod driver {
                 format!("{} / {} / {} / {}", total(1), total(2), total(3), total(4)),
             ),
             (
-                "Redis commands per acquisition (5 nodes)",
+                "Redis commands per lock acquisition (5 nodes, all the workload included)",
                 format!("{:.1}", calls as f64 / acquired as f64),
             ),
             (
-                "Redis CPU per acquisition (5 nodes)",
+                "Redis CPU per lock acquisition (5 nodes, all the workload included)",
                 format!("{:.0} µs", redis_cpu as f64 / acquired as f64),
             ),
             (
-                "client CPU per acquisition",
+                "client CPU per lock acquisition (semaphore, election and keep-alive included)",
                 format!("{:.0} µs", client_cpu as f64 / acquired as f64),
             ),
             (
-                "client RSS start → end (KiB, per worker)",
+                "client RSS start → warm → end (KiB, per worker)",
                 rss.iter()
-                    .map(|(a, b)| format!("{a} → {b}"))
+                    .map(|(a, w, b)| format!("{a} → {w} → {b}"))
                     .collect::<Vec<_>>()
                     .join(", "),
             ),
@@ -675,8 +721,8 @@ mod driver {
                 format!("{:.2}", growth as f64 / acquired as f64),
             ),
             (
-                "node keys start → end",
-                format!("{keys_start:?} → {keys_end:?}"),
+                "node keys start → warm → end",
+                format!("{keys_start:?} → {keys_warm:?} → {keys_end:?}"),
             ),
         ];
         for (k, v) in &rows {
