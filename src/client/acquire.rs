@@ -8,6 +8,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::Redlock;
 use super::round::{Round, Tail, int_reply, positive};
@@ -62,11 +64,45 @@ impl Redlock {
     /// waited on, and makes its next round when a release is announced (or this client released
     /// it), or when its timer fires (the crate's backoff: the fallback for lost notices).
     /// Without one (`try_acquire`, `acquire`) it pauses between rounds after the same policy.
+    ///
+    /// It runs in a `quorumlock.acquire` span (key, ttl, rounds made, outcome, token); the work
+    /// it leaves to background tasks (undoing a failed round, handing a won round's late calls)
+    /// runs in the caller's span, so that the acquisition's span ends when the call returns.
     pub(crate) async fn acquire_held(
         &self,
         key: &str,
         ttl: Duration,
         patience: Patience,
+    ) -> Result<Arc<LockState>, Error> {
+        let caller = tracing::Span::current();
+        let span = tracing::info_span!(
+            "quorumlock.acquire",
+            key,
+            ttl_ms = super::millis(ttl),
+            rounds = Empty,
+            outcome = Empty,
+            token = Empty,
+        );
+        let outcome = super::SpanOutcome::new(&span);
+        let result = self
+            .acquire_rounds(key, ttl, patience, (&caller, &span))
+            .instrument(span.clone())
+            .await;
+        if let Ok(state) = &result {
+            span.record("token", state.token().get());
+        }
+        outcome.finish(&result, "acquired");
+        result
+    }
+
+    /// The rounds of [`acquire_held`](Self::acquire_held), in its `span` (which they record
+    /// their count on); background work runs in `caller`'s span.
+    async fn acquire_rounds(
+        &self,
+        key: &str,
+        ttl: Duration,
+        patience: Patience,
+        (caller, span): (&tracing::Span, &tracing::Span),
     ) -> Result<Arc<LockState>, Error> {
         let drift = self.check(key, ttl)?;
         self.inner.max_ttl.observe(ttl);
@@ -83,6 +119,8 @@ impl Redlock {
             waiter = Some(self.wait_for(lock_key).await);
         }
         let mut round_no = 0u32;
+        // Every attempt round, those resolving contention included (the span's `rounds`).
+        let mut made = 0u32;
         let mut contention_rounds = 0u32;
         // Consecutive retries that the timer started (no notice): the backoff's attempt number.
         let mut polls = 0u32;
@@ -101,10 +139,12 @@ impl Redlock {
                 return Err(err);
             }
             round_no += 1;
+            made += 1;
+            span.record("rounds", made);
             let epoch = waiter.as_ref().map_or(0, |(kw, _)| kw.epoch());
             let value = new_value();
             // Armed before the first await: a cancelled or failed round is released everywhere.
-            let mut undo = UndoRelease::arm(self, lock_key, fence_key, &value);
+            let mut undo = UndoRelease::arm(self, (lock_key, fence_key), &value, caller);
             let mut contended = false;
             let round_start = Instant::now();
             tracing::trace!(key, round = round_no, epoch, "attempt round");
@@ -138,7 +178,7 @@ impl Redlock {
                         ttl,
                         measured.saturating_add(validity),
                     ));
-                    self.keep_granted(&state, tail);
+                    self.keep_granted(&state, tail, caller);
                     return Ok(state);
                 }
                 Err(e) => e,
@@ -232,8 +272,9 @@ impl Redlock {
     /// round's deadline (the node timeout): the lock then stands on every node that answers in
     /// time, not only on the quorum that answered first, and a fresh client's lock is not left
     /// on a bare majority (issue 27). The lock's extensions and release wait for that task
-    /// (`LockState::until_handed`), so on every node they run after the acquisition.
-    fn keep_granted(&self, state: &Arc<LockState>, mut tail: Tail) {
+    /// (`LockState::until_handed`), so on every node they run after the acquisition. The task
+    /// runs in the acquisition's `caller`'s span.
+    fn keep_granted(&self, state: &Arc<LockState>, mut tail: Tail, caller: &tracing::Span) {
         if tail.can_park() {
             tail.gate.close();
             state.keep_tail(tail);
@@ -247,7 +288,8 @@ impl Redlock {
             tail.hand(&state).await;
             tail.gate.close();
             state.keep_tail(tail);
-        });
+        }
+        .instrument(caller.clone()));
     }
 
     /// Before a queued waiter's round: waits for its turn (it is the oldest of this client's
