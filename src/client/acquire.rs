@@ -282,14 +282,16 @@ impl Redlock {
         }
         state.start_handing(tail.deadline);
         let state = Arc::clone(state);
-        self.inner.tasks.spawn(async move {
-            // Ends the handing however the task ends (aborted with its runtime included).
-            let _handing = Handing(Arc::clone(&state));
-            tail.hand(&state).await;
-            tail.gate.close();
-            state.keep_tail(tail);
-        }
-        .instrument(caller.clone()));
+        self.inner.tasks.spawn(
+            async move {
+                // Ends the handing however the task ends (aborted with its runtime included).
+                let _handing = Handing(Arc::clone(&state));
+                tail.hand(&state).await;
+                tail.gate.close();
+                state.keep_tail(tail);
+            }
+            .instrument(caller.clone()),
+        );
     }
 
     /// Before a queued waiter's round: waits for its turn (it is the oldest of this client's

@@ -211,15 +211,17 @@ impl Drop for Leadership {
         let (election, token, record) = (self.election.clone(), self.token, self.record.take());
         tracing::debug!(election = %election.name(), %token, "leadership dropped; resigning in the background");
         // In the span current where the leadership was dropped.
-        handle.spawn(async move {
-            if lock.is_lost() {
-                drop(lock);
-            } else if let Err(e) = lock.release().await {
-                tracing::debug!(election = %election.name(), error = %e, "background resign");
+        handle.spawn(
+            async move {
+                if lock.is_lost() {
+                    drop(lock);
+                } else if let Err(e) = lock.release().await {
+                    tracing::debug!(election = %election.name(), error = %e, "background resign");
+                }
+                election.announce_resign(token, record.as_ref()).await;
             }
-            election.announce_resign(token, record.as_ref()).await;
-        }
-        .in_current_span());
+            .in_current_span(),
+        );
     }
 }
 
