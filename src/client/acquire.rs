@@ -8,8 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::Instrument;
-use tracing::field::Empty;
+use tracing::{Instrument, field::Empty};
 
 use super::Redlock;
 use super::round::{Round, Tail, int_reply, positive};
@@ -65,9 +64,8 @@ impl Redlock {
     /// it), or when its timer fires (the crate's backoff: the fallback for lost notices).
     /// Without one (`try_acquire`, `acquire`) it pauses between rounds after the same policy.
     ///
-    /// It runs in a `quorumlock.acquire` span (key, ttl, rounds made, outcome, token); the work
-    /// it leaves to background tasks (undoing a failed round, handing a won round's late calls)
-    /// runs in the caller's span, so that the acquisition's span ends when the call returns.
+    /// In a `quorumlock.acquire` span; its background tasks (undo, handing) run in the caller's
+    /// span, so that the acquisition's span ends when the call returns (`docs/design.md`).
     pub(crate) async fn acquire_held(
         &self,
         key: &str,
@@ -95,8 +93,7 @@ impl Redlock {
         result
     }
 
-    /// The rounds of [`acquire_held`](Self::acquire_held), in its `span` (which they record
-    /// their count on); background work runs in `caller`'s span.
+    /// The rounds of [`acquire_held`](Self::acquire_held), counted on its `span`.
     async fn acquire_rounds(
         &self,
         key: &str,
@@ -119,8 +116,6 @@ impl Redlock {
             waiter = Some(self.wait_for(lock_key).await);
         }
         let mut round_no = 0u32;
-        // Every attempt round, those resolving contention included (the span's `rounds`).
-        let mut made = 0u32;
         let mut contention_rounds = 0u32;
         // Consecutive retries that the timer started (no notice): the backoff's attempt number.
         let mut polls = 0u32;
@@ -139,8 +134,8 @@ impl Redlock {
                 return Err(err);
             }
             round_no += 1;
-            made += 1;
-            span.record("rounds", made);
+            // Every attempt round, those resolving contention included.
+            span.record("rounds", round_no + contention_rounds);
             let epoch = waiter.as_ref().map_or(0, |(kw, _)| kw.epoch());
             let value = new_value();
             // Armed before the first await: a cancelled or failed round is released everywhere.
@@ -272,8 +267,7 @@ impl Redlock {
     /// round's deadline (the node timeout): the lock then stands on every node that answers in
     /// time, not only on the quorum that answered first, and a fresh client's lock is not left
     /// on a bare majority (issue 27). The lock's extensions and release wait for that task
-    /// (`LockState::until_handed`), so on every node they run after the acquisition. The task
-    /// runs in the acquisition's `caller`'s span.
+    /// (`LockState::until_handed`), so on every node they run after the acquisition.
     fn keep_granted(&self, state: &Arc<LockState>, mut tail: Tail, caller: &tracing::Span) {
         if tail.can_park() {
             tail.gate.close();
