@@ -121,6 +121,13 @@ where
     }
 }
 
+/// A span's `rounds`.
+fn rounds(span: &Closed) -> u32 {
+    span.field("rounds")
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("no rounds: {span:?}"))
+}
+
 /// A recorder installed as this thread's subscriber until the guard drops.
 fn record() -> (Recorder, tracing::subscriber::DefaultGuard) {
     let recorder = Recorder::default();
@@ -150,7 +157,7 @@ async fn sp1_acquire_extend_release_have_spans() {
     let acquire = rec.closed("quorumlock.acquire", "sp1", |_| true).await;
     assert_eq!(acquire.field("ttl_ms"), Some("5000"), "{acquire:?}");
     assert_eq!(acquire.field("outcome"), Some("acquired"), "{acquire:?}");
-    assert_eq!(acquire.field("rounds"), Some("1"), "{acquire:?}");
+    assert!(rounds(&acquire) >= 1, "{acquire:?}");
     assert!(acquire.field("token").is_some(), "{acquire:?}");
     assert_eq!(acquire.ancestors, ["test.caller"]);
 
@@ -255,32 +262,32 @@ async fn sp3_background_release_is_in_the_droppers_span() {
     .await;
 }
 
-/// Keep-alive's extensions run in the span current where `keep_alive` was called.
+/// Keep-alive's extensions run in the span current where `keep_alive` was called, not in the
+/// span current where the lock is later released.
 #[tokio::test]
 async fn sp4_keep_alive_extends_in_the_callers_span() {
     let (rec, _guard) = record();
     let cluster = cluster(3);
     let locks = client(&cluster);
     let lock = locks
-        .acquire("sp4", Duration::from_millis(600))
+        .acquire("sp4", Duration::from_millis(1500))
         .await
         .expect("acquired");
     let keeper = tracing::info_span!("test.keeper");
     keeper.in_scope(|| lock.keep_alive());
-    // Two extensions (every ttl / 3), each in its own span under the keeper.
-    wait_until(WAIT, "two extensions under the keeper", || {
-        let n = rec
-            .spans("quorumlock.extend", "sp4")
-            .iter()
-            .filter(|c| c.under("test.keeper") && c.field("outcome") == Some("extended"))
-            .count();
-        async move { n >= 2 }
-    })
-    .await;
-    let extend = rec.spans("quorumlock.extend", "sp4").remove(0);
-    assert_eq!(extend.field("ttl_ms"), Some("600"), "{extend:?}");
-    assert!(!lock.is_lost());
-    lock.release().await.expect("released");
+    // An extension (every ttl / 3) in a span of its own, under the keeper.
+    let extend = rec
+        .closed("quorumlock.extend", "sp4", |c| {
+            c.field("outcome") == Some("extended")
+        })
+        .await;
+    assert_eq!(extend.ancestors, ["test.keeper"]);
+    assert_eq!(extend.field("ttl_ms"), Some("1500"), "{extend:?}");
+    // Whatever the release says (a loaded box may have lost the lock meanwhile), its span is
+    // a root: it was called outside any span, unlike the extensions.
+    let _ = lock.release().await;
+    let release = rec.closed("quorumlock.release", "sp4", |_| true).await;
+    assert!(release.ancestors.is_empty(), "{release:?}");
 }
 
 /// A campaign and a run-once call have spans; the acquisitions they make are inside, and a
@@ -290,7 +297,7 @@ async fn sp5_campaign_and_run_once_have_spans() {
     let (rec, _guard) = record();
     let cluster = cluster(3);
     let election = Election::builder(client(&cluster), "sp5-election")
-        .ttl(Duration::from_millis(600))
+        .ttl(Duration::from_millis(1500))
         .candidate("a")
         .build()
         .expect("valid election");
@@ -303,8 +310,8 @@ async fn sp5_campaign_and_run_once_have_spans() {
         .closed("quorumlock.campaign", "sp5-election", |_| true)
         .await;
     assert_eq!(campaign.field("outcome"), Some("elected"), "{campaign:?}");
-    assert_eq!(campaign.field("rounds"), Some("1"), "{campaign:?}");
-    assert_eq!(campaign.field("ttl_ms"), Some("600"), "{campaign:?}");
+    assert!(rounds(&campaign) >= 1, "{campaign:?}");
+    assert_eq!(campaign.field("ttl_ms"), Some("1500"), "{campaign:?}");
     assert_eq!(
         campaign.field("token"),
         Some(leadership.token().get().to_string().as_str())
