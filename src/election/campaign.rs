@@ -110,7 +110,7 @@ impl Election {
                 return Err(e);
             }
         };
-        // Before the next await: a cancelled campaign resigns through the guard's Drop.
+        // Kept alive in the caller's span: the campaign's ends when this call returns.
         lock.keep_alive();
         let leadership = self.take_office(lock).instrument(span.clone()).await;
         span.record("token", leadership.token.get());
