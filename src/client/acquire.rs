@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::{Instrument, field::Empty};
 
 use super::Redlock;
 use super::round::{Round, Tail, int_reply, positive};
@@ -62,11 +63,43 @@ impl Redlock {
     /// waited on, and makes its next round when a release is announced (or this client released
     /// it), or when its timer fires (the crate's backoff: the fallback for lost notices).
     /// Without one (`try_acquire`, `acquire`) it pauses between rounds after the same policy.
+    ///
+    /// In a `quorumlock.acquire` span; its background tasks (undo, handing) run in the caller's
+    /// span, so that the acquisition's span ends when the call returns (`docs/design.md`).
     pub(crate) async fn acquire_held(
         &self,
         key: &str,
         ttl: Duration,
         patience: Patience,
+    ) -> Result<Arc<LockState>, Error> {
+        let caller = tracing::Span::current();
+        let span = tracing::info_span!(
+            "quorumlock.acquire",
+            key,
+            ttl_ms = super::millis(ttl),
+            rounds = Empty,
+            outcome = Empty,
+            token = Empty,
+        );
+        let outcome = super::SpanOutcome::new(&span);
+        let result = self
+            .acquire_rounds(key, ttl, patience, (&caller, &span))
+            .instrument(span.clone())
+            .await;
+        if let Ok(state) = &result {
+            span.record("token", state.token().get());
+        }
+        outcome.finish(&result, "acquired");
+        result
+    }
+
+    /// The rounds of [`acquire_held`](Self::acquire_held), counted on its `span`.
+    async fn acquire_rounds(
+        &self,
+        key: &str,
+        ttl: Duration,
+        patience: Patience,
+        (caller, span): (&tracing::Span, &tracing::Span),
     ) -> Result<Arc<LockState>, Error> {
         let drift = self.check(key, ttl)?;
         self.inner.max_ttl.observe(ttl);
@@ -101,10 +134,12 @@ impl Redlock {
                 return Err(err);
             }
             round_no += 1;
+            // Every attempt round, those resolving contention included.
+            span.record("rounds", round_no + contention_rounds);
             let epoch = waiter.as_ref().map_or(0, |(kw, _)| kw.epoch());
             let value = new_value();
             // Armed before the first await: a cancelled or failed round is released everywhere.
-            let mut undo = UndoRelease::arm(self, lock_key, fence_key, &value);
+            let mut undo = UndoRelease::arm(self, (lock_key, fence_key), &value, caller);
             let mut contended = false;
             let round_start = Instant::now();
             tracing::trace!(key, round = round_no, epoch, "attempt round");
@@ -138,7 +173,7 @@ impl Redlock {
                         ttl,
                         measured.saturating_add(validity),
                     ));
-                    self.keep_granted(&state, tail);
+                    self.keep_granted(&state, tail, caller);
                     return Ok(state);
                 }
                 Err(e) => e,
@@ -233,7 +268,7 @@ impl Redlock {
     /// time, not only on the quorum that answered first, and a fresh client's lock is not left
     /// on a bare majority (issue 27). The lock's extensions and release wait for that task
     /// (`LockState::until_handed`), so on every node they run after the acquisition.
-    fn keep_granted(&self, state: &Arc<LockState>, mut tail: Tail) {
+    fn keep_granted(&self, state: &Arc<LockState>, mut tail: Tail, caller: &tracing::Span) {
         if tail.can_park() {
             tail.gate.close();
             state.keep_tail(tail);
@@ -241,13 +276,16 @@ impl Redlock {
         }
         state.start_handing(tail.deadline);
         let state = Arc::clone(state);
-        self.inner.tasks.spawn(async move {
-            // Ends the handing however the task ends (aborted with its runtime included).
-            let _handing = Handing(Arc::clone(&state));
-            tail.hand(&state).await;
-            tail.gate.close();
-            state.keep_tail(tail);
-        });
+        self.inner.tasks.spawn(
+            async move {
+                // Ends the handing however the task ends (aborted with its runtime included).
+                let _handing = Handing(Arc::clone(&state));
+                tail.hand(&state).await;
+                tail.gate.close();
+                state.keep_tail(tail);
+            }
+            .instrument(caller.clone()),
+        );
     }
 
     /// Before a queued waiter's round: waits for its turn (it is the oldest of this client's

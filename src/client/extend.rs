@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::Redlock;
 use super::round::{Round, positive};
@@ -27,10 +29,42 @@ impl Redlock {
     /// then makes the lock lost (`Expired`), never extended. A holder told `Ok` held the lock
     /// without a gap. (Calls sent before the deadline may still land later; the EXTEND script
     /// refuses to re-create a key that someone else may have held since: `scripts::EXTEND`.)
+    ///
+    /// It runs in a `quorumlock.extend` span (key, ttl, token, outcome, the validity earned);
+    /// the unanswered calls it leaves to a task run in the caller's span.
     pub(crate) async fn extend_held(
         &self,
         state: &Arc<LockState>,
         ttl: Duration,
+    ) -> Result<Duration, Error> {
+        let caller = tracing::Span::current();
+        let span = tracing::info_span!(
+            "quorumlock.extend",
+            key = state.key(),
+            ttl_ms = super::millis(ttl),
+            token = state.token().get(),
+            outcome = Empty,
+            validity_ms = Empty,
+        );
+        let outcome = super::SpanOutcome::new(&span);
+        let result = self
+            .extend_round(state, ttl, &caller)
+            .instrument(span.clone())
+            .await;
+        if let Ok(validity) = &result {
+            span.record("validity_ms", super::millis(*validity));
+        }
+        outcome.finish(&result, "extended");
+        result
+    }
+
+    /// The round of [`extend_held`](Self::extend_held); what it leaves to a task runs in
+    /// `caller`'s span.
+    async fn extend_round(
+        &self,
+        state: &Arc<LockState>,
+        ttl: Duration,
+        caller: &tracing::Span,
     ) -> Result<Duration, Error> {
         let drift = self.check(state.key(), ttl)?;
         let _serial = state.serial().await;
@@ -85,7 +119,7 @@ impl Redlock {
             rest,
             ..
         } = round;
-        self.settle(rest, true);
+        self.settle(rest, true, caller);
         let elapsed = decided.saturating_duration_since(started);
         let validity = timing::validity(sent, elapsed, drift);
         let outcome = timing::extension(verdict, decided < lock_deadline, validity);

@@ -153,8 +153,9 @@ impl Redlock {
     /// round settles), at its deadline at the latest: kept until the deadline, hundreds of
     /// tails piled up under load and their frees cost the client a fifth of its time (issue 17).
     /// A release's calls still waiting for a connection, or a full parking queue, get a task
-    /// that drives them.
-    pub(crate) fn settle(&self, mut tail: Tail, close: bool) {
+    /// that drives them, in `span` (the span of the operation's caller: the operation's own
+    /// span ends when it returns).
+    pub(crate) fn settle(&self, mut tail: Tail, close: bool, span: &tracing::Span) {
         if close {
             tail.gate.close();
         }
@@ -177,7 +178,9 @@ impl Redlock {
                 return;
             }
         }
-        self.inner.tasks.spawn(tail.drive());
+        self.inner
+            .tasks
+            .spawn(tracing::Instrument::instrument(tail.drive(), span.clone()));
     }
 
     /// Where this client's keys live (prefix, compat mode).
@@ -239,6 +242,8 @@ impl Redlock {
     }
 }
 
+/// The metrics label of a failed acquisition (`quorumlock_acquire_total`'s `outcome`), also the
+/// `outcome` of a failed operation's span (see [`span_outcome`]).
 pub(crate) fn outcome_label(e: &Error) -> &'static str {
     match e {
         Error::Held { .. } => "held",
@@ -246,5 +251,62 @@ pub(crate) fn outcome_label(e: &Error) -> &'static str {
         Error::ValidityExpired { .. } => "expired",
         Error::PermissionDenied { .. } => "denied",
         _ => "error",
+    }
+}
+
+/// The `outcome` a failed operation records on its span: the metrics label
+/// ([`outcome_label`]), with the two words metrics never see for an acquisition, `lost` and
+/// `invalid` (a key or ttl refused before any round).
+pub(crate) fn span_outcome(e: &Error) -> &'static str {
+    match e {
+        Error::Lost { .. } => "lost",
+        Error::InvalidArgument(_) => "invalid",
+        _ => outcome_label(e),
+    }
+}
+
+/// A duration as a span field: whole milliseconds (saturating), a number rather than a
+/// formatted string.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Records an operation's `outcome` on its span: the word [`finish`](Self::finish) is given,
+/// or `cancelled` when the operation's future is dropped before it ends. The span stays open
+/// while this holds it, so the word lands before it closes.
+#[derive(Debug)]
+pub(crate) struct SpanOutcome {
+    span: tracing::Span,
+    done: bool,
+}
+
+impl SpanOutcome {
+    pub(crate) fn new(span: &tracing::Span) -> Self {
+        SpanOutcome {
+            span: span.clone(),
+            done: false,
+        }
+    }
+
+    /// Records `ok` for an `Ok` result, the error's [`span_outcome`] otherwise.
+    pub(crate) fn finish<T>(self, result: &Result<T, Error>, ok: &'static str) {
+        self.word(match result {
+            Ok(_) => ok,
+            Err(e) => span_outcome(e),
+        });
+    }
+
+    /// Records `word` as the outcome.
+    pub(crate) fn word(mut self, word: &'static str) {
+        self.done = true;
+        self.span.record("outcome", word);
+    }
+}
+
+impl Drop for SpanOutcome {
+    fn drop(&mut self) {
+        if !self.done {
+            self.span.record("outcome", "cancelled");
+        }
     }
 }

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::time::Instant;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::Redlock;
 use super::state::LockState;
@@ -21,7 +23,26 @@ impl Redlock {
     /// Releases a held lock on every node; returns once a quorum has answered (the remaining
     /// releases finish in the background). Waits for an extension round in flight, so that no
     /// extension can follow the release on any node.
+    ///
+    /// It runs in a `quorumlock.release` span (key, token, outcome); the unanswered calls it
+    /// leaves to a task run in the caller's span.
     pub(crate) async fn release_held(&self, state: &LockState) -> Result<(), Error> {
+        let caller = tracing::Span::current();
+        let span = tracing::info_span!(
+            "quorumlock.release",
+            key = state.key(),
+            token = state.token().get(),
+            outcome = Empty,
+        );
+        let outcome = super::SpanOutcome::new(&span);
+        let result = self.release_round(state, &caller).instrument(span).await;
+        outcome.finish(&result, "released");
+        result
+    }
+
+    /// The round of [`release_held`](Self::release_held); what it leaves to a task runs in
+    /// `caller`'s span.
+    async fn release_round(&self, state: &LockState, caller: &tracing::Span) -> Result<(), Error> {
         let _serial = state.serial().await;
         // After the acquisition's own calls on every node (`LockState::until_handed`).
         state.until_handed().await;
@@ -48,10 +69,10 @@ impl Redlock {
             .await;
         // The unanswered releases must reach their nodes: dropped, a queued command may be
         // skipped by its connection, and the key would outlive the release by up to a ttl.
-        self.settle(round.rest, false);
+        self.settle(round.rest, false, caller);
         // The acquisition's own late calls: queued before the release on each connection.
         if let Some(tail) = state.take_tail() {
-            self.settle(tail, false);
+            self.settle(tail, false, caller);
         }
         let key = state.key();
         match round.verdict {
@@ -87,26 +108,37 @@ impl Redlock {
     }
 
     /// Releases a held lock in the background (a dropped guard), after any extension round in
-    /// flight.
+    /// flight. The task runs in a `quorumlock.release` span (key, token, `background = true`),
+    /// a child of the span current at the call (where the guard was dropped).
     pub(crate) fn release_in_background(&self, state: Arc<LockState>) {
         let client = self.clone();
         let key = state.lock_key().to_owned();
-        self.spawn_release_task(&key, async move {
+        let span = tracing::info_span!(
+            "quorumlock.release",
+            key = state.key(),
+            token = state.token().get(),
+            background = true,
+        );
+        let task_span = span.clone();
+        let release = async move {
             let _serial = state.serial().await;
             state.until_handed().await;
             let call = Arc::new(release_call(&state, client.inner.cfg.keys.is_compat()));
             client.release_with(call, &[]).await;
             if let Some(tail) = state.take_tail() {
-                client.settle(tail, false);
+                client.settle(tail, false, &task_span);
             }
-        });
+        };
+        self.spawn_release_task(&key, release, span);
     }
 
-    /// Runs a background release on the current tokio runtime; without one, the ttl cleans up.
+    /// Runs a background release on the current tokio runtime, in `span`; without a runtime,
+    /// the ttl cleans up.
     pub(super) fn spawn_release_task(
         &self,
         lock_key: &str,
         release: impl Future<Output = ()> + Send + 'static,
+        span: tracing::Span,
     ) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             tracing::debug!(
@@ -115,7 +147,7 @@ impl Redlock {
             );
             return;
         };
-        self.inner.tasks.spawn_on(release, &handle);
+        self.inner.tasks.spawn_on(release.instrument(span), &handle);
     }
 
     /// The undo of a failed attempt: a release of `value` (token 0) on every node except those

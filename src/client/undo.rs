@@ -13,6 +13,8 @@ use crate::error::NodeError;
 /// failed is not spared: it may have set our value all the same.
 pub(super) struct UndoRelease<'a> {
     client: &'a Redlock,
+    /// The span current when the acquisition was called: the undo's task runs in it.
+    caller: &'a tracing::Span,
     lock_key: &'a str,
     fence_key: &'a str,
     value: &'a str,
@@ -29,12 +31,13 @@ pub(super) struct UndoRelease<'a> {
 impl<'a> UndoRelease<'a> {
     pub(super) fn arm(
         client: &'a Redlock,
-        lock_key: &'a str,
-        fence_key: &'a str,
+        (lock_key, fence_key): (&'a str, &'a str),
         value: &'a str,
+        caller: &'a tracing::Span,
     ) -> Self {
         UndoRelease {
             client,
+            caller,
             lock_key,
             fence_key,
             value,
@@ -66,7 +69,8 @@ impl Drop for UndoRelease<'_> {
                     &skip,
                     quorum::undo_announces(self.stood),
                 );
-                self.client.spawn_release_task(self.lock_key, release);
+                self.client
+                    .spawn_release_task(self.lock_key, release, self.caller.clone());
             }
             return;
         };
@@ -77,7 +81,7 @@ impl Drop for UndoRelease<'_> {
             self.fence_key.to_owned(),
             self.value.to_owned(),
         );
-        self.client.spawn_release_task(self.lock_key, async move {
+        let release = async move {
             for (i, reply) in tail.answers().await {
                 if refused(&reply) {
                     skip[i] = true;
@@ -88,7 +92,9 @@ impl Drop for UndoRelease<'_> {
                     .release_on((&lock_key, &fence_key), &value, &skip, notify)
                     .await;
             }
-        });
+        };
+        self.client
+            .spawn_release_task(self.lock_key, release, self.caller.clone());
     }
 }
 

@@ -11,11 +11,14 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 use tokio::time::Instant;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::notices::{Fresh, Notice, wait_for};
 use super::record::Record;
 use super::{Election, SharedLock, Term};
 use crate::client::status::LockStatus;
+use crate::client::{SpanOutcome, millis, span_outcome};
 use crate::core::clock;
 use crate::error::{Error, FailureList, NodeError, NodeFailure};
 use crate::lock::guard::Lock;
@@ -34,6 +37,8 @@ struct Campaign {
     last: Option<Error>,
     /// Too few nodes answered the last attempt (logged once at warn).
     degraded: bool,
+    /// Attempts made (the campaign span's `rounds`).
+    attempts: u32,
     /// Short retries made in a row after split votes.
     split_rounds: u32,
     fresh: Fresh,
@@ -85,14 +90,43 @@ impl Election {
         self.campaign_until(Instant::now().checked_add(wait)).await
     }
 
+    /// A campaign in its `quorumlock.campaign` span (the election's name as `key`, ttl,
+    /// attempts as `rounds`, outcome, token). The term's keep-alive runs in the caller's span,
+    /// not in the campaign's, which ends when the call returns.
     async fn campaign_until(&self, give_up: Option<Instant>) -> Result<Leadership, Error> {
+        let span = tracing::info_span!(
+            "quorumlock.campaign",
+            key = self.name(),
+            ttl_ms = millis(self.inner.ttl),
+            rounds = Empty,
+            outcome = Empty,
+            token = Empty,
+        );
+        let outcome = SpanOutcome::new(&span);
+        let lock = match self.win(give_up).instrument(span.clone()).await {
+            Ok(lock) => lock,
+            Err(e) => {
+                outcome.word(span_outcome(&e));
+                return Err(e);
+            }
+        };
+        // Kept alive in the caller's span: the campaign's ends when this call returns.
+        lock.keep_alive();
+        let leadership = self.take_office(lock).instrument(span.clone()).await;
+        span.record("token", leadership.token.get());
+        outcome.word("elected");
+        Ok(leadership)
+    }
+
+    /// Attempts, standing by between them, until one wins or the campaign gives up.
+    async fn win(&self, give_up: Option<Instant>) -> Result<Lock, Error> {
         // The receiver exists before the first attempt. The subscriptions come up in the
         // background; a resign before they do is caught by the status read or the poll.
         let mut notices = self.inner.observer.notices();
         let mut state = Campaign::default();
-        let lock = match self.attempt(&mut state).await {
-            Ok(lock) => lock,
-            Err(e) if !e.is_retryable() => return Err(e),
+        match self.attempt(&mut state).await {
+            Ok(lock) => Ok(lock),
+            Err(e) if !e.is_retryable() => Err(e),
             Err(e) => {
                 state.last = Some(e);
                 let standing_by = self.stand_by(&mut notices, &mut state);
@@ -105,10 +139,9 @@ impl Election {
                 };
                 won.inspect_err(|e| {
                     tracing::debug!(election = %self.name(), error = %e, "campaign gave up");
-                })?
+                })
             }
-        };
-        Ok(self.take_office(lock).await)
+        }
     }
 
     /// Waits and attempts again until an attempt wins or fails for good. `state.last` holds the
@@ -141,6 +174,8 @@ impl Election {
     /// One attempt, logging changes between a reachable and an unreachable quorum.
     async fn attempt(&self, state: &mut Campaign) -> Result<Lock, Error> {
         let name = self.name();
+        state.attempts += 1;
+        tracing::Span::current().record("rounds", state.attempts);
         let result = self.locks().try_acquire(name, self.inner.ttl).await;
         match &result {
             Ok(_) | Err(Error::Held { .. }) if state.degraded => {
@@ -231,8 +266,8 @@ impl Election {
         *self.inner.standbys.borrow()
     }
 
+    /// Takes office with a won term's lock, already kept alive by the caller.
     async fn take_office(&self, lock: Lock) -> Leadership {
-        lock.keep_alive();
         let lost = lock.lost_token();
         let token = lock.token();
         let shared: SharedLock = Arc::new(Mutex::new(Some(lock)));

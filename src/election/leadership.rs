@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::notices::Notice;
 use super::record::Record;
@@ -209,14 +210,18 @@ impl Drop for Leadership {
         };
         let (election, token, record) = (self.election.clone(), self.token, self.record.take());
         tracing::debug!(election = %election.name(), %token, "leadership dropped; resigning in the background");
-        handle.spawn(async move {
-            if lock.is_lost() {
-                drop(lock);
-            } else if let Err(e) = lock.release().await {
-                tracing::debug!(election = %election.name(), error = %e, "background resign");
+        // In the span current where the leadership was dropped.
+        handle.spawn(
+            async move {
+                if lock.is_lost() {
+                    drop(lock);
+                } else if let Err(e) = lock.release().await {
+                    tracing::debug!(election = %election.name(), error = %e, "background resign");
+                }
+                election.announce_resign(token, record.as_ref()).await;
             }
-            election.announce_resign(token, record.as_ref()).await;
-        });
+            .in_current_span(),
+        );
     }
 }
 

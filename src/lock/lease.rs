@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
 
 use crate::client::Redlock;
 use crate::client::state::LockState;
@@ -15,6 +16,10 @@ use crate::error::{Error, FailureList, LostReason, NodeFailure};
 /// Spawns the lease task for a held lock: with `every`, it extends the lock on that period;
 /// without, it only fires the lost signal at the deadline. Dropping the handle stops it. `None`
 /// (with a warning) outside a tokio runtime.
+///
+/// Keep-alive runs in the span current at this call (where `keep_alive` was called): each
+/// extension's `quorumlock.extend` span is its child. The watcher logs nothing and holds no
+/// span (it would keep the caller's span open until the lock ends).
 pub(crate) fn spawn(
     client: Redlock,
     state: Arc<LockState>,
@@ -27,12 +32,14 @@ pub(crate) fn spawn(
         );
         return None;
     };
-    Some(AbortOnDropHandle::new(runtime.spawn(async move {
-        match every {
-            Some(every) => keep_alive(client, &state, every).await,
-            None => state.wait_lost().await,
-        }
-    })))
+    let task = match every {
+        Some(every) => runtime.spawn(
+            async move { keep_alive(client, &state, every).await }
+                .instrument(tracing::Span::current()),
+        ),
+        None => runtime.spawn(async move { state.wait_lost().await }),
+    };
+    Some(AbortOnDropHandle::new(task))
 }
 
 async fn keep_alive(client: Redlock, state: &Arc<LockState>, every: Duration) {

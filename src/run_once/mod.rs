@@ -42,7 +42,10 @@ use std::fmt;
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use crate::client::Redlock;
+use tracing::Instrument;
+use tracing::field::Empty;
+
+use crate::client::{Redlock, SpanOutcome, millis, span_outcome};
 use crate::core::quorum;
 use crate::core::token::FencingToken;
 use crate::error::{ConfigError, Error, FailureList, LostReason, NodeError, NodeFailure, Setting};
@@ -324,7 +327,45 @@ impl RunOnce {
         self.run_job(tick.to_string(), job, Result::is_err).await
     }
 
+    /// One call, in its `quorumlock.run_once` span (the job's name as `key`, tick, ttl,
+    /// outcome, token): the acquisition, the job (its events nest under the span) and the
+    /// release.
     async fn run_job<F, Fut, T>(
+        &self,
+        tick: String,
+        job: F,
+        failed: Failed<T>,
+    ) -> Result<Outcome<T>, Error>
+    where
+        F: FnOnce(TickContext) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let span = tracing::info_span!(
+            "quorumlock.run_once",
+            key = self.job.as_str(),
+            tick = tick.as_str(),
+            ttl_ms = millis(self.ttl),
+            outcome = Empty,
+            token = Empty,
+        );
+        let outcome = SpanOutcome::new(&span);
+        let result = self
+            .run_tick(tick, job, failed)
+            .instrument(span.clone())
+            .await;
+        match &result {
+            Ok(done) => {
+                if let Some(token) = done.token() {
+                    span.record("token", token.get());
+                }
+                outcome.word(done.span_word());
+            }
+            Err(e) => outcome.word(span_outcome(e)),
+        }
+        result
+    }
+
+    async fn run_tick<F, Fut, T>(
         &self,
         tick: String,
         job: F,

@@ -114,6 +114,29 @@ impl<T> Outcome<T> {
             _ => None,
         }
     }
+
+    /// The run's fencing token (none when skipped).
+    pub(crate) fn token(&self) -> Option<FencingToken> {
+        match self {
+            Outcome::Ran { token, .. } | Outcome::Lost { token, .. } => Some(*token),
+            Outcome::Skipped { .. } => None,
+        }
+    }
+
+    /// The `outcome` of the call's `quorumlock.run_once` span: `ran`, `lost`, or why the tick
+    /// was skipped: `held` (another instance is running), `already_ran`, or the failed
+    /// acquisition's word (`no_quorum`, `expired`, ...).
+    pub(crate) fn span_word(&self) -> &'static str {
+        match self {
+            Outcome::Ran { .. } => "ran",
+            Outcome::Lost { .. } => "lost",
+            Outcome::Skipped { reason, .. } => match reason {
+                SkipReason::Running => "held",
+                SkipReason::AlreadyRan { .. } => "already_ran",
+                SkipReason::Unavailable(e) => crate::client::span_outcome(e),
+            },
+        }
+    }
 }
 
 /// Why [`RunOnce::run`](super::RunOnce::run) skipped a tick.
