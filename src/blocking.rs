@@ -172,48 +172,128 @@ impl Redlock {
         })
     }
 
+    /// Acquires `key` (with the configured retries), keeps it alive while `work` runs on this
+    /// thread, then releases it: the blocking form of [`crate::Redlock::with_lock`].
+    ///
+    /// Blocking work cannot be stopped from outside, so unlike the async form `work` always
+    /// runs to its end: check [`Lock::is_lost`] between its steps and stamp its writes with
+    /// [`Lock::token`]. If the lock was lost by the time `work` returned, its output is
+    /// discarded and [`Error::Lost`] returned: it was not done under the lock.
+    ///
+    /// ```no_run
+    /// # fn demo(locks: &quorumlock::blocking::Redlock) -> Result<(), quorumlock::Error> {
+    /// use std::time::Duration;
+    /// let rows = locks.with_lock("nightly-report", Duration::from_secs(30), |lock| {
+    ///     // ... blocking work, stamping writes with lock.token() ...
+    ///     42
+    /// })?;
+    /// # let _ = rows; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire); [`Error::Lost`] if the lock was lost before `work`
+    /// returned; a failed release after successful work is only logged (the ttl expires the
+    /// key).
+    pub fn with_lock<T>(
+        &self,
+        key: &str,
+        ttl: Duration,
+        work: impl FnOnce(&Lock) -> T,
+    ) -> Result<T, Error> {
+        let lock = self.acquire(key, ttl)?;
+        lock.keep_alive();
+        let out = work(&lock);
+        if lock.is_lost() {
+            let reason = lock.lost_reason().unwrap_or(LostReason::Expired);
+            lock.forget();
+            return Err(Error::Lost {
+                key: key.to_owned(),
+                reason,
+            });
+        }
+        if let Err(e) = lock.release() {
+            tracing::warn!(key, error = %e, "release after with_lock failed; the ttl will expire the lock");
+        }
+        Ok(out)
+    }
+
     fn guard(&self, lock: crate::Lock) -> Lock {
         Lock {
-            lock,
+            lock: Some(lock),
             runtime: Arc::clone(&self.runtime),
         }
     }
 }
 
 /// A held lock, from the blocking [`Redlock`]. Dropped without [`release`](Self::release), it
-/// is released in the background on the client's runtime (the runtime it was acquired on; the
-/// client flushes such releases when dropped).
+/// is released before `drop` returns, as a blocking API should: the release waits for a quorum
+/// (each node bounded by the node timeout), so the same key can be acquired again right after.
+/// (Dropped inside an async runtime, where blocking is not allowed, it is released in the
+/// background instead.) [`forget`](Self::forget) leaves the key to expire.
 #[derive(Debug)]
-#[must_use = "dropping the lock releases it at once (in the background); call .release() to see the result"]
+#[must_use = "dropping the lock releases it (blocking until a quorum answered); call .release() to see the result"]
 pub struct Lock {
-    lock: crate::Lock,
+    /// `None` once released or forgotten.
+    lock: Option<crate::Lock>,
     runtime: Arc<Runtime>,
 }
 
+impl Drop for Lock {
+    fn drop(&mut self) {
+        let Some(lock) = self.lock.take() else {
+            return;
+        };
+        if tokio::runtime::Handle::try_current().is_ok() || self.runtime.handle().is_none() {
+            // The async guard's own drop: a release in the background.
+            drop(lock);
+            return;
+        }
+        if let Err(e) = self.runtime.block_on(lock.release()) {
+            tracing::debug!(error = %e, "release of a dropped blocking lock failed; the ttl will expire it");
+        }
+    }
+}
+
 impl Lock {
+    /// The guard: always there while `self` is (taken only by `release`, `forget` and drop).
+    fn inner(&self) -> &crate::Lock {
+        self.lock
+            .as_ref()
+            .expect("a blocking Lock holds its guard until it is consumed")
+    }
+
     /// The user key.
     pub fn key(&self) -> &str {
-        self.lock.key()
+        self.inner().key()
     }
 
     /// The fencing token to stamp writes with.
     pub fn token(&self) -> FencingToken {
-        self.lock.token()
+        self.inner().token()
     }
 
     /// Validity left now (zero once the deadline has passed).
     pub fn validity(&self) -> Duration {
-        self.lock.validity()
+        self.inner().validity()
     }
 
     /// True once the lock is lost or its deadline has passed.
     pub fn is_lost(&self) -> bool {
-        self.lock.is_lost()
+        self.inner().is_lost()
     }
 
     /// Why the lock was lost, once it was.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        self.lock.lost_reason()
+        self.inner().lost_reason()
+    }
+
+    /// Leaves the lock to expire with its ttl instead of releasing it (keep-alive stops), as
+    /// [`crate::Lock::forget`].
+    pub fn forget(mut self) {
+        if let Some(lock) = self.lock.take() {
+            lock.forget();
+        }
     }
 
     /// Extends the lock to `ttl` from now, as [`crate::Lock::extend`].
@@ -222,7 +302,7 @@ impl Lock {
     ///
     /// As [`crate::Lock::extend`], and [`ConfigError::Runtime`] from inside an async runtime.
     pub fn extend(&self, ttl: Duration) -> Result<Duration, Error> {
-        self.runtime.block_on(self.lock.extend(ttl))
+        self.runtime.block_on(self.inner().extend(ttl))
     }
 
     /// Extends the lock every `ttl / 3` on the client's runtime until it is released, dropped
@@ -230,7 +310,7 @@ impl Lock {
     /// of the work.
     pub fn keep_alive(&self) {
         let _entered = self.runtime.handle().map(tokio::runtime::Handle::enter);
-        self.lock.keep_alive();
+        self.inner().keep_alive();
     }
 
     /// Releases the lock on every node, as [`crate::Lock::release`].
@@ -239,8 +319,10 @@ impl Lock {
     ///
     /// As [`crate::Lock::release`], and [`ConfigError::Runtime`] from inside an async runtime
     /// (the lock is then released in the background).
-    pub fn release(self) -> Result<(), Error> {
-        let Lock { lock, runtime } = self;
-        runtime.block_on(lock.release())
+    pub fn release(mut self) -> Result<(), Error> {
+        match self.lock.take() {
+            Some(lock) => self.runtime.block_on(lock.release()),
+            None => Ok(()),
+        }
     }
 }

@@ -46,20 +46,79 @@ fn b10_a_program_without_a_runtime_acquires_extends_and_releases() {
     assert_eq!(status.holder(), None);
 }
 
+/// A dropped blocking guard is released before `drop` returns (on a quorum; the rest follows
+/// on the client's runtime): the same key can be taken again at once, as a blocking API's user
+/// expects (issue 28).
 #[test]
-fn b11_a_dropped_guard_is_released_on_the_clients_runtime() {
+fn b11_a_dropped_guard_is_released_before_drop_returns() {
     let cluster = cluster(3);
     let urls = cluster.urls();
     let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
     let lock = locks.try_acquire("dropped", TTL).expect("acquire");
     assert!(holders(&urls, "dropped") >= 2);
     drop(lock);
-    // Released in the background, well before the 60 s ttl could remove the key.
-    wait_blocking(WAIT, "the dropped guard's release", || {
+    let again = locks
+        .try_acquire("dropped", TTL)
+        .expect("the dropped guard was released before drop returned");
+    again.release().expect("release");
+    // Everything left reaches every node, well before the 60 s ttl could remove the key.
+    wait_blocking(WAIT, "released everywhere", || {
         holders(&urls, "dropped") == 0
     });
-    // Dropping the client flushes what is still in flight (nothing here) and returns.
+    // Dropping the client flushes what is still in flight and returns.
     drop(locks);
+}
+
+/// `forget` leaves the key to expire: nobody else can take it meanwhile.
+#[test]
+fn b14_forget_leaves_the_lock_to_expire() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
+    let lock = locks.try_acquire("forgotten", TTL).expect("acquire");
+    lock.forget();
+    assert!(holders(&urls, "forgotten") >= 2, "still held after forget");
+    let err = locks.try_acquire("forgotten", TTL).unwrap_err();
+    assert!(err.is_held(), "{err}");
+}
+
+/// `with_lock` runs blocking work under the lock and releases it; work that finished after the
+/// lock was lost (another owner took the key on every node) is reported as `Error::Lost`, not
+/// as done under the lock.
+#[test]
+fn b15_with_lock_runs_releases_and_reports_a_loss() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
+    let out = locks
+        .with_lock("scoped", TTL, |lock| {
+            assert!(holders(&urls, "scoped") >= 2, "held while the work runs");
+            lock.token().get()
+        })
+        .expect("with_lock");
+    assert!(out >= 1);
+    wait_blocking(WAIT, "released after the work", || {
+        holders(&urls, "scoped") == 0
+    });
+
+    let short = Duration::from_secs(3);
+    let err = locks
+        .with_lock("scoped", short, |lock| {
+            for url in &urls {
+                let _: () = redis::cmd("SET")
+                    .arg(lock_key("scoped"))
+                    .arg("usurper")
+                    .arg("PX")
+                    .arg(60_000)
+                    .query(&mut conn(url))
+                    .expect("SET");
+            }
+            // The next extension (every ttl / 3) finds another owner's value.
+            wait_blocking(WAIT, "the lock is lost", || lock.is_lost());
+            "done"
+        })
+        .unwrap_err();
+    assert!(err.is_lost(), "{err}");
 }
 
 #[test]
