@@ -321,7 +321,12 @@ async fn d6_a_cluster_member_restored_from_other_cluster_members() {
     lock.release().await.expect("release");
     let shard_url = shard_url(&mut members[0], "job");
     let shard = members[0].shard_of(&lock_key("job")).expect("shard");
-    assert_eq!(fence_on(&shard_url, "job"), token);
+    // The acquire and the release return at a quorum; member 0's calls may land after them
+    // (awaited, bounded).
+    wait_until(WAIT, "member 0's counter at the token", || async {
+        fence_on(&shard_url, "job") == token
+    })
+    .await;
 
     // Member 0 loses the shard's counters; its repair reads members 1 and 2 master by master.
     members[0].restart_shard(shard).expect("restart");
