@@ -592,6 +592,64 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]
 mod tests {
+    /// Every `NodeError::kind()` word is in the metrics table of `docs/design.md` (the label
+    /// values of `quorumlock_node_errors_total`). The match below has no wildcard: a new
+    /// variant fails to compile here until it is listed, and then until it is documented.
+    #[test]
+    fn every_node_error_kind_is_in_the_documented_metrics_table() {
+        let design = include_str!("../docs/design.md");
+        let row = design
+            .lines()
+            .find(|l| l.starts_with("| `quorumlock_node_errors_total`"))
+            .expect("the metrics table's node errors row");
+        let io = || redis::RedisError::from(std::io::Error::other("x"));
+        let every = [
+            NodeError::Timeout(Duration::ZERO),
+            NodeError::Refused(io()),
+            NodeError::Dropped(io()),
+            NodeError::HeldOut {
+                remaining: Duration::ZERO,
+            },
+            NodeError::Repairing,
+            NodeError::SameServer {
+                other: String::new(),
+                run_id: String::new(),
+            },
+            NodeError::Evicting(crate::EvictionRisk::None),
+            NodeError::Redis(io()),
+            NodeError::HeldByAnother,
+            NodeError::BadReply(String::new()),
+            NodeError::LostDataRecently {
+                ago: Duration::ZERO,
+            },
+            NodeError::Denied {
+                command: String::new(),
+                reason: "",
+            },
+        ];
+        for e in &every {
+            match e {
+                NodeError::Timeout(_)
+                | NodeError::Refused(_)
+                | NodeError::Dropped(_)
+                | NodeError::HeldOut { .. }
+                | NodeError::Repairing
+                | NodeError::SameServer { .. }
+                | NodeError::Evicting(_)
+                | NodeError::Redis(_)
+                | NodeError::HeldByAnother
+                | NodeError::BadReply(_)
+                | NodeError::LostDataRecently { .. }
+                | NodeError::Denied { .. } => {}
+            }
+            assert!(
+                row.contains(&format!("`{}`", e.kind())),
+                "`{}` is not in docs/design.md's metrics table: {row}",
+                e.kind()
+            );
+        }
+    }
+
     use super::*;
 
     fn failure(cause: NodeError) -> NodeFailure {
