@@ -3,6 +3,8 @@
 //! `redis-cli --cluster create`) and a Sentinel-managed primary (a primary, a replica, three
 //! sentinels), beside standalone masters.
 
+#[path = "support/proxy.rs"]
+mod proxy;
 mod support;
 
 use std::time::Duration;
@@ -604,4 +606,89 @@ async fn d10_a_standalone_url_of_a_cluster_master_and_the_cluster_count_as_one_v
         Err(e) => assert!(e.is_no_quorum(), "{e}"),
         Ok(_) => panic!("a Cluster master counted twice: as a standalone URL and in its cluster"),
     }
+}
+
+/// Issue 26, item 7: the Cluster client's own retry may resend an acquire after it ran (the
+/// connection broke between the shard's execution and its reply). The resent call finds our
+/// own value: that is a failure of the member, not another owner's refusal. Here the shard of
+/// the key is reached through a proxy (its announced port is the proxy's), the reply is held
+/// back by latency, and the proxy's connections are reset once the key stands on the shard.
+/// Node A holds a foreign key, B grants: with the member's answer read as a refusal, two
+/// refusals of three ruled out a quorum (`Held`) and the undo skipped the member, leaving our
+/// key there for its ttl; read as a failure, the round is `NoQuorum` and the undo clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d11_a_resent_acquire_that_finds_our_value_is_a_member_failure() {
+    let standalone = cluster(2);
+    let mut member = cluster_member();
+    let key = "resend";
+    let shard = member.shard_of(&lock_key(key)).expect("shard");
+    let shard_url = shard_url(&mut member, key);
+    let shard_port = member.shard(shard).expect("shard").port();
+    let proxy = proxy::Proxy::start(([127, 0, 0, 1], shard_port).into())
+        .await
+        .expect("proxy");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("cluster-announce-port")
+        .arg(proxy.addr().port())
+        .query(&mut conn(&shard_url))
+        .expect("CONFIG SET cluster-announce-port");
+    // Every shard's view names the proxy before the client meets the cluster.
+    let addresses = member.addresses();
+    wait_until(WAIT, "the cluster announces the proxy", || async {
+        addresses.iter().all(|a| {
+            let slots: String = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query(&mut conn(&format!("redis://{a}")))
+                .unwrap_or_default();
+            slots.contains(&format!(":{}@", proxy.addr().port()))
+        })
+    })
+    .await;
+    let urls = {
+        let mut u = standalone.urls();
+        u.push(member.url());
+        u
+    };
+    set_foreign(&urls[0], key, "someone-else", Duration::from_secs(60));
+    let locks = Redlock::builder(urls.clone())
+        .node_timeout(Duration::from_secs(10))
+        .connect_timeout(Duration::from_secs(2))
+        .max_ttl(MAX_TTL)
+        .build()
+        .expect("valid config");
+    warm(&locks).await;
+    assert_eq!(
+        locks.status(key).await.expect("status").answered(),
+        3,
+        "every member answers (the shard through the proxy)"
+    );
+
+    // Each way: the shard runs the call 2 s after it was sent, and its reply would need 2 s
+    // more, far longer than the few ms from the key standing there to the reset below.
+    proxy.set_latency(Duration::from_secs(2));
+    let attempt = tokio::spawn({
+        let locks = locks.clone();
+        async move { locks.try_acquire(key, Duration::from_secs(60)).await }
+    });
+    // The shard ran the acquire (our value stands there); its reply is still on the way back.
+    wait_until(WAIT, "the acquire ran on the shard", || async {
+        value_on(&shard_url, key).is_some_and(|v| v != "someone-else")
+    })
+    .await;
+    proxy.reset();
+    proxy.heal();
+    let result = tokio::time::timeout(WAIT * 2, attempt)
+        .await
+        .expect("the attempt ends (within its 10 s node timeout)")
+        .expect("task");
+    let err = result.map(|l| l.token()).unwrap_err();
+    assert!(
+        err.is_no_quorum(),
+        "the member's resent acquire was read as another owner's refusal: {err}"
+    );
+    wait_until(WAIT, "the undo cleared our key on the shard", || async {
+        value_on(&shard_url, key).is_none()
+    })
+    .await;
 }
