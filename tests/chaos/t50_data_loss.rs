@@ -141,11 +141,12 @@ async fn majority_wiped_without_restart_guard_breaks_exclusion_and_fencing_catch
 
     let (a_session, b_session) = (a.session, b.session);
     b.release(&rec).await.expect("B holds its majority");
-    // A's keys survive on node 2 only: lost, or no quorum (its connections to 0 and 1 broke).
-    assert!(
-        a.release(&rec).await.is_err(),
-        "A no longer holds a majority"
-    );
+    // A's keys survive on node 2 only. Its release may fail (its connections to nodes 0 and 1
+    // broke in the wipe) or succeed (a call of A's acquisition met a broken connection first,
+    // so the release reconnects, and "absent" on a node leaves nothing of ours: not a
+    // refusal). Either way the history below is what this test judges (a soak run under
+    // stress-ng met the second case).
+    let _ = a.release(&rec).await;
 
     let r = check(&rec.snapshot(), BOUND);
     assert_eq!(r.overlaps, vec![(a_session, b_session)], "{r:?}");
