@@ -153,9 +153,12 @@ pub(crate) fn lost_line(
     kill_after: Duration,
     foreground: bool,
 ) -> String {
+    let e = Error::Lost {
+        key: key.to_owned(),
+        reason,
+    };
     let what = child::fate_of_cmd(termination, code, kill_after, foreground);
-    // The library's own words for `Error::Lost`.
-    format!("lock {key:?} was lost: {reason}; {what}")
+    format!("{e}; {what}")
 }
 
 /// Releases a lock whose CMD never ran; the failure is already reported.
