@@ -324,7 +324,7 @@ pub enum NodeError {
     /// `allkeys-*` policy) and the client was built with
     /// [`EvictionGuard::Strict`](crate::EvictionGuard::Strict): it counts toward no quorum.
     #[error("held out of quorums by the strict eviction guard: {0}")]
-    Evicting(crate::EvictionRisk),
+    Evicting(crate::eviction::EvictionRisk),
     /// The node answered with an error, or a reply the scripts never produce.
     #[error("redis error: {0}")]
     Redis(#[source] redis::RedisError),
@@ -615,7 +615,7 @@ mod tests {
                 other: String::new(),
                 run_id: String::new(),
             },
-            NodeError::Evicting(crate::EvictionRisk::None),
+            NodeError::Evicting(crate::eviction::EvictionRisk::None),
             NodeError::Redis(io()),
             NodeError::HeldByAnother,
             NodeError::BadReply(String::new()),

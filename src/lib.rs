@@ -12,6 +12,7 @@ mod client;
 mod core;
 mod election;
 mod error;
+mod eviction;
 mod fencing;
 #[cfg(test)]
 mod fencing_model;
@@ -43,7 +44,7 @@ pub use tokio_util::sync::CancellationToken;
 
 pub use crate::client::Redlock;
 pub use crate::client::status::{KeyState, LockStatus, NodeStatus};
-pub use crate::core::health::{EvictionGuard, EvictionRisk, RestartGuard};
+pub use crate::core::health::{EvictionGuard, RestartGuard};
 pub use crate::core::quorum::HolderView;
 pub use crate::core::token::FencingToken;
 pub use crate::election::{
@@ -52,6 +53,7 @@ pub use crate::election::{
 pub use crate::error::{
     ArgumentError, ConfigError, Error, LostReason, NodeError, NodeFailure, Result, Setting,
 };
+pub use crate::eviction::EvictionRisk;
 pub use crate::fencing::{FenceGate, FencedWrite, StaleToken, fenced_set};
 pub use crate::lock::builder::RedlockBuilder;
 pub use crate::lock::guard::Lock;

@@ -19,7 +19,7 @@
 //! waiters of one client form one FIFO queue per semaphore (the queue of permit 0's key): only
 //! the oldest sweeps, and a task that has just released a permit and asks again queues behind
 //! the others instead of taking it back at once. Between clients there is no queue: each
-//! client's oldest waiter sweeps at a release, after the deferral of `wait::defer`.
+//! client's oldest waiter sweeps at a release, after the deferral of `queue::defer`.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -665,6 +665,59 @@ async fn w19_a_fresh_clients_lock_stands_on_every_node() {
     assert_eq!(holders(&urls, "w19"), 0, "a key outlived its release");
 }
 
+/// A release reaches a waiter through its notices even when the first notice comes before the
+/// release has reached a quorum: the holder reaches node 0 directly and the four others through
+/// proxies that add 100 ms each way, so node 0 announces the release first and the waiter's
+/// round, made at once, is refused by the four nodes the release has not reached yet. The
+/// waiter then acts again once a quorum of nodes has announced the release, and wins. Before,
+/// the later notices of the same release were dropped as copies, and the waiter slept until its
+/// holder timer fired (the key's `PTTL`, capped at 1 s by default; this waiter's retry delay is
+/// an hour, which lifts the cap): `the waiter took the released lock: Elapsed(())` after 10 s.
+/// Counted, not timed: at most one `PTTL` read per node after the release (the one after the
+/// refused round); a second would mean the waiter woke by its timer, not by the notices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn w22_a_release_that_reaches_the_nodes_unevenly_reaches_the_waiter() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let mut slow = Vec::new();
+    for url in &urls[1..] {
+        let p = proxy::Proxy::for_url(url).await.unwrap();
+        p.set_latency(Duration::from_millis(100));
+        slow.push(p);
+    }
+    let mut through = vec![urls[0].clone()];
+    through.extend(slow.iter().map(|p| p.url()));
+    let holder = Redlock::builder(through)
+        .node_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(60);
+    let lock = holder.acquire("w22", ttl).await.unwrap();
+    spread(&lock, &urls).await;
+    let waiter = patient(&cluster).await;
+    let before = sets(&urls);
+    let waiting = tokio::spawn(async move { waiter.acquire_timeout("w22", ttl, WAIT).await });
+    until_waiting(&urls, "w22", &before).await;
+    let pttl_before: Vec<u64> = urls.iter().map(|u| calls(u, "pttl")).collect();
+    lock.release().await.unwrap();
+    let won = tokio::time::timeout(WAIT, waiting)
+        .await
+        .expect("the waiter took the released lock")
+        .unwrap()
+        .expect("the waiter took the released lock");
+    let reads: Vec<u64> = urls
+        .iter()
+        .zip(&pttl_before)
+        .map(|(u, b)| calls(u, "pttl") - b)
+        .collect();
+    assert!(
+        reads.iter().all(|&r| r <= 1),
+        "PTTL reads per node after the release: {reads:?} (a second one means the waiter \
+         waited for its timer, not for the release's notices)"
+    );
+    won.release().await.unwrap();
+}
+
 /// A crashed holder (its lock forgotten, left to expire, which publishes nothing) is taken over
 /// by a waiter whose retry timer is an hour away: its timer follows the holder's key, waking it
 /// when the key expires. Counted in rounds: two before it waits (refused, registered, refused),

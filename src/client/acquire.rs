@@ -31,7 +31,7 @@ use crate::node::{HoldOut, Op};
 const CONTENTION_ROUNDS: u32 = 6;
 
 /// After this many rounds in a row lost after a notice, a waiter tries at once on the next
-/// notice instead of deferring to other clients (`wait::defer`): no waiter starves.
+/// notice instead of deferring to other clients (`queue::defer`): no waiter starves.
 const MAX_DEFERRED_LOSSES: u32 = 2;
 
 /// A granted round's token, and where the counter was seen at it.
@@ -241,7 +241,7 @@ impl Redlock {
                     match woken {
                         Woken::Notice => {
                             polls = 0;
-                            // Other clients wait too: take turns with them (`wait::defer`),
+                            // Other clients wait too: take turns with them (`queue::defer`),
                             // unless this waiter has already lost twice in a row.
                             losses += 1;
                             let defer = kw.deferral();
@@ -280,7 +280,7 @@ impl Redlock {
             async move {
                 // Ends the handing however the task ends (aborted with its runtime included).
                 let _handing = Handing(Arc::clone(&state));
-                tail.hand(&state).await;
+                tail.hand(|i, counter| state.late_yes(i, counter)).await;
                 tail.gate.close();
                 state.keep_tail(tail);
             }
@@ -311,7 +311,7 @@ impl Redlock {
             let turn = kw.turn(ticket, Some(poll.min(give_up_at))).await;
             tracing::trace!(turn, "queued waiter's turn");
             if turn {
-                // Woken by a notice: take turns with other clients' waiters (`wait::defer`).
+                // Woken by a notice: take turns with other clients' waiters (`queue::defer`).
                 let defer = kw.deferral();
                 if kw.epoch() != epoch && !defer.is_zero() {
                     tokio::time::sleep(defer).await;
@@ -398,7 +398,7 @@ impl Redlock {
     /// one contender re-tries alone and finds the nodes free. Waiters woken by a release
     /// spread over four round trips only: they met at the notice, and a pause of the retry
     /// jitter (100 ms by default) would leave the lock to a client that defers
-    /// (`wait::defer`) instead of to them.
+    /// (`queue::defer`) instead of to them.
     async fn undo_split_vote(
         &self,
         key: &str,

@@ -7,6 +7,7 @@
 pub(crate) mod acquire;
 pub(crate) mod config;
 mod extend;
+mod queue;
 mod release;
 mod repair;
 pub(crate) mod round;

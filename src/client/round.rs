@@ -13,7 +13,6 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::Redlock;
-use super::state::LockState;
 use crate::core::clock::Stamp;
 use crate::core::quorum::{self, Answer, Refusal, Tally, Verdict};
 use crate::error::{NodeError, NodeFailure};
@@ -126,18 +125,18 @@ impl Tail {
     /// for nothing: the round is over and it reads the tail only here). True once every call
     /// has answered: nothing is left that must be kept.
     pub(super) fn collect(&mut self) -> bool {
-        self.collect_granted(None)
+        self.collect_granted(|_, _| {})
     }
 
-    /// [`collect`](Self::collect), reporting the late yes-answers of a won acquisition's round
-    /// to the lock it granted ([`LockState::late_yes`]): where else its counter stands at the
-    /// token.
-    pub(super) fn collect_granted(&mut self, granted: Option<&LockState>) -> bool {
+    /// [`collect`](Self::collect), reporting each late integer answer (node, counter) of a won
+    /// acquisition's round to `on_counter` (the lock it granted: `LockState::late_yes`, where
+    /// else its counter stands at the token).
+    pub(super) fn collect_granted(&mut self, mut on_counter: impl FnMut(usize, i64)) -> bool {
         if let Some(calls) = &mut self.calls {
             let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
             while let std::task::Poll::Ready(Some((i, reply))) = calls.poll_next_unpin(&mut cx) {
-                if let (Some(state), Ok(Value::Int(counter))) = (granted, &reply) {
-                    state.late_yes(i, *counter);
+                if let Ok(Value::Int(counter)) = &reply {
+                    on_counter(i, *counter);
                 }
             }
         }
@@ -154,13 +153,13 @@ impl Tail {
     }
 
     /// Drives a won acquisition's calls (its round still open) until each has been handed to
-    /// its connection, or answered, or the round's deadline has passed, reporting their yes
-    /// answers to the lock ([`LockState::late_yes`]). A call to a node whose connection was
+    /// its connection, or answered, or the round's deadline has passed, reporting their
+    /// integer answers (node, counter) to `on_counter` (the lock: `LockState::late_yes`). A call to a node whose connection was
     /// still being made at the verdict is sent once it is up, instead of giving up: the lock
     /// then stands on every node that answers within the node timeout, not only on the quorum
     /// that answered first (issue 27). When this returns, every call handed was handed in one
     /// of its polls, so it is queued on its connection before anything sent afterwards.
-    pub(super) async fn hand(&mut self, granted: &LockState) {
+    pub(super) async fn hand(&mut self, mut on_counter: impl FnMut(usize, i64)) {
         let deadline = self.deadline;
         let _ = tokio::time::timeout_at(
             deadline,
@@ -175,7 +174,7 @@ impl Tail {
                         match calls.poll_next_unpin(cx) {
                             std::task::Poll::Ready(Some((i, reply))) => {
                                 if let Ok(Value::Int(counter)) = &reply {
-                                    granted.late_yes(i, *counter);
+                                    on_counter(i, *counter);
                                 }
                             }
                             std::task::Poll::Ready(None) => return std::task::Poll::Ready(()),

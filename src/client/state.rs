@@ -168,7 +168,7 @@ impl LockState {
     /// once: the answers already in are read, and the later ones no longer wake the task that
     /// acquired (`Tail::collect`).
     pub(crate) fn keep_tail(&self, mut tail: Tail) {
-        if !tail.collect_granted(Some(self)) {
+        if !tail.collect_granted(|i, counter| self.late_yes(i, counter)) {
             *lock(&self.tail) = Some(tail);
         }
     }
@@ -212,7 +212,7 @@ impl LockState {
     fn collect_tail(&self) {
         let mut tail = lock(&self.tail);
         if let Some(t) = tail.as_mut()
-            && t.collect_granted(Some(self))
+            && t.collect_granted(|i, counter| self.late_yes(i, counter))
         {
             *tail = None;
         }

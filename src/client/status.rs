@@ -8,9 +8,9 @@ use redis::Value;
 use tokio::time::Instant;
 
 use super::Redlock;
-use crate::core::health::EvictionRisk;
 use crate::core::quorum::{self, HolderView};
 use crate::error::{Error, NodeError, NodeFailure};
+use crate::eviction::EvictionRisk;
 use crate::node::scripts;
 use crate::node::{HoldOut, Op};
 

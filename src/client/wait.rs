@@ -43,7 +43,7 @@
 //!
 //! A client's id stays in the marker until its expiry (at most 10 s after its last waiter
 //! left): releases meanwhile publish a notice nobody needs, and the client count in it is one
-//! too high (a woken head may defer up to [`DEFER`] for nothing). Removing the id when a
+//! too high (a woken head may defer up to [`DEFER`](super::queue::DEFER) for nothing). Removing the id when a
 //! client's queue empties would race with the `SADD` of its next wait (another task, so not
 //! ordered with it), and a marker removed under a waiter loses its notices.
 //!
@@ -62,7 +62,7 @@
 //! None of this bears on safety: a waiter woken for nothing makes a round that is refused,
 //! and a lost notice only delays it until its timer.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -74,6 +74,8 @@ use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::Redlock;
+use super::queue::Notice;
+pub(crate) use super::queue::{KeyWait, Ticket, Woken};
 use crate::core::keys::{WAITERS_SUFFIX, waiters_key_of};
 use crate::core::lock;
 use crate::core::timing;
@@ -98,8 +100,6 @@ const RESUBSCRIBE: Duration = Duration::from_millis(100);
 pub(crate) fn resubscribe_pause(failures: u32) -> Duration {
     timing::backoff(RESUBSCRIBE, RESUBSCRIBE, failures, rand::random::<f64>())
 }
-/// Released values remembered per key, to count each release once.
-const SEEN: usize = 8;
 /// Beyond this many keys waited on, keys nobody waits for any longer are forgotten (and
 /// unsubscribed) on the next registration.
 const MAX_IDLE_KEYS: usize = 1024;
@@ -140,167 +140,6 @@ struct Hub {
     first_tries: AtomicUsize,
     /// Notified at each end of a first attempt.
     tried: Notify,
-}
-
-/// The waiters of one key in this client.
-#[derive(Debug, Default)]
-pub(crate) struct KeyWait {
-    state: Mutex<KeyState>,
-    /// Notified (all waiters) on a release notice and when the queue's head changes.
-    notify: Notify,
-}
-
-#[derive(Debug, Default)]
-struct KeyState {
-    /// Release notices counted so far.
-    epoch: u64,
-    /// The last released values (a notice comes once from every node).
-    seen: VecDeque<String>,
-    /// This client's waiters, oldest first.
-    queue: VecDeque<u64>,
-    next_ticket: u64,
-    /// Set when the head left the queue holding the lock: the epoch its winning round started
-    /// at. The next head waits for a release after it before its first round.
-    handed: Option<u64>,
-    /// Until when the marker set on the nodes stands (less the refresh margin).
-    marker_until: Option<Instant>,
-    /// Values this client released lately: a notice of one of them is a release by us.
-    own: VecDeque<String>,
-    /// How long the head waits after the last notice before its round (see [`defer`]).
-    defer: Duration,
-}
-
-/// A waiter's place in its key's queue; leaving (dropped) hands the turn on.
-pub(crate) struct Ticket {
-    kw: Arc<KeyWait>,
-    id: u64,
-    /// Set once the waiter won: the epoch its winning round started at.
-    won_at: Option<u64>,
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        let mut st = lock(&self.kw.state);
-        let was_head = st.queue.front() == Some(&self.id);
-        st.queue.retain(|&t| t != self.id);
-        if was_head {
-            st.handed = self.won_at;
-        }
-        drop(st);
-        if was_head {
-            self.kw.notify.notify_waiters();
-        }
-    }
-}
-
-impl Ticket {
-    /// Records that this waiter won, in a round that started at `epoch`.
-    pub(crate) fn won(&mut self, epoch: u64) {
-        self.won_at = Some(epoch);
-    }
-}
-
-/// Why a wait ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Woken {
-    /// A release notice arrived (or notices may have been missed).
-    Notice,
-    /// The timer fired.
-    Timer,
-}
-
-impl KeyWait {
-    /// The number of release notices so far: a round that starts now reacts to later ones.
-    pub(crate) fn epoch(&self) -> u64 {
-        lock(&self.state).epoch
-    }
-
-    /// Counts a release of `value` announced to `clients` waiting clients (or, with `None`, a
-    /// possible loss of notices) and wakes the waiters; copies of a release already counted
-    /// are ignored.
-    fn released(&self, notice: Option<(&str, u64)>) {
-        let mut st = lock(&self.state);
-        if let Some((v, clients)) = notice {
-            if st.seen.iter().any(|s| s == v) {
-                return;
-            }
-            if st.seen.len() == SEEN {
-                st.seen.pop_front();
-            }
-            st.seen.push_back(v.to_owned());
-            let ours = st.own.iter().any(|s| s == v);
-            st.defer = defer(clients, ours, rand::random::<f64>());
-        } else {
-            st.defer = Duration::ZERO;
-        }
-        st.epoch += 1;
-        drop(st);
-        self.notify.notify_waiters();
-    }
-
-    /// Remembers a value this client released.
-    fn ours(&self, value: &str) {
-        let mut st = lock(&self.state);
-        if st.own.len() == SEEN {
-            st.own.pop_front();
-        }
-        st.own.push_back(value.to_owned());
-    }
-
-    /// How long the head should wait, after the last notice, before its round.
-    pub(crate) fn deferral(&self) -> Duration {
-        lock(&self.state).defer
-    }
-
-    /// Waits until `ticket` is at the head of the queue and, if the previous head left
-    /// holding the lock, until a release after its win; or until `until`. Returns whether the
-    /// turn came.
-    pub(crate) async fn turn(&self, ticket: &Ticket, until: Option<Instant>) -> bool {
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let st = lock(&self.state);
-                if st.queue.front() == Some(&ticket.id) {
-                    match st.handed {
-                        Some(e) if st.epoch <= e => {}
-                        _ => return true,
-                    }
-                }
-            }
-            match until {
-                Some(t) => {
-                    tokio::select! {
-                        _ = &mut notified => {}
-                        _ = tokio::time::sleep_until(t) => return false,
-                    }
-                }
-                None => notified.await,
-            }
-        }
-    }
-
-    /// Waits for a release notice after `epoch`, or until `until`.
-    pub(crate) async fn released_after(&self, epoch: u64, until: Instant) -> Woken {
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if lock(&self.state).epoch > epoch {
-                return Woken::Notice;
-            }
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = tokio::time::sleep_until(until) => return Woken::Timer,
-            }
-        }
-    }
-
-    /// Whether `ticket` is the oldest waiter.
-    pub(crate) fn is_head(&self, ticket: &Ticket) -> bool {
-        lock(&self.state).queue.front() == Some(&ticket.id)
-    }
 }
 
 impl Waiting {
@@ -645,7 +484,8 @@ async fn listen(
                     let kw = lock(&hub.keys).get(lock_key).cloned();
                     tracing::trace!(lock_key, node = i, value, "release notice");
                     if let Some(kw) = kw {
-                        kw.released(Some((value, clients)));
+                        let quorum = crate::core::quorum::quorum(lock(&hub.sinks).len());
+                        kw.released(Some(Notice { value, clients, node: i, quorum }));
                     }
                 }
                 None => return "connection closed".to_owned(),
@@ -653,24 +493,6 @@ async fn listen(
             why = &mut keepalive => return why,
         }
     }
-}
-
-/// The longest a woken head defers its round when other clients wait too.
-pub(crate) const DEFER: Duration = Duration::from_millis(2);
-
-/// How long a head woken by a release defers its round: nothing when its client is the only
-/// one waiting (no competitor: handover in one round); otherwise a random part of [`DEFER`],
-/// and two whole [`DEFER`]s more when the release was its own client's (time for the others
-/// to resolve a split vote among themselves). Redis delivers a notice to
-/// its subscribers in a fixed order, so without the random part the first subscriber would win
-/// every race; without the extra part for the releasing client, a client with several waiters
-/// would pass the lock between its own tasks.
-pub(crate) fn defer(clients: u64, ours: bool, unit: f64) -> Duration {
-    if clients <= 1 {
-        return Duration::ZERO;
-    }
-    let random = DEFER.mul_f64(unit.clamp(0.0, 1.0));
-    if ours { DEFER * 2 + random } else { random }
 }
 
 impl Hub {

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use crate::eviction::EvictionRisk;
+
 /// How the client treats a node that may have lost its lock keys in a restart.
 ///
 /// The Redlock safety argument needs a node that restarts without its data (no `fsync`ed AOF) to
@@ -42,84 +44,25 @@ pub enum EvictionGuard {
     Strict,
 }
 
-/// What a node's memory policy (`maxmemory`, `maxmemory-policy`, read with `CONFIG GET` on
-/// every connect) can do to the keys this library keeps there.
-///
-/// Redis evicts keys when `maxmemory` is reached: under a `volatile-*` policy any key with a
-/// ttl, lock keys included, before they expire (a lock then stands on fewer nodes than its
-/// holder was told, without any restart); under `allkeys-*` any key, the fencing counters too
-/// (tokens can repeat). `noeviction` (writes fail instead: acquisitions fail, safely) and
-/// `maxmemory 0` (no limit) are safe.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum EvictionRisk {
-    /// No eviction: `maxmemory` is 0 or the policy is `noeviction`.
-    None,
-    /// A `volatile-*` policy with `maxmemory` set: lock keys can be evicted before they expire.
-    LockKeys {
-        /// The `maxmemory-policy`.
-        policy: String,
-    },
-    /// An `allkeys-*` policy with `maxmemory` set: lock keys and fencing counters can be
-    /// evicted.
-    LockKeysAndCounters {
-        /// The `maxmemory-policy`.
-        policy: String,
-    },
-    /// Not known: the node has not been reached yet, or it refuses `CONFIG GET` (managed
-    /// services often do).
-    #[default]
-    Unknown,
-}
-
-impl EvictionRisk {
-    /// Classifies a node from its `maxmemory` and `maxmemory-policy` values (`None`: not
-    /// readable). Pure.
-    pub(crate) fn classify(maxmemory: Option<&str>, policy: Option<&str>) -> Self {
-        let (Some(maxmemory), Some(policy)) = (maxmemory, policy) else {
-            return EvictionRisk::Unknown;
-        };
-        let Ok(maxmemory) = maxmemory.trim().parse::<u64>() else {
-            return EvictionRisk::Unknown;
-        };
-        let policy = policy.trim().to_ascii_lowercase();
-        if maxmemory == 0 || policy == "noeviction" {
-            EvictionRisk::None
-        } else if policy.starts_with("volatile-") {
-            EvictionRisk::LockKeys { policy }
-        } else if policy.starts_with("allkeys-") {
-            EvictionRisk::LockKeysAndCounters { policy }
-        } else {
-            // A policy this version does not know: assume the worst it could do.
-            EvictionRisk::LockKeysAndCounters { policy }
-        }
-    }
-
-    /// True when the node can evict lock keys (or counters).
-    pub fn is_risky(&self) -> bool {
-        matches!(
-            self,
-            EvictionRisk::LockKeys { .. } | EvictionRisk::LockKeysAndCounters { .. }
-        )
-    }
-}
-
-impl std::fmt::Display for EvictionRisk {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            EvictionRisk::None => f.write_str("no eviction"),
-            EvictionRisk::LockKeys { policy } => write!(
-                f,
-                "maxmemory-policy {policy} with maxmemory set: lock keys can be evicted before they expire"
-            ),
-            EvictionRisk::LockKeysAndCounters { policy } => write!(
-                f,
-                "maxmemory-policy {policy} with maxmemory set: lock keys and fencing counters can be evicted"
-            ),
-            EvictionRisk::Unknown => {
-                f.write_str("eviction policy unknown (CONFIG GET unavailable)")
-            }
-        }
+/// Classifies a node's [`EvictionRisk`] from its `maxmemory` and `maxmemory-policy` values (`None`: not
+/// readable). Pure.
+pub(crate) fn classify_eviction(maxmemory: Option<&str>, policy: Option<&str>) -> EvictionRisk {
+    let (Some(maxmemory), Some(policy)) = (maxmemory, policy) else {
+        return EvictionRisk::Unknown;
+    };
+    let Ok(maxmemory) = maxmemory.trim().parse::<u64>() else {
+        return EvictionRisk::Unknown;
+    };
+    let policy = policy.trim().to_ascii_lowercase();
+    if maxmemory == 0 || policy == "noeviction" {
+        EvictionRisk::None
+    } else if policy.starts_with("volatile-") {
+        EvictionRisk::LockKeys { policy }
+    } else if policy.starts_with("allkeys-") {
+        EvictionRisk::LockKeysAndCounters { policy }
+    } else {
+        // A policy this version does not know: assume the worst it could do.
+        EvictionRisk::LockKeysAndCounters { policy }
     }
 }
 
@@ -292,7 +235,7 @@ mod tests {
 
     #[test]
     fn eviction_risk_from_the_memory_policy() {
-        let c = EvictionRisk::classify;
+        let c = classify_eviction;
         assert_eq!(c(Some("0"), Some("volatile-lru")), EvictionRisk::None);
         assert_eq!(c(Some("4194304"), Some("noeviction")), EvictionRisk::None);
         assert_eq!(

@@ -19,7 +19,7 @@ use super::gate::QUEUE;
 use super::health::{durability_marker, parse_info, read_config};
 use super::member::{self, MemberConn, MemberKind};
 use super::{Connected, Node, RECONNECT_BACKOFF, Slot, scripts};
-use crate::core::health::EvictionRisk;
+use crate::core::health::classify_eviction;
 use crate::core::lock;
 use crate::error::{ConfigError, NodeError};
 
@@ -234,7 +234,7 @@ impl Node {
                 "two node URLs reach the same Redis server; neither counts toward a quorum while they do"
             );
         }
-        self.observe_eviction(EvictionRisk::classify(
+        self.observe_eviction(classify_eviction(
             config.maxmemory.as_deref(),
             config.policy.as_deref(),
         ));

@@ -11,11 +11,11 @@ use redis::aio::MultiplexedConnection;
 
 use super::Node;
 use crate::core::health::{
-    EvictionGuard, EvictionRisk, Meeting, data_survived, hold_out_for, restart_verdict, twin,
-    youngest_age,
+    EvictionGuard, Meeting, data_survived, hold_out_for, restart_verdict, twin, youngest_age,
 };
 use crate::core::lock;
 use crate::error::NodeError;
+use crate::eviction::EvictionRisk;
 
 #[derive(Default)]
 pub(crate) struct Health {

@@ -1,0 +1,224 @@
+//! The waiters of one key in one client: their FIFO queue (only the head makes rounds), the
+//! release notices counted (a release is announced by every node where it deleted the key), and
+//! how long a woken head defers its round. The subscriptions that feed it are `wait.rs`'s.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::core::lock;
+
+/// Released values remembered per key, to count each release once.
+const SEEN: usize = 8;
+
+/// The waiters of one key in this client.
+#[derive(Debug, Default)]
+pub(crate) struct KeyWait {
+    pub(super) state: Mutex<KeyState>,
+    /// Notified (all waiters) on a release notice and when the queue's head changes.
+    pub(super) notify: Notify,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct KeyState {
+    /// Release notices counted so far.
+    pub(super) epoch: u64,
+    /// The last released values, each with the nodes that announced it (one bit per node: a
+    /// notice comes once from every node where the release deleted the key).
+    pub(super) seen: VecDeque<(String, u64)>,
+    /// This client's waiters, oldest first.
+    pub(super) queue: VecDeque<u64>,
+    pub(super) next_ticket: u64,
+    /// Set when the head left the queue holding the lock: the epoch its winning round started
+    /// at. The next head waits for a release after it before its first round.
+    pub(super) handed: Option<u64>,
+    /// Until when the marker set on the nodes stands (less the refresh margin).
+    pub(super) marker_until: Option<Instant>,
+    /// Values this client released lately: a notice of one of them is a release by us.
+    pub(super) own: VecDeque<String>,
+    /// How long the head waits after the last notice before its round (see [`defer`]).
+    pub(super) defer: Duration,
+}
+
+/// A release notice as one node's subscription passes it on.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Notice<'a> {
+    /// The released value.
+    pub(super) value: &'a str,
+    /// How many clients waited (the release script's count of the waiters marker).
+    pub(super) clients: u64,
+    /// The node that announced it.
+    pub(super) node: usize,
+    /// The client's quorum.
+    pub(super) quorum: usize,
+}
+
+/// A waiter's place in its key's queue; leaving (dropped) hands the turn on.
+pub(crate) struct Ticket {
+    pub(super) kw: Arc<KeyWait>,
+    pub(super) id: u64,
+    /// Set once the waiter won: the epoch its winning round started at.
+    pub(super) won_at: Option<u64>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut st = lock(&self.kw.state);
+        let was_head = st.queue.front() == Some(&self.id);
+        st.queue.retain(|&t| t != self.id);
+        if was_head {
+            st.handed = self.won_at;
+        }
+        drop(st);
+        if was_head {
+            self.kw.notify.notify_waiters();
+        }
+    }
+}
+
+impl Ticket {
+    /// Records that this waiter won, in a round that started at `epoch`.
+    pub(crate) fn won(&mut self, epoch: u64) {
+        self.won_at = Some(epoch);
+    }
+}
+
+/// Why a wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Woken {
+    /// A release notice arrived (or notices may have been missed).
+    Notice,
+    /// The timer fired.
+    Timer,
+}
+
+impl KeyWait {
+    /// The number of release notices so far: a round that starts now reacts to later ones.
+    pub(crate) fn epoch(&self) -> u64 {
+        lock(&self.state).epoch
+    }
+
+    /// Counts a release of `value` announced by node `node` to `clients` waiting clients (or,
+    /// with `None`, a possible loss of notices) and wakes the waiters, twice per release: at its
+    /// first notice (the fastest handover: the release usually reaches the other nodes before
+    /// the waiter's round does), and once `quorum` nodes have announced it (a round is sure to
+    /// find the key gone on a quorum then: a round woken by the first notice can be refused by
+    /// the nodes the release had not reached yet, and would otherwise wait for its timer).
+    /// Other copies of a release are ignored.
+    pub(super) fn released(&self, notice: Option<Notice<'_>>) {
+        let mut st = lock(&self.state);
+        if let Some(Notice {
+            value: v,
+            clients,
+            node,
+            quorum,
+        }) = notice
+        {
+            let bit = 1u64.checked_shl(node as u32).unwrap_or(0);
+            if let Some((_, nodes)) = st.seen.iter_mut().find(|(s, _)| s == v) {
+                let before = nodes.count_ones() as usize;
+                *nodes |= bit;
+                if before >= quorum || nodes.count_ones() as usize != quorum {
+                    return;
+                }
+            } else {
+                if st.seen.len() == SEEN {
+                    st.seen.pop_front();
+                }
+                st.seen.push_back((v.to_owned(), bit));
+            }
+            let ours = st.own.iter().any(|s| s == v);
+            st.defer = defer(clients, ours, rand::random::<f64>());
+        } else {
+            st.defer = Duration::ZERO;
+        }
+        st.epoch += 1;
+        drop(st);
+        self.notify.notify_waiters();
+    }
+
+    /// Remembers a value this client released.
+    pub(super) fn ours(&self, value: &str) {
+        let mut st = lock(&self.state);
+        if st.own.len() == SEEN {
+            st.own.pop_front();
+        }
+        st.own.push_back(value.to_owned());
+    }
+
+    /// How long the head should wait, after the last notice, before its round.
+    pub(crate) fn deferral(&self) -> Duration {
+        lock(&self.state).defer
+    }
+
+    /// Waits until `ticket` is at the head of the queue and, if the previous head left
+    /// holding the lock, until a release after its win; or until `until`. Returns whether the
+    /// turn came.
+    pub(crate) async fn turn(&self, ticket: &Ticket, until: Option<Instant>) -> bool {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = lock(&self.state);
+                if st.queue.front() == Some(&ticket.id) {
+                    match st.handed {
+                        Some(e) if st.epoch <= e => {}
+                        _ => return true,
+                    }
+                }
+            }
+            match until {
+                Some(t) => {
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        _ = tokio::time::sleep_until(t) => return false,
+                    }
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// Waits for a release notice after `epoch`, or until `until`.
+    pub(crate) async fn released_after(&self, epoch: u64, until: Instant) -> Woken {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if lock(&self.state).epoch > epoch {
+                return Woken::Notice;
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(until) => return Woken::Timer,
+            }
+        }
+    }
+
+    /// Whether `ticket` is the oldest waiter.
+    pub(crate) fn is_head(&self, ticket: &Ticket) -> bool {
+        lock(&self.state).queue.front() == Some(&ticket.id)
+    }
+}
+
+/// The longest a woken head defers its round when other clients wait too.
+pub(crate) const DEFER: Duration = Duration::from_millis(2);
+
+/// How long a head woken by a release defers its round: nothing when its client is the only
+/// one waiting (no competitor: handover in one round); otherwise a random part of [`DEFER`],
+/// and two whole [`DEFER`]s more when the release was its own client's (time for the others
+/// to resolve a split vote among themselves). Redis delivers a notice to
+/// its subscribers in a fixed order, so without the random part the first subscriber would win
+/// every race; without the extra part for the releasing client, a client with several waiters
+/// would pass the lock between its own tasks.
+pub(crate) fn defer(clients: u64, ours: bool, unit: f64) -> Duration {
+    if clients <= 1 {
+        return Duration::ZERO;
+    }
+    let random = DEFER.mul_f64(unit.clamp(0.0, 1.0));
+    if ours { DEFER * 2 + random } else { random }
+}
