@@ -34,10 +34,13 @@ fn election(cluster: &LocalCluster, name: &str, id: &str, ttl: Duration) -> Elec
 /// An async connection to one node (never a blocking call inside a test's runtime).
 async fn conn(url: &str) -> MultiplexedConnection {
     let client = redis::Client::open(url).expect("url");
-    tokio::time::timeout(WAIT, client.get_multiplexed_async_connection())
-        .await
-        .expect("connected within the wait")
-        .expect("connect")
+    tokio::time::timeout(
+        WAIT,
+        client.get_multiplexed_async_connection_with_config(&support::direct_config()),
+    )
+    .await
+    .expect("connected within the wait")
+    .expect("connect")
 }
 
 /// One command on one node, bounded by the wait.

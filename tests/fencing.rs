@@ -191,7 +191,7 @@ async fn t20_a_stalled_holder_is_fenced_off() {
             lock.keep_alive();
             let mut store = redis::Client::open(store_url.as_str())
                 .unwrap()
-                .get_multiplexed_async_connection()
+                .get_multiplexed_async_connection_with_config(&support::direct_config())
                 .await
                 .unwrap();
             let first = fenced_set(&mut store, "payout:42", lock.token(), "started-by-a")
@@ -223,7 +223,7 @@ async fn t20_a_stalled_holder_is_fenced_off() {
     assert!(worker_b.token().get() > token_a);
     let mut store = redis::Client::open(urls[0].as_str())
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&support::direct_config())
         .await
         .unwrap();
     assert_eq!(

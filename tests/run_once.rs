@@ -465,10 +465,13 @@ async fn started(rx: tokio::sync::oneshot::Receiver<()>) {
 /// The tick marker on one node (an async read: no blocking call inside the test's runtime).
 async fn marker_on(url: &str, job: &str, tick: &str) -> Option<String> {
     let client = redis::Client::open(url).expect("url");
-    let mut conn = tokio::time::timeout(WAIT, client.get_multiplexed_async_connection())
-        .await
-        .expect("connected within the wait")
-        .expect("connect");
+    let mut conn = tokio::time::timeout(
+        WAIT,
+        client.get_multiplexed_async_connection_with_config(&support::direct_config()),
+    )
+    .await
+    .expect("connected within the wait")
+    .expect("connect");
     tokio::time::timeout(
         WAIT,
         redis::cmd("GET")

@@ -144,7 +144,7 @@ async fn a_paused_holder_wakes_up_and_its_stale_write_is_rejected() {
     assert!(h.incidents.is_empty() && h.malformed.is_empty(), "{h:?}");
     let mut conn = redis::Client::open(store.url())
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&crate::support::direct_config())
         .await
         .unwrap();
     let value: u64 = redis::cmd("GET")

@@ -127,6 +127,15 @@ fn slot_tag(s: u16) -> String {
 
 /// A direct connection to one node, bounded both ways: a paused node fails the test instead of
 /// hanging it.
+/// The configuration of a test's own async connection to a node: the connect and every reply
+/// bounded by [`WAIT`]. redis 1.x's defaults (a 500 ms reply bound) fail on a loaded box
+/// (`clock jump script: timed out` in a suite run beside benchmarks).
+pub fn direct_config() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(WAIT))
+        .set_response_timeout(Some(WAIT))
+}
+
 pub fn conn(url: &str) -> redis::Connection {
     let client = redis::Client::open(url).expect("url");
     let conn = client

@@ -629,10 +629,13 @@ async fn bare_majority_holder(
 /// A direct connection to a node, bounded by [`DIRECT_CONNECT`].
 async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
     let client = redis::Client::open(url).expect("node url");
-    tokio::time::timeout(DIRECT_CONNECT, client.get_multiplexed_async_connection())
-        .await
-        .unwrap_or_else(|_| panic!("nemesis: no connection to {url} within {DIRECT_CONNECT:?}"))
-        .unwrap_or_else(|e| panic!("nemesis: connect to {url}: {e}"))
+    tokio::time::timeout(
+        DIRECT_CONNECT,
+        client.get_multiplexed_async_connection_with_config(&crate::support::direct_config()),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("nemesis: no connection to {url} within {DIRECT_CONNECT:?}"))
+    .unwrap_or_else(|e| panic!("nemesis: connect to {url}: {e}"))
 }
 
 async fn connect_all(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {

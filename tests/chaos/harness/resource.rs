@@ -28,7 +28,7 @@ impl Resource {
         let client = redis::Client::open(url).expect("resource url");
         let conn = tokio::time::timeout(
             std::time::Duration::from_secs(10),
-            client.get_multiplexed_async_connection(),
+            client.get_multiplexed_async_connection_with_config(&crate::support::direct_config()),
         )
         .await
         .expect("connect to the resource redis within 10 s")
@@ -80,7 +80,10 @@ impl Resource {
 pub async fn holder_of_value(url: &str, within: std::time::Duration) -> Option<SessionId> {
     tokio::time::timeout(within, async {
         let client = redis::Client::open(url).ok()?;
-        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&crate::support::direct_config())
+            .await
+            .ok()?;
         redis::cmd("GET")
             .arg(DATA_KEY)
             .query_async::<Option<SessionId>>(&mut conn)
