@@ -16,7 +16,7 @@ use super::state::{LockState, Seen, SeenAt};
 use super::undo::UndoRelease;
 use super::wait::{KeyWait, MARKER_REFRESH, Ticket, Woken};
 use crate::core::clock::{self, Stamp};
-use crate::core::keys::{LockKeys, new_value, waiters_key_of};
+use crate::core::keys::{LockKeys, new_value_of, waiters_key_of};
 use crate::core::quorum::{self, Acquisition, Verdict};
 use crate::core::timing;
 use crate::core::token::{self, FencingToken};
@@ -137,7 +137,7 @@ impl Redlock {
             // Every attempt round, those resolving contention included.
             span.record("rounds", round_no + contention_rounds);
             let epoch = waiter.as_ref().map_or(0, |(kw, _)| kw.epoch());
-            let value = new_value();
+            let value = new_value_of(&self.inner.cfg.owner_suffix);
             // Armed before the first await: a cancelled or failed round is released everywhere.
             let mut undo = UndoRelease::arm(self, (lock_key, fence_key), &value, caller);
             let mut contended = false;

@@ -23,6 +23,11 @@ pub(crate) struct Config {
     pub(crate) fencing: bool,
     /// The key prefix and compat mode.
     pub(crate) keys: KeyLayout,
+    /// The owner name this client's lock values carry, as given, if any.
+    pub(crate) owner: Option<String>,
+    /// What this client's lock values carry after their random part: `@` and the escaped owner
+    /// name, or empty (`core::keys::owner_suffix`).
+    pub(crate) owner_suffix: String,
 }
 
 impl Config {

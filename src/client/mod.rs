@@ -115,6 +115,12 @@ impl Redlock {
         quorum::quorum(self.inner.nodes.len())
     }
 
+    /// The owner name this client's locks carry
+    /// ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner)), if one was set.
+    pub fn owner(&self) -> Option<&str> {
+        self.inner.cfg.owner.as_deref()
+    }
+
     /// The node addresses (passwords redacted), in configuration order.
     pub fn node_names(&self) -> Vec<String> {
         self.inner

@@ -432,6 +432,13 @@ pub enum ArgumentError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// The lock value given to [`Redlock::resume`](crate::Redlock::resume) cannot be one this
+    /// library wrote: empty, longer than 1024 bytes, or holding a space or a control character.
+    #[error("invalid lock value: {reason}")]
+    InvalidValue {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
 }
 
 /// A duration setting named in a [`ConfigError`].
@@ -519,6 +526,15 @@ pub enum ConfigError {
     InvalidPrefix {
         /// The prefix given.
         prefix: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The owner name given to [`RedlockBuilder::owner`](crate::RedlockBuilder::owner) cannot
+    /// be used: empty, longer than 128 bytes, or holding a control character.
+    #[error("invalid owner name {owner:?}: {reason}")]
+    InvalidOwner {
+        /// The name given.
+        owner: String,
         /// What is wrong with it.
         reason: &'static str,
     },

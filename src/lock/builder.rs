@@ -33,6 +33,7 @@ use crate::node::{MaxTtl, Node, Peers};
 /// | fencing tokens | on |
 /// | key prefix | [`DEFAULT_KEY_PREFIX`](Self::DEFAULT_KEY_PREFIX) (`quorumlock`) |
 /// | compat mode (plain resource names, as other Redlock clients) | off |
+/// | owner name shown by `status` | none |
 ///
 /// ```
 /// use std::time::Duration;
@@ -60,6 +61,7 @@ pub struct RedlockBuilder {
     fencing: bool,
     key_prefix: String,
     compat: bool,
+    owner: Option<String>,
     /// Members (by position) kept on the acquire script (testkit).
     script_acquire: Vec<usize>,
     #[cfg(feature = "tls")]
@@ -112,6 +114,7 @@ impl RedlockBuilder {
             fencing: true,
             key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
             compat: false,
+            owner: None,
             script_acquire: Vec::new(),
             #[cfg(feature = "tls")]
             tls: None,
@@ -337,6 +340,48 @@ impl RedlockBuilder {
         self
     }
 
+    /// Names this client as the owner of the locks it takes (default: none), the way consul
+    /// shows a session's node: `"host-a/pid 4711"`, a pod name, a job id. The name is stored
+    /// on the nodes with each lock and shown by [`Redlock::status`] ([`KeyState::owner`],
+    /// [`LockStatus::owner`]), by `redlock status`, by [`Lock::owner`] and by an election's
+    /// [`Leader::owner`], beside the lock's random value that `status` showed alone before.
+    ///
+    /// It travels inside the lock's value, after its 128 random bits: `<32 hex digits>@<name>`,
+    /// with `%` and the space written `%25` and `%20`. The random part alone still makes each
+    /// acquisition's value unique, and every ownership check (extension, release) compares the
+    /// whole value as before, so naming a client changes no safety argument; no other key or
+    /// command is used (the ACL of `docs/acl.md` is enough, compat mode works alike). Names are
+    /// not secrets (anyone who can read the keys reads them) and not checked for uniqueness:
+    /// two clients may share a name. It costs its length in bytes on each acquire, extend and
+    /// release call.
+    ///
+    /// 1 to 128 bytes of UTF-8 without control characters; [`build`](Self::build) returns
+    /// [`ConfigError::InvalidOwner`] otherwise.
+    ///
+    /// ```
+    /// use quorumlock::{ConfigError, Redlock};
+    ///
+    /// let nodes = ["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"];
+    /// let pid = std::process::id();
+    /// let locks = Redlock::builder(nodes).owner(format!("host-a/pid {pid}")).build()?;
+    /// assert_eq!(locks.owner(), Some(format!("host-a/pid {pid}").as_str()));
+    /// assert!(matches!(
+    ///     Redlock::builder(nodes).owner("two\nlines").build(),
+    ///     Err(ConfigError::InvalidOwner { .. })
+    /// ));
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    ///
+    /// [`Redlock::status`]: crate::Redlock::status
+    /// [`KeyState::owner`]: crate::KeyState::owner
+    /// [`LockStatus::owner`]: crate::LockStatus::owner
+    /// [`Lock::owner`]: crate::Lock::owner
+    /// [`Leader::owner`]: crate::Leader::owner
+    pub fn owner(mut self, name: impl Into<String>) -> Self {
+        self.owner = Some(name.into());
+        self
+    }
+
     /// Whether acquisitions hand out fencing tokens (default: yes).
     ///
     /// With `false`, each node runs a plain `SET NX PX` instead of the acquire-and-fence script
@@ -400,7 +445,7 @@ impl RedlockBuilder {
     /// # Errors
     ///
     /// [`ConfigError`] for no nodes, an invalid or duplicate URL, a drift factor outside `[0, 0.5)`,
-    /// an invalid key prefix, a zero timeout, or a timing above [`MAX_TIMING`](Self::MAX_TIMING) (a max ttl above
+    /// an invalid key prefix or owner name, a zero timeout, or a timing above [`MAX_TIMING`](Self::MAX_TIMING) (a max ttl above
     /// [`MAX_TTL`](Self::MAX_TTL)). An even node count is accepted with a warning: its quorum
     /// tolerates no more failures than one node fewer.
     pub fn build(self) -> Result<Redlock, ConfigError> {
@@ -411,6 +456,10 @@ impl RedlockBuilder {
             return Err(ConfigError::DriftFactor(self.drift_factor));
         }
         let keys = KeyLayout::new(&self.key_prefix, self.compat)?;
+        let owner_suffix = match &self.owner {
+            Some(name) => keys::owner_suffix(name)?,
+            None => String::new(),
+        };
         if self.node_timeout.is_zero() {
             return Err(ConfigError::ZeroDuration(Setting::NodeTimeout));
         }
@@ -450,7 +499,7 @@ impl RedlockBuilder {
             }
             clients.push((name, member));
         }
-        let cfg = self.config(keys);
+        let cfg = self.config(keys, owner_suffix);
         let settings = cfg.node_settings();
         // URLs that differ can still reach one server: the nodes compare run ids on connect.
         let peers = Arc::new(Peers::new(clients.iter().map(|(name, _)| name.clone())));
@@ -511,7 +560,7 @@ impl RedlockBuilder {
     }
 
     /// The checked settings as the engine's plain values.
-    fn config(&self, keys: KeyLayout) -> Config {
+    fn config(&self, keys: KeyLayout, owner_suffix: String) -> Config {
         Config {
             node_timeout: self.node_timeout,
             connect_timeout: self.connect_timeout,
@@ -523,6 +572,8 @@ impl RedlockBuilder {
             eviction_guard: self.eviction_guard,
             fencing: self.fencing && !self.compat,
             keys,
+            owner: self.owner.clone(),
+            owner_suffix,
         }
     }
 
