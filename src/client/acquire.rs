@@ -130,7 +130,7 @@ impl Redlock {
                 && round_no >= patience.rounds
                 && let Some(err) = last_err.take()
             {
-                metrics::acquire(super::outcome_label(&err), called.elapsed());
+                self.count_acquire(super::outcome_label(&err), called.elapsed(), key);
                 return Err(err);
             }
             round_no += 1;
@@ -165,8 +165,8 @@ impl Redlock {
                         ticket.won(epoch);
                     }
                     drop(waiter);
-                    metrics::acquire("acquired", called.elapsed());
-                    let state = Arc::new(LockState::new(
+                    self.count_acquire("acquired", called.elapsed(), key);
+                    let state = self.held_state(LockState::new(
                         keys,
                         value,
                         (token, seen),
@@ -203,7 +203,7 @@ impl Redlock {
                         called.elapsed().saturating_add(backoff) > patience.wait
                     });
             if give_up {
-                metrics::acquire(super::outcome_label(&err), called.elapsed());
+                self.count_acquire(super::outcome_label(&err), called.elapsed(), key);
                 return Err(err);
             }
             let held = err.is_held();
@@ -447,7 +447,7 @@ impl Redlock {
             &mut bool,
         ),
     ) -> Result<(Granted, Stamp, Duration, Tail), Error> {
-        metrics::attempt();
+        metrics::attempt(self.metrics_lock(key));
         let start = Instant::now();
         let started = clock::now();
         // The nodes are told whole milliseconds: the validity counts only what they were told.

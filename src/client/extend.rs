@@ -311,7 +311,7 @@ impl Redlock {
             Extension::Extended(validity) => {
                 tracing::debug!(key, ?validity, yes = tally.yes(), "lock resumed");
                 let nothing_seen: Seen = std::iter::repeat_n(0, self.node_count()).collect();
-                Ok(Arc::new(LockState::new(
+                Ok(self.held_state(LockState::new(
                     lock_keys,
                     value.to_owned(),
                     (token, SeenAt::new(nothing_seen, [])),

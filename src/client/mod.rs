@@ -189,6 +189,21 @@ impl Redlock {
             .spawn(tracing::Instrument::instrument(tail.drive(), span.clone()));
     }
 
+    /// The `lock` label of a per-lock metric: the key, when the client opted in.
+    pub(crate) fn metrics_lock<'k>(&self, key: &'k str) -> Option<&'k str> {
+        self.inner.cfg.metrics_lock_label.then_some(key)
+    }
+
+    /// Counts a finished acquisition of `key` and its wait (`quorumlock_acquire_total`).
+    pub(crate) fn count_acquire(&self, outcome: &'static str, wait: Duration, key: &str) {
+        crate::metrics::acquire(outcome, wait, self.metrics_lock(key));
+    }
+
+    /// A held lock's shared state, its metrics labelled as this client's configuration says.
+    pub(crate) fn held_state(&self, state: state::LockState) -> Arc<state::LockState> {
+        Arc::new(state.metrics_labelled(self.inner.cfg.metrics_lock_label))
+    }
+
     /// Where this client's keys live (prefix, compat mode).
     pub(crate) fn keys(&self) -> &crate::core::keys::KeyLayout {
         &self.inner.cfg.keys

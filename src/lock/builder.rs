@@ -34,6 +34,7 @@ use crate::node::{MaxTtl, Node, Peers};
 /// | key prefix | [`DEFAULT_KEY_PREFIX`](Self::DEFAULT_KEY_PREFIX) (`quorumlock`) |
 /// | compat mode (plain resource names, as other Redlock clients) | off |
 /// | owner name shown by `status` | none |
+/// | lock name as a metrics label | off |
 ///
 /// ```
 /// use std::time::Duration;
@@ -62,6 +63,7 @@ pub struct RedlockBuilder {
     key_prefix: String,
     compat: bool,
     owner: Option<String>,
+    metrics_lock_label: bool,
     /// Members (by position) kept on the acquire script (testkit).
     script_acquire: Vec<usize>,
     #[cfg(feature = "tls")]
@@ -115,6 +117,7 @@ impl RedlockBuilder {
             key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
             compat: false,
             owner: None,
+            metrics_lock_label: false,
             script_acquire: Vec::new(),
             #[cfg(feature = "tls")]
             tls: None,
@@ -382,6 +385,30 @@ impl RedlockBuilder {
         self
     }
 
+    /// (Feature `metrics`.) Gives the per-lock metrics a `lock` label with the lock's name (the
+    /// user key; a semaphore permit's key, an election's or a run-once job's name): default
+    /// off. `quorumlock_attempts_total`, `quorumlock_acquire_total`,
+    /// `quorumlock_acquire_wait_seconds` and `quorumlock_locks_lost_total` then count per lock,
+    /// so that the one hot or failing lock among many can be found. Off by default because
+    /// each name is a time series in the metrics backend: turn it on when the set of names is
+    /// small and fixed (jobs, resources), not when names carry ids (`order-81723`). The node
+    /// metrics are per node, never per lock. The table of every metric is in `docs/design.md`
+    /// ("Metrics").
+    ///
+    /// ```
+    /// use quorumlock::Redlock;
+    ///
+    /// let nodes = ["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"];
+    /// // A handful of fixed job names: one series per job is affordable.
+    /// let locks = Redlock::builder(nodes).metrics_lock_label(true).build()?;
+    /// # let _ = locks;
+    /// # Ok::<(), quorumlock::ConfigError>(())
+    /// ```
+    pub fn metrics_lock_label(mut self, enabled: bool) -> Self {
+        self.metrics_lock_label = enabled;
+        self
+    }
+
     /// Whether acquisitions hand out fencing tokens (default: yes).
     ///
     /// With `false`, each node runs a plain `SET NX PX` instead of the acquire-and-fence script
@@ -574,6 +601,7 @@ impl RedlockBuilder {
             keys,
             owner: self.owner.clone(),
             owner_suffix,
+            metrics_lock_label: self.metrics_lock_label,
         }
     }
 
