@@ -267,6 +267,11 @@ fn b18_an_election_campaigns_reads_the_leader_and_resigns() {
     let leader = b.leader().unwrap().expect("a leads");
     assert_eq!(leader.token, leadership.token());
     assert_eq!(leader.owner.as_deref(), Some("host-a/pid 1"));
+    let health = b.health().to_string();
+    assert!(
+        health.starts_with("standby (leader a, owner \"host-a/pid 1\", token "),
+        "{health}"
+    );
     leadership.resign().expect("resign");
     let next = b.campaign_timeout(WAIT).expect("b leads after the resign");
     assert!(next.token() > leader.token);
