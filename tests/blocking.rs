@@ -164,3 +164,157 @@ fn b13_an_async_guard_dropped_outside_any_runtime_is_released_on_the_one_it_came
         holders(&urls, "plain-thread") == 0
     });
 }
+
+/// `acquire_all` from a thread without a runtime: all the keys or none, their tokens, and a
+/// dropped set released before `drop` returns.
+#[test]
+fn b16_acquire_all_takes_every_key_or_none() {
+    let cluster = cluster(3);
+    let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
+    let both = locks
+        .acquire_all(["account:4", "account:17"], TTL)
+        .expect("acquire_all");
+    assert_eq!(
+        both.keys().collect::<Vec<_>>(),
+        ["account:17", "account:4"],
+        "sorted"
+    );
+    assert!(both.token("account:4").is_some_and(|t| t.get() >= 1));
+    assert!(both.extend(TTL).expect("extend") > Duration::ZERO);
+    // One of them held: the other is not taken either.
+    let err = locks.try_acquire("account:4", TTL).unwrap_err();
+    assert!(err.is_held(), "{err}");
+    drop(both);
+    let again = locks
+        .acquire_all(["account:17", "account:4"], TTL)
+        .expect("free at once after the drop");
+    let held = locks.try_acquire("account:99", TTL).unwrap();
+    let err = locks
+        .acquire_all(["account:99", "account:100"], TTL)
+        .unwrap_err();
+    assert!(err.is_held(), "{err}");
+    assert!(
+        locks
+            .try_acquire("account:100", TTL)
+            .is_ok_and(|l| l.release().is_ok()),
+        "all or nothing: account:100 was given back"
+    );
+    held.release().unwrap();
+    again.release().expect("release");
+}
+
+/// A semaphore of two permits admits two holders, refuses a third, and a released permit is
+/// free again at once.
+#[test]
+fn b17_a_semaphore_admits_its_permits() {
+    let cluster = cluster(3);
+    let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
+    let exports = locks.semaphore("exports", 2).expect("semaphore");
+    assert_eq!((exports.name(), exports.permits()), ("exports", 2));
+    let a = exports.try_acquire(TTL).expect("first permit");
+    let b = exports.acquire(TTL).expect("second permit");
+    assert_ne!(a.index(), b.index());
+    assert!(b.token().get() >= 1);
+    b.keep_alive();
+    let err = exports.try_acquire(TTL).unwrap_err();
+    assert!(err.is_held(), "{err}");
+    let index = a.index();
+    a.release().expect("release");
+    let c = exports
+        .acquire_timeout(TTL, Duration::from_secs(5))
+        .expect("the released permit");
+    assert_eq!(c.index(), index);
+    drop(c);
+    drop(b);
+    let again = exports.try_acquire(TTL).expect("free after the drops");
+    again.release().unwrap();
+}
+
+/// An election from blocking code: the campaign leads, a second candidate's bounded campaign
+/// gives up naming the leader (with its owner name), and after the resign it leads.
+#[test]
+fn b18_an_election_campaigns_reads_the_leader_and_resigns() {
+    let cluster = cluster(3);
+    let a_locks = blocking::Redlock::new(
+        builder(&cluster)
+            .owner("host-a/pid 1")
+            .build()
+            .expect("config"),
+    )
+    .expect("runtime");
+    let b_locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
+    let election = |locks: &blocking::Redlock, id: &str| {
+        locks.election(
+            quorumlock::Election::builder(locks.as_async().clone(), "blocking-e")
+                .ttl(Duration::from_secs(10))
+                .candidate(id)
+                .build()
+                .expect("election"),
+        )
+    };
+    let (a, b) = (election(&a_locks, "a"), election(&b_locks, "b"));
+    let leadership = a.campaign().expect("a leads");
+    assert!(a.is_leading() && !leadership.is_lost());
+    assert!(a.health().is_leader());
+    let err = b.campaign_timeout(Duration::from_millis(200)).unwrap_err();
+    assert!(err.is_held(), "{err}");
+    wait_blocking(WAIT, "the leader record names a", || {
+        b.leader()
+            .ok()
+            .flatten()
+            .is_some_and(|l| l.candidate.as_deref() == Some("a"))
+    });
+    let leader = b.leader().unwrap().expect("a leads");
+    assert_eq!(leader.token, leadership.token());
+    assert_eq!(leader.owner.as_deref(), Some("host-a/pid 1"));
+    let health = b.health().to_string();
+    assert!(
+        health.starts_with("standby (leader a, owner \"host-a/pid 1\", token "),
+        "{health}"
+    );
+    leadership.resign().expect("resign");
+    let next = b.campaign_timeout(WAIT).expect("b leads after the resign");
+    assert!(next.token() > leader.token);
+    drop(next); // resigns before drop returns
+    assert!(!b.is_leading());
+    assert_eq!(a.leader().unwrap(), None);
+}
+
+/// Run-once from blocking code: the job runs on this thread (and may use the blocking client
+/// meanwhile), the tick runs once, a second call skips it as already run.
+#[test]
+fn b19_run_once_runs_a_tick_once_on_this_thread() {
+    let cluster = cluster(3);
+    let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
+    let job = locks.run_once(
+        quorumlock::RunOnce::builder(locks.as_async().clone(), "report")
+            .ttl(Duration::from_secs(10))
+            .marker_ttl(Duration::from_secs(60))
+            .instance("i1")
+            .build()
+            .expect("job"),
+    );
+    let caller = std::thread::current().id();
+    let outcome = job
+        .run(7, |ctx| {
+            assert_eq!(
+                std::thread::current().id(),
+                caller,
+                "the job runs on this thread"
+            );
+            // The blocking client works inside the job.
+            let status = locks.status("report").expect("status inside the job");
+            assert!(status.holder().is_some(), "the job's lock is held");
+            (ctx.tick().to_owned(), ctx.token())
+        })
+        .expect("run");
+    assert!(outcome.ran(), "{outcome:?}");
+    let again = job.run(7, |_| ()).expect("run");
+    assert!(!again.ran(), "{again:?}");
+    let failed = job.try_run(8, |_| Err::<(), _>("boom")).expect("try_run");
+    assert!(failed.ran(), "{failed:?}");
+    assert!(
+        !job.run(8, |_| ()).expect("run").ran(),
+        "at most once by default"
+    );
+}

@@ -395,3 +395,63 @@ async fn c7_a_refused_extension_is_named_in_the_loss() {
         "the loss names the refused command: {reason}"
     );
 }
+
+/// An owner name and a hand-off in compat mode need no more than the resource key: the name
+/// rides in the key's value, and the resume names the key only (token 0, as compat's
+/// extension). Same user and checks as c4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c8_owner_names_and_hand_off_work_with_a_user_limited_to_the_resource_key() {
+    init_tracing();
+    let options = quorumlock::testkit::ServerOptions::new()
+        .config_line("user default off")
+        .config_line("user admin on >admin-pw ~* &* +@all")
+        .config_line(LIMITED_USER)
+        .user("locker", "locker-pw");
+    let cluster = quorumlock::testkit::LocalCluster::start_with(3, &options)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let named = |name: &str| builder(&cluster).compat(true).owner(name).build().unwrap();
+    let (dispatcher, worker) = (named("dispatcher 1"), named("worker 2"));
+    for locks in [&dispatcher, &worker] {
+        wait_until(WAIT, "every node answers a status read", || async {
+            locks
+                .status("orders")
+                .await
+                .is_ok_and(|s| s.answered() == 3)
+        })
+        .await;
+    }
+    let lock = dispatcher
+        .try_acquire("orders", TTL)
+        .await
+        .expect("acquire");
+    let value = lock.value().to_owned();
+    lock.forget();
+    let status = worker.status("orders").await.unwrap();
+    assert_eq!(status.owner().as_deref(), Some("dispatcher 1"));
+    let resumed = worker
+        .resume("orders", &value, quorumlock::FencingToken::new(0), TTL)
+        .await
+        .expect("resume");
+    let extended = resumed.extend(TTL).await;
+    assert!(extended.is_ok(), "extend: {extended:?}");
+    let released = resumed.release().await;
+    assert!(released.is_ok(), "release: {released:?}");
+    for i in 0..3 {
+        let port = cluster.get(i).expect("server").port();
+        let mut admin = conn(&format!("redis://admin:admin-pw@127.0.0.1:{port}"));
+        let log: Vec<Vec<String>> = redis::cmd("ACL").arg("LOG").query(&mut admin).unwrap();
+        let held: Option<String> = redis::cmd("GET").arg("orders").query(&mut admin).unwrap();
+        assert!(held.is_none(), "node {i}: the release deleted the key");
+        let reasons: Vec<&str> = log
+            .iter()
+            .filter_map(|entry| {
+                let at = entry.iter().position(|f| f == "reason")?;
+                entry.get(at + 1).map(String::as_str)
+            })
+            .collect();
+        assert!(
+            reasons.iter().all(|r| *r == "command"),
+            "node {i}: ACL LOG reasons {reasons:?}: {log:?}"
+        );
+    }
+}

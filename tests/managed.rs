@@ -532,3 +532,42 @@ async fn m6_a_pipelined_node_refusing_incr_fails_and_keeps_no_key() {
     )
     .await;
 }
+
+/// A client that names itself (`owner`) and a lock handed over (`resume`) need nothing beyond
+/// the documented list: the name rides in the lock's value, and the resume is an extension
+/// round. The servers' `ACL LOG` stays empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m7_owner_names_and_hand_off_need_no_other_rule() {
+    let cluster = acl_cluster(3, &documented_user(&[]), &[]);
+    let named = |name: &str| {
+        Redlock::builder(cluster.urls())
+            .node_timeout(NODE_TIMEOUT)
+            .max_ttl(MAX_TTL)
+            .owner(name)
+            .build()
+            .expect("valid config")
+    };
+    let (dispatcher, worker) = (named("dispatcher 1"), named("worker 2"));
+    warm(&dispatcher).await;
+    warm(&worker).await;
+    let lock = dispatcher.try_acquire("m7", TTL).await.expect("acquire");
+    let (value, token) = (lock.value().to_owned(), lock.token());
+    lock.forget();
+    let status = worker.status("m7").await.unwrap();
+    assert_eq!(status.owner().as_deref(), Some("dispatcher 1"));
+    let resumed = worker
+        .resume("m7", &value, token, TTL)
+        .await
+        .expect("resume");
+    assert_eq!(resumed.token(), token);
+    resumed.extend(TTL).await.expect("extend");
+    resumed.release().await.expect("release");
+    drop((dispatcher, worker));
+    for i in 0..3 {
+        let refusals: Vec<redis::Value> = redis::cmd("ACL")
+            .arg("LOG")
+            .query(&mut admin(&cluster, i))
+            .unwrap();
+        assert!(refusals.is_empty(), "node {i}: {refusals:?}");
+    }
+}

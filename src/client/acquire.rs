@@ -16,7 +16,7 @@ use super::state::{LockState, Seen, SeenAt};
 use super::undo::UndoRelease;
 use super::wait::{KeyWait, MARKER_REFRESH, Ticket, Woken};
 use crate::core::clock::{self, Stamp};
-use crate::core::keys::{LockKeys, new_value, waiters_key_of};
+use crate::core::keys::{LockKeys, new_value_of, waiters_key_of};
 use crate::core::quorum::{self, Acquisition, Verdict};
 use crate::core::timing;
 use crate::core::token::{self, FencingToken};
@@ -130,14 +130,14 @@ impl Redlock {
                 && round_no >= patience.rounds
                 && let Some(err) = last_err.take()
             {
-                metrics::acquire(super::outcome_label(&err), called.elapsed());
+                self.count_acquire(super::outcome_label(&err), called.elapsed(), key);
                 return Err(err);
             }
             round_no += 1;
             // Every attempt round, those resolving contention included.
             span.record("rounds", round_no + contention_rounds);
             let epoch = waiter.as_ref().map_or(0, |(kw, _)| kw.epoch());
-            let value = new_value();
+            let value = new_value_of(&self.inner.cfg.owner_suffix);
             // Armed before the first await: a cancelled or failed round is released everywhere.
             let mut undo = UndoRelease::arm(self, (lock_key, fence_key), &value, caller);
             let mut contended = false;
@@ -165,8 +165,8 @@ impl Redlock {
                         ticket.won(epoch);
                     }
                     drop(waiter);
-                    metrics::acquire("acquired", called.elapsed());
-                    let state = Arc::new(LockState::new(
+                    self.count_acquire("acquired", called.elapsed(), key);
+                    let state = self.held_state(LockState::new(
                         keys,
                         value,
                         (token, seen),
@@ -203,7 +203,7 @@ impl Redlock {
                         called.elapsed().saturating_add(backoff) > patience.wait
                     });
             if give_up {
-                metrics::acquire(super::outcome_label(&err), called.elapsed());
+                self.count_acquire(super::outcome_label(&err), called.elapsed(), key);
                 return Err(err);
             }
             let held = err.is_held();
@@ -447,7 +447,7 @@ impl Redlock {
             &mut bool,
         ),
     ) -> Result<(Granted, Stamp, Duration, Tail), Error> {
-        metrics::attempt();
+        metrics::attempt(self.metrics_lock(key));
         let start = Instant::now();
         let started = clock::now();
         // The nodes are told whole milliseconds: the validity counts only what they were told.

@@ -23,6 +23,13 @@ pub(crate) struct Config {
     pub(crate) fencing: bool,
     /// The key prefix and compat mode.
     pub(crate) keys: KeyLayout,
+    /// The owner name this client's lock values carry, as given, if any.
+    pub(crate) owner: Option<String>,
+    /// Whether the per-lock metrics carry the lock's name as a `lock` label.
+    pub(crate) metrics_lock_label: bool,
+    /// What this client's lock values carry after their random part: `@` and the escaped owner
+    /// name, or empty (`core::keys::owner_suffix`).
+    pub(crate) owner_suffix: String,
 }
 
 impl Config {

@@ -10,10 +10,12 @@ use tracing::field::Empty;
 
 use super::Redlock;
 use super::round::{Round, positive};
-use super::state::LockState;
+use super::state::{LockState, Seen, SeenAt};
 use crate::core::clock::{self, Stamp};
+use crate::core::keys;
 use crate::core::quorum::Tally;
 use crate::core::timing::{self, Extension};
+use crate::core::token::FencingToken;
 use crate::error::{Error, FailureList, LostReason, NodeFailure};
 use crate::node::scripts;
 use crate::node::{HoldOut, Op};
@@ -219,4 +221,119 @@ fn extend_call(state: &LockState, ttl_ms: u64, compat: bool) -> scripts::ScriptC
     call.with_lean(&state.seen(), || {
         scripts::EXTEND.call(&keys, &[value, ttl, token, b"1"])
     })
+}
+
+impl Redlock {
+    /// Takes over a lock another process (or client) acquired, from its key, value and token:
+    /// one extension round that counts only the nodes where `value` still stands, and that
+    /// extends it there to `ttl`. It never re-sets an absent key and never raises a counter
+    /// (the EXTEND script with token 0 and its lean argument, as compat mode's extension): so a
+    /// lock resumes only if its value stands on a quorum, which no other acquisition can have
+    /// followed (`docs/safety.md`, "Handing a lock over"). The resumed lock's later extensions
+    /// and its release are those of any held lock, with `token`.
+    ///
+    /// Runs in a `quorumlock.resume` span (key, ttl, token, outcome).
+    pub(crate) async fn resume_held(
+        &self,
+        key: &str,
+        value: &str,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> Result<Arc<LockState>, Error> {
+        let caller = tracing::Span::current();
+        let span = tracing::info_span!(
+            "quorumlock.resume",
+            key,
+            ttl_ms = super::millis(ttl),
+            token = token.get(),
+            outcome = Empty,
+        );
+        let outcome = super::SpanOutcome::new(&span);
+        let result = self
+            .resume_round(key, value, (token, ttl), &caller)
+            .instrument(span.clone())
+            .await;
+        outcome.finish(&result, "resumed");
+        result
+    }
+
+    async fn resume_round(
+        &self,
+        key: &str,
+        value: &str,
+        (token, ttl): (FencingToken, Duration),
+        caller: &tracing::Span,
+    ) -> Result<Arc<LockState>, Error> {
+        let drift = self.check(key, ttl)?;
+        keys::check_value(value)?;
+        self.inner.max_ttl.observe(ttl);
+        let lock_keys = self.keys().lock_keys(key);
+        let start = Instant::now();
+        let started = clock::now();
+        let (ttl_ms, sent) = timing::sent_ttl(ttl);
+        let budget = timing::budget(sent, drift);
+        let length = timing::extend_round(self.inner.cfg.node_timeout, budget, budget);
+        let mut digits = itoa::Buffer::new();
+        // Token 0 and the lean argument: `PEXPIRE` where our value stands, `0` elsewhere; the
+        // counter is never read (one key, so a Redis Cluster member and a key-limited ACL
+        // take it too).
+        let call = scripts::EXTEND.call(
+            &[lock_keys.lock().as_bytes()],
+            &[
+                value.as_bytes(),
+                digits.format(ttl_ms).as_bytes(),
+                b"0",
+                b"1",
+            ],
+        );
+        let round = self
+            .round(
+                Arc::new(call),
+                start + length,
+                None,
+                HoldOut::Respect,
+                Op::Extend,
+                positive,
+            )
+            .await;
+        let decided = clock::now();
+        let Round {
+            verdict,
+            tally,
+            failures,
+            rest,
+            ..
+        } = round;
+        self.settle(rest, true, caller);
+        let elapsed = decided.saturating_duration_since(started);
+        let validity = timing::validity(sent, elapsed, drift);
+        match timing::extension(verdict, true, validity) {
+            Extension::Extended(validity) => {
+                tracing::debug!(key, ?validity, yes = tally.yes(), "lock resumed");
+                let nothing_seen: Seen = std::iter::repeat_n(0, self.node_count()).collect();
+                Ok(self.held_state(LockState::new(
+                    lock_keys,
+                    value.to_owned(),
+                    (token, SeenAt::new(nothing_seen, [])),
+                    ttl,
+                    decided.saturating_add(validity),
+                )))
+            }
+            Extension::TooSlow => Err(Error::ValidityExpired {
+                key: key.to_owned(),
+                elapsed,
+                ttl,
+            }),
+            Extension::NotOwner => Err(Error::Lost {
+                key: key.to_owned(),
+                reason: LostReason::NotOwner {
+                    owned: tally.yes(),
+                    needed: self.quorum(),
+                },
+            }),
+            Extension::Expired | Extension::Unreachable => {
+                Err(self.no_quorum(key, &tally, failures))
+            }
+        }
+    }
 }

@@ -116,6 +116,12 @@ impl Redlock {
         quorum::quorum(self.inner.nodes.len())
     }
 
+    /// The owner name this client's locks carry
+    /// ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner)), if one was set.
+    pub fn owner(&self) -> Option<&str> {
+        self.inner.cfg.owner.as_deref()
+    }
+
     /// The node addresses (passwords redacted), in configuration order.
     pub fn node_names(&self) -> Vec<String> {
         self.inner
@@ -182,6 +188,21 @@ impl Redlock {
         self.inner
             .tasks
             .spawn(tracing::Instrument::instrument(tail.drive(), span.clone()));
+    }
+
+    /// The `lock` label of a per-lock metric: the key, when the client opted in.
+    pub(crate) fn metrics_lock<'k>(&self, key: &'k str) -> Option<&'k str> {
+        self.inner.cfg.metrics_lock_label.then_some(key)
+    }
+
+    /// Counts a finished acquisition of `key` and its wait (`quorumlock_acquire_total`).
+    pub(crate) fn count_acquire(&self, outcome: &'static str, wait: Duration, key: &str) {
+        crate::metrics::acquire(outcome, wait, self.metrics_lock(key));
+    }
+
+    /// A held lock's shared state, its metrics labelled as this client's configuration says.
+    pub(crate) fn held_state(&self, state: state::LockState) -> Arc<state::LockState> {
+        Arc::new(state.metrics_labelled(self.inner.cfg.metrics_lock_label))
     }
 
     /// Where this client's keys live (prefix, compat mode).

@@ -105,6 +105,8 @@ pub(crate) struct LockState {
     handing: Mutex<Option<tokio::time::Instant>>,
     /// Notified when the handing ends.
     handed: tokio::sync::Notify,
+    /// Whether this lock's metrics carry its name (`RedlockBuilder::metrics_lock_label`).
+    labelled: bool,
 }
 
 impl LockState {
@@ -130,7 +132,15 @@ impl LockState {
             serial: tokio::sync::Mutex::new(()),
             handing: Mutex::new(None),
             handed: tokio::sync::Notify::new(),
+            labelled: false,
         }
+    }
+
+    /// Gives this lock's metrics its name as a label when `on`
+    /// (`RedlockBuilder::metrics_lock_label`).
+    pub(crate) fn metrics_labelled(mut self, on: bool) -> Self {
+        self.labelled = on;
+        self
     }
 
     /// The signal cancelled when the lock is lost, released or dropped.
@@ -309,7 +319,7 @@ impl LockState {
             let mut r = lock(&self.reason);
             if r.is_none() && !self.lost.is_cancelled() {
                 *r = Some(reason.clone());
-                metrics::lock_lost();
+                metrics::lock_lost(self.labelled.then(|| self.key()));
                 tracing::warn!(key = %self.key(), token = %self.token, %reason, "lock lost");
             }
         }

@@ -8,6 +8,7 @@ use redis::Value;
 use tokio::time::Instant;
 
 use super::Redlock;
+use crate::core::keys;
 use crate::core::quorum::{self, HolderView};
 use crate::error::{Error, NodeError, NodeFailure};
 use crate::eviction::EvictionRisk;
@@ -20,6 +21,10 @@ use crate::node::{HoldOut, Op};
 pub struct KeyState {
     /// The value (owner id) holding the lock there, if any.
     pub value: Option<String>,
+    /// The owner name that value carries, if its client set one
+    /// ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner)); `None` for a value without
+    /// one (another Redlock client's, in compat mode).
+    pub owner: Option<String>,
     /// The key's remaining time to live there, if held.
     pub ttl: Option<Duration>,
     /// The node's fencing counter for the key.
@@ -77,6 +82,12 @@ impl LockStatus {
             HolderView::Held(v) => Some(v),
             HolderView::Vacant | HolderView::Unknown => None,
         }
+    }
+
+    /// The owner name of the [`holder`](Self::holder), if it holds the key and its client set
+    /// one ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner)).
+    pub fn owner(&self) -> Option<String> {
+        keys::owner_of(self.holder()?)
     }
 
     /// Who holds the key, as far as this read can tell: [`HolderView::Held`] with the value a
@@ -207,6 +218,7 @@ fn parse_status(v: Value) -> Result<KeyState, NodeError> {
         return Err(bad(&v));
     };
     Ok(KeyState {
+        owner: value.as_deref().and_then(keys::owner_of),
         value,
         ttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
         fence: u64::try_from(*fence).unwrap_or(0),

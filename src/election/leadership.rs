@@ -59,12 +59,17 @@ impl fmt::Display for Health {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Health::Leader { token } => write!(f, "leader (token {token})"),
-            Health::Standby { leader: Some(l) } => write!(
-                f,
-                "standby (leader {}, token {})",
-                l.candidate.as_deref().unwrap_or("<unpublished>"),
-                l.token
-            ),
+            Health::Standby { leader: Some(l) } => {
+                write!(
+                    f,
+                    "standby (leader {}",
+                    l.candidate.as_deref().unwrap_or("<unpublished>")
+                )?;
+                if let Some(owner) = &l.owner {
+                    write!(f, ", owner {owner:?}")?;
+                }
+                write!(f, ", token {})", l.token)
+            }
             Health::Standby { leader: None } => f.write_str("standby (no leader)"),
             Health::Unknown { error } => write!(f, "unknown ({error})"),
         }

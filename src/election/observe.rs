@@ -74,6 +74,10 @@ pub struct Leader {
     pub token: FencingToken,
     /// How long the term lasts unless its leader extends it (it normally does, every ttl / 3).
     pub expires_in: Duration,
+    /// The owner name the leader's client set
+    /// ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner)), read from the term's lock
+    /// value itself: known as soon as the term is, even before the leader record is written.
+    pub owner: Option<String>,
 }
 
 /// An item of [`Observer::observe`]: what a quorum says about the election.
@@ -322,6 +326,7 @@ pub(crate) fn leader_from(status: &LockStatus, records: &[Record]) -> Option<Lea
         candidate: record.map(|r| r.candidate.clone()),
         token,
         expires_in,
+        owner: crate::core::keys::owner_of(value),
     })
 }
 

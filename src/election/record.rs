@@ -142,6 +142,23 @@ mod tests {
         assert_eq!(Record::parse("v1"), None);
     }
 
+    /// A lock value that carries an owner name (spaces escaped) keeps the record's three
+    /// fields apart.
+    #[test]
+    fn records_of_owner_named_values_round_trip() {
+        let suffix = crate::core::keys::owner_suffix("host-a/pid 4711").unwrap();
+        let r = Record {
+            value: crate::core::keys::new_value_of(&suffix),
+            token: FencingToken::new(3),
+            candidate: "scheduler 0".to_owned(),
+        };
+        assert_eq!(Record::parse(&r.encode()), Some(r.clone()));
+        assert_eq!(
+            crate::core::keys::owner_of(&r.value).as_deref(),
+            Some("host-a/pid 4711")
+        );
+    }
+
     #[test]
     fn keys_share_the_lock_hash_slot() {
         let k = Keys::new(&KeyLayout::default(), "e");

@@ -8,6 +8,7 @@ use super::builder::RedlockBuilder;
 use super::guard::Lock;
 use crate::client::Redlock;
 use crate::client::acquire::Patience;
+use crate::core::token::FencingToken;
 use crate::error::Error;
 
 impl Redlock {
@@ -112,6 +113,69 @@ impl Redlock {
         Ok(Lock::new(
             self.clone(),
             self.acquire_held(key, ttl, patience).await?,
+        ))
+    }
+
+    /// Takes over a lock that another process, or another client, acquired: a job queue's
+    /// worker finishing what a dispatcher locked. Give it the [`Lock::key`], [`Lock::value`]
+    /// and [`Lock::token`] of the lock to take over, and the lease to extend it to.
+    ///
+    /// It is checked by one extension round: only a lock whose value still stands on a quorum
+    /// of nodes resumes, extended there to `ttl` from now (a node where the key expired or was
+    /// taken is not re-set). The [`Lock`] it returns is then like any held lock:
+    /// [`extend`](Lock::extend), [`keep_alive`](Lock::keep_alive), [`release`](Lock::release),
+    /// dropped to release, with the same key, value and fencing token.
+    ///
+    /// The process that hands a lock over must stop using it and must let go of its guard
+    /// with [`Lock::forget`]: dropping or releasing it would release the lock under the new
+    /// holder, and two processes extending one value would both believe they hold it (the
+    /// nodes, and the fencing token, cannot tell them apart). The token is taken as given: a
+    /// wrong token weakens only this holder's fenced writes. See `docs/safety.md`, "Handing a
+    /// lock over".
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use quorumlock::{FencingToken, Redlock};
+    ///
+    /// # async fn run(dispatcher: Redlock, worker: Redlock) -> Result<(), quorumlock::Error> {
+    /// // The dispatcher locks the job and hands it over (through the job queue, say)...
+    /// let lock = dispatcher.acquire("job-42", Duration::from_secs(30)).await?;
+    /// let (key, value, token) = (lock.key().to_owned(), lock.value().to_owned(), lock.token());
+    /// lock.forget(); // not drop: that would release it
+    ///
+    /// // ...and the worker, in another process, takes it over.
+    /// let lock = worker.resume(&key, &value, token, Duration::from_secs(30)).await?;
+    /// assert_eq!(lock.token(), token);
+    /// lock.keep_alive();
+    /// // ... the job, stamping its writes with `lock.token()` ...
+    /// lock.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] with [`LostReason::NotOwner`](crate::LostReason::NotOwner) when the
+    /// refusals alone rule out a quorum: the value stands on too few nodes (a wrong value, a
+    /// lock that expired, was released or was taken by someone else since);
+    /// [`Error::NoQuorum`] when too few nodes answered to tell (try again while the lock's
+    /// validity lasts); [`Error::ValidityExpired`] when the round took too long for `ttl`;
+    /// [`Error::InvalidArgument`] for an invalid key, ttl or value (empty, a space or control
+    /// character, over 1024 bytes).
+    ///
+    /// # Cancellation safety
+    ///
+    /// Cancel-safe: a dropped resume may still extend the value where it stands, which is
+    /// what its holder's ttl bounds anyway; nothing else is written.
+    pub async fn resume(
+        &self,
+        key: &str,
+        value: &str,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        Ok(Lock::new(
+            self.clone(),
+            self.resume_held(key, value, token, ttl).await?,
         ))
     }
 }

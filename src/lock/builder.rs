@@ -33,6 +33,8 @@ use crate::node::{MaxTtl, Node, Peers};
 /// | fencing tokens | on |
 /// | key prefix | [`DEFAULT_KEY_PREFIX`](Self::DEFAULT_KEY_PREFIX) (`quorumlock`) |
 /// | compat mode (plain resource names, as other Redlock clients) | off |
+/// | owner name shown by `status` | none |
+/// | lock name as a metrics label | off |
 ///
 /// ```
 /// use std::time::Duration;
@@ -60,6 +62,8 @@ pub struct RedlockBuilder {
     fencing: bool,
     key_prefix: String,
     compat: bool,
+    owner: Option<String>,
+    metrics_lock_label: bool,
     /// Members (by position) kept on the acquire script (testkit).
     script_acquire: Vec<usize>,
     #[cfg(feature = "tls")]
@@ -112,6 +116,8 @@ impl RedlockBuilder {
             fencing: true,
             key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
             compat: false,
+            owner: None,
+            metrics_lock_label: false,
             script_acquire: Vec::new(),
             #[cfg(feature = "tls")]
             tls: None,
@@ -337,6 +343,72 @@ impl RedlockBuilder {
         self
     }
 
+    /// Names this client as the owner of the locks it takes (default: none), the way consul
+    /// shows a session's node: `"host-a/pid 4711"`, a pod name, a job id. The name is stored
+    /// on the nodes with each lock and shown by [`Redlock::status`] ([`KeyState::owner`],
+    /// [`LockStatus::owner`]), by `redlock status`, by [`Lock::owner`] and by an election's
+    /// [`Leader::owner`], beside the lock's random value that `status` showed alone before.
+    ///
+    /// It travels inside the lock's value, after its 128 random bits: `<32 hex digits>@<name>`,
+    /// with `%` and the space written `%25` and `%20`. The random part alone still makes each
+    /// acquisition's value unique, and every ownership check (extension, release) compares the
+    /// whole value as before, so naming a client changes no safety argument; no other key or
+    /// command is used (the ACL of `docs/acl.md` is enough, compat mode works alike). Names are
+    /// not secrets (anyone who can read the keys reads them) and not checked for uniqueness:
+    /// two clients may share a name. It costs its length in bytes on each acquire, extend and
+    /// release call.
+    ///
+    /// 1 to 128 bytes of UTF-8 without control characters; [`build`](Self::build) returns
+    /// [`ConfigError::InvalidOwner`] otherwise.
+    ///
+    /// ```
+    /// use quorumlock::{ConfigError, Redlock};
+    ///
+    /// let nodes = ["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"];
+    /// let pid = std::process::id();
+    /// let locks = Redlock::builder(nodes).owner(format!("host-a/pid {pid}")).build()?;
+    /// assert_eq!(locks.owner(), Some(format!("host-a/pid {pid}").as_str()));
+    /// assert!(matches!(
+    ///     Redlock::builder(nodes).owner("two\nlines").build(),
+    ///     Err(ConfigError::InvalidOwner { .. })
+    /// ));
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    ///
+    /// [`Redlock::status`]: crate::Redlock::status
+    /// [`KeyState::owner`]: crate::KeyState::owner
+    /// [`LockStatus::owner`]: crate::LockStatus::owner
+    /// [`Lock::owner`]: crate::Lock::owner
+    /// [`Leader::owner`]: crate::Leader::owner
+    pub fn owner(mut self, name: impl Into<String>) -> Self {
+        self.owner = Some(name.into());
+        self
+    }
+
+    /// (Feature `metrics`.) Gives the per-lock metrics a `lock` label with the lock's name (the
+    /// user key; a semaphore permit's key, an election's or a run-once job's name): default
+    /// off. `quorumlock_attempts_total`, `quorumlock_acquire_total`,
+    /// `quorumlock_acquire_wait_seconds` and `quorumlock_locks_lost_total` then count per lock,
+    /// so that the one hot or failing lock among many can be found. Off by default because
+    /// each name is a time series in the metrics backend: turn it on when the set of names is
+    /// small and fixed (jobs, resources), not when names carry ids (`order-81723`). The node
+    /// metrics are per node, never per lock. The table of every metric is in `docs/design.md`
+    /// ("Metrics").
+    ///
+    /// ```
+    /// use quorumlock::Redlock;
+    ///
+    /// let nodes = ["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"];
+    /// // A handful of fixed job names: one series per job is affordable.
+    /// let locks = Redlock::builder(nodes).metrics_lock_label(true).build()?;
+    /// # let _ = locks;
+    /// # Ok::<(), quorumlock::ConfigError>(())
+    /// ```
+    pub fn metrics_lock_label(mut self, enabled: bool) -> Self {
+        self.metrics_lock_label = enabled;
+        self
+    }
+
     /// Whether acquisitions hand out fencing tokens (default: yes).
     ///
     /// With `false`, each node runs a plain `SET NX PX` instead of the acquire-and-fence script
@@ -400,7 +472,7 @@ impl RedlockBuilder {
     /// # Errors
     ///
     /// [`ConfigError`] for no nodes, an invalid or duplicate URL, a drift factor outside `[0, 0.5)`,
-    /// an invalid key prefix, a zero timeout, or a timing above [`MAX_TIMING`](Self::MAX_TIMING) (a max ttl above
+    /// an invalid key prefix or owner name, a zero timeout, or a timing above [`MAX_TIMING`](Self::MAX_TIMING) (a max ttl above
     /// [`MAX_TTL`](Self::MAX_TTL)). An even node count is accepted with a warning: its quorum
     /// tolerates no more failures than one node fewer.
     pub fn build(self) -> Result<Redlock, ConfigError> {
@@ -411,6 +483,10 @@ impl RedlockBuilder {
             return Err(ConfigError::DriftFactor(self.drift_factor));
         }
         let keys = KeyLayout::new(&self.key_prefix, self.compat)?;
+        let owner_suffix = match &self.owner {
+            Some(name) => keys::owner_suffix(name)?,
+            None => String::new(),
+        };
         if self.node_timeout.is_zero() {
             return Err(ConfigError::ZeroDuration(Setting::NodeTimeout));
         }
@@ -450,7 +526,7 @@ impl RedlockBuilder {
             }
             clients.push((name, member));
         }
-        let cfg = self.config(keys);
+        let cfg = self.config(keys, owner_suffix);
         let settings = cfg.node_settings();
         // URLs that differ can still reach one server: the nodes compare run ids on connect.
         let peers = Arc::new(Peers::new(clients.iter().map(|(name, _)| name.clone())));
@@ -511,7 +587,7 @@ impl RedlockBuilder {
     }
 
     /// The checked settings as the engine's plain values.
-    fn config(&self, keys: KeyLayout) -> Config {
+    fn config(&self, keys: KeyLayout, owner_suffix: String) -> Config {
         Config {
             node_timeout: self.node_timeout,
             connect_timeout: self.connect_timeout,
@@ -523,6 +599,9 @@ impl RedlockBuilder {
             eviction_guard: self.eviction_guard,
             fencing: self.fencing && !self.compat,
             keys,
+            owner: self.owner.clone(),
+            owner_suffix,
+            metrics_lock_label: self.metrics_lock_label,
         }
     }
 

@@ -95,10 +95,22 @@ impl Lock {
         self.state.key()
     }
 
-    /// This acquisition's random value, as stored on the nodes (crate-internal: elections bind
-    /// their leader record to it).
-    pub(crate) fn value(&self) -> &str {
+    /// This acquisition's value, as stored on the nodes: 128 random bits as 32 hex digits,
+    /// then `@` and the client's owner name when it set one
+    /// ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner)). Only the holder of this value
+    /// can extend or release the lock, so treat it as a capability: give it, with
+    /// [`key`](Self::key) and [`token`](Self::token), to the process that is to take the lock
+    /// over, which then [`Redlock::resume`]s it (see there, and `docs/safety.md`, "Handing a
+    /// lock over").
+    pub fn value(&self) -> &str {
         self.state.value()
+    }
+
+    /// The owner name this lock's value carries
+    /// ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner) of the client that acquired
+    /// it), if any.
+    pub fn owner(&self) -> Option<String> {
+        crate::core::keys::owner_of(self.state.value())
     }
 
     /// This acquisition's fencing token: greater than every earlier holder's (see

@@ -49,6 +49,8 @@ mod deep;
 #[cfg(test)]
 mod finding5;
 #[cfg(test)]
+mod handoff;
+#[cfg(test)]
 mod markers;
 #[cfg(test)]
 mod pipelined;

@@ -235,7 +235,7 @@ enum Marker {
 }
 
 /// Whether a job's output says it failed (for the [`RunPolicy`]).
-type Failed<T> = fn(&T) -> bool;
+pub(crate) type Failed<T> = fn(&T) -> bool;
 
 impl RunOnce {
     /// Starts configuring the run-once helper for a job over the nodes of `locks`.
@@ -375,22 +375,11 @@ impl RunOnce {
         F: FnOnce(TickContext) -> Fut,
         Fut: Future<Output = T>,
     {
-        let lock = match self.take_lock(&tick).await? {
-            Ok(lock) => lock,
+        let (lock, ctx) = match self.start_tick(&tick).await? {
+            Ok(started) => started,
             Err(reason) => return Ok(Outcome::Skipped { tick, reason }),
         };
         let token = lock.token();
-        if let Err(reason) = self.check_marker(&tick).await {
-            self.release(lock, &tick).await;
-            return Ok(Outcome::Skipped { tick, reason });
-        }
-        let ctx = TickContext {
-            job: self.job.clone(),
-            tick: tick.clone(),
-            token,
-            lost: lock.lost_token(),
-        };
-        tracing::debug!(job = %self.job, %tick, %token, "running");
         let Some(output) = until_lost(&lock, job(ctx)).await else {
             let reason = lock.lost_reason().unwrap_or(LostReason::Expired);
             tracing::warn!(job = %self.job, %tick, %token, %reason, "lost the job's lock while running; the job was stopped");
@@ -406,9 +395,35 @@ impl RunOnce {
         Ok(self.finish(lock, tick, output, failed).await)
     }
 
+    /// What comes before the job: the job's lock (kept alive from then on) and the tick's
+    /// context, or why the tick is skipped (the lock is then released). The blocking facade
+    /// runs the job between this and [`finish`](Self::finish), on the caller's thread.
+    pub(crate) async fn start_tick(
+        &self,
+        tick: &str,
+    ) -> Result<Result<(Lock, TickContext), SkipReason>, Error> {
+        let lock = match self.take_lock(tick).await? {
+            Ok(lock) => lock,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        let token = lock.token();
+        if let Err(reason) = self.check_marker(tick).await {
+            self.release(lock, tick).await;
+            return Ok(Err(reason));
+        }
+        let ctx = TickContext {
+            job: self.job.clone(),
+            tick: tick.to_owned(),
+            token,
+            lost: lock.lost_token(),
+        };
+        tracing::debug!(job = %self.job, tick, %token, "running");
+        Ok(Ok((lock, ctx)))
+    }
+
     /// After the job returned: marks the tick (unless the policy leaves a failed one to
     /// another instance) and releases the lock, unless the lock was lost by then.
-    async fn finish<T>(
+    pub(crate) async fn finish<T>(
         &self,
         lock: Lock,
         tick: String,

@@ -265,10 +265,13 @@ async fn t93b_wait_names_the_leader() {
     let out = output(elect(redlock(&cluster), "b", &["-w", "0.3"], d, "exit 9")).await;
     assert_eq!(out.code(), 75, "{out:?}");
     let line = out.one_line_error();
+    // The leader's owner name is its process's default, `HOST/pid PID`.
+    let owner = format!("/pid {}\", term token {token_a}, ", pid_of(&a));
     assert!(
         line.starts_with(&format!(
-            "redlock: election {NAME:?} is led by \"a\" (term token {token_a}, "
-        )) && line.ends_with("after waiting 300ms"),
+            "redlock: election {NAME:?} is led by \"a\" (owner \""
+        )) && line.contains(&owner)
+            && line.ends_with("after waiting 300ms"),
         "{line}"
     );
     assert!(!d.join("pid-b").exists(), "CMD must not run");

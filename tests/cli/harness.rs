@@ -55,6 +55,7 @@ pub fn bare() -> Command {
         "REDLOCK_TLS_KEY",
         "REDLOCK_KEY_PREFIX",
         "REDLOCK_COMPAT",
+        "REDLOCK_OWNER",
     ] {
         cmd.env_remove(var);
     }

@@ -111,10 +111,11 @@ async fn t72_status_json_follows_the_documented_schema() {
         assert_eq!(out.stdout.lines().count(), 1, "one line: {out:?}");
         serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
     };
-    const NODE_FIELDS: [&str; 11] = [
+    const NODE_FIELDS: [&str; 12] = [
         "node",
         "reachable",
         "value",
+        "owner",
         "ttl_ms",
         "fence",
         "error",
@@ -200,4 +201,79 @@ async fn t72_status_json_follows_the_documented_schema() {
     let unknown = parse(&out);
     assert_eq!(unknown["state"], "unknown");
     assert_eq!(unknown["answered"], 2);
+}
+
+/// A lock whose client named itself shows its owner: in the summary line, in `--json` (top
+/// level and per node), and `redlock run` names itself `HOST/pid PID` unless `--owner` says
+/// otherwise (`--owner ""`: no name).
+#[tokio::test]
+async fn t73_status_shows_the_owner_name_a_client_gave_itself() {
+    let cluster = cluster(5);
+    let locks = builder(&cluster).owner("host-a/pid 4711").build().unwrap();
+    warm(&locks).await;
+    let lock = locks
+        .try_acquire(KEY, Duration::from_secs(30))
+        .await
+        .unwrap();
+    spread(&lock, &cluster.urls()).await;
+    let value = lock.value().to_owned();
+    assert!(value.ends_with("@host-a/pid%204711"), "{value}");
+
+    let mut cmd = redlock(&cluster);
+    cmd.args(["status", KEY]);
+    let out = output(cmd).await;
+    assert_eq!(out.code(), 0, "{out:?}");
+    assert!(
+        out.stdout.contains(&format!(
+            "held by {value} (owner \"host-a/pid 4711\") on 5 of 5 nodes"
+        )),
+        "{}",
+        out.stdout
+    );
+    let mut cmd = redlock(&cluster);
+    cmd.args(["status", "--json", KEY]);
+    let out = output(cmd).await;
+    let doc: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+    assert_eq!(doc["holder"], value.as_str());
+    assert_eq!(doc["owner"], "host-a/pid 4711");
+    for node in doc["nodes"].as_array().expect("nodes") {
+        assert_eq!(node["owner"], "host-a/pid 4711", "{node}");
+    }
+    lock.release().await.unwrap();
+
+    // `redlock run` names itself; CMD reads the status of its own lock.
+    let status_of_own_lock = |owner: Option<&str>| {
+        let mut cmd = redlock(&cluster);
+        if let Some(owner) = owner {
+            cmd.args(["--owner", owner]);
+        }
+        cmd.args(["run", KEY, "--", BIN, "--nodes"])
+            .arg(cluster.urls().join(","))
+            .args(["status", "--json", KEY]);
+        cmd
+    };
+    let owner_of = |out: &Outcome| -> serde_json::Value {
+        assert_eq!(out.code(), 0, "{out:?}");
+        let doc: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+        assert_eq!(doc["state"], "held", "{doc}");
+        doc["owner"].clone()
+    };
+    let named = owner_of(&output(status_of_own_lock(Some("ci job 7"))).await);
+    assert_eq!(named, "ci job 7");
+    let default = owner_of(&output(status_of_own_lock(None)).await);
+    let default = default.as_str().expect("a default owner name");
+    let (host, pid) = default.rsplit_once("/pid ").expect("HOST/pid PID");
+    assert!(!host.is_empty() && pid.parse::<u32>().is_ok(), "{default}");
+    let unnamed = owner_of(&output(status_of_own_lock(Some(""))).await);
+    assert_eq!(unnamed, serde_json::Value::Null);
+
+    // A name the library refuses is a usage error (64), not a panic.
+    let mut cmd = redlock(&cluster);
+    cmd.args(["--owner", "two\nlines", "run", KEY, "--", "true"]);
+    let out = output(cmd).await;
+    assert_eq!(out.code(), 64, "{out:?}");
+    assert!(
+        out.one_line_error().contains("invalid owner name"),
+        "{out:?}"
+    );
 }

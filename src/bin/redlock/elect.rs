@@ -103,11 +103,14 @@ fn still_led(name: &str, wait: Option<Duration>, leader: Option<&quorumlock::Lea
     });
     match leader {
         Some(l) => format!(
-            "election {name:?} is led by {} (term token {}, {} left unless extended){waited}",
+            "election {name:?} is led by {} ({}term token {}, {} left unless extended){waited}",
             l.candidate.as_deref().map_or_else(
                 || "a candidate that has not published its id yet".to_owned(),
                 |c| format!("{c:?}")
             ),
+            l.owner
+                .as_deref()
+                .map_or_else(String::new, |o| format!("owner {o:?}, ")),
             l.token,
             humantime::format_duration(Duration::from_millis(
                 u64::try_from(l.expires_in.as_millis()).unwrap_or(u64::MAX)

@@ -96,6 +96,17 @@ pub(crate) struct NodeArgs {
           action = clap::ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     compat: bool,
+
+    /// The owner name stored with the locks this process takes, shown by `redlock status` and
+    /// an election's leader (default for run and elect: HOST/pid PID; "" for none).
+    #[arg(
+        long,
+        global = true,
+        env = "REDLOCK_OWNER",
+        hide_env_values = true,
+        value_name = "NAME"
+    )]
+    owner: Option<String>,
 }
 
 /// The `--restart-guard` values (see `quorumlock::RestartGuard`).
@@ -155,6 +166,13 @@ pub(crate) fn client(args: &NodeArgs, ttl: Option<Duration>) -> Result<Redlock, 
     if let Some(prefix) = &args.key_prefix {
         builder = builder.key_prefix(prefix);
     }
+    // Only `run` and `elect` take locks (they pass their ttl): they name themselves by default.
+    match args.owner.as_deref() {
+        Some("") => {}
+        Some(owner) => builder = builder.owner(owner),
+        None if ttl.is_some() => builder = builder.owner(default_owner()),
+        None => {}
+    }
     #[cfg(feature = "tls")]
     {
         if let Some(ca) = &args.tls_ca {
@@ -169,6 +187,15 @@ pub(crate) fn client(args: &NodeArgs, ttl: Option<Duration>) -> Result<Redlock, 
         builder = builder.max_ttl(max_ttl);
     }
     Ok(builder.build()?)
+}
+
+/// The owner name of a lock taken without `--owner`: `HOST/pid PID`, as `ps` would find it.
+pub(crate) fn default_owner() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "host".to_owned());
+    format!("{host}/pid {}", std::process::id())
 }
 
 /// Why no client could be built from the options.

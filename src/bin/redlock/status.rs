@@ -46,7 +46,9 @@ pub(crate) async fn status(locks: Redlock, key: &str, json: bool) -> u8 {
 /// ```
 ///
 /// A free node reads `free` padded to the same column, then `fence N`; the summary says `free
-/// (no owner holds it on a quorum)` or `unknown (...)` when no value holds a quorum.
+/// (no owner holds it on a quorum)` or `unknown (...)` when no value holds a quorum. When the
+/// holder's client named itself (`--owner`, `RedlockBuilder::owner`), its value ends in
+/// `@NAME` and the summary adds `(owner "NAME")` after the value.
 pub(crate) fn render(status: &LockStatus) -> String {
     let mut out = String::new();
     let nodes = status.nodes.len();
@@ -54,7 +56,11 @@ pub(crate) fn render(status: &LockStatus) -> String {
     match status.holder_view() {
         HolderView::Held(holder) => {
             let on = held_on(status, holder);
-            let _ = write!(out, "held by {holder} on {on} of {nodes} nodes");
+            let _ = write!(out, "held by {holder}");
+            if let Some(owner) = status.owner() {
+                let _ = write!(out, " (owner {owner:?})");
+            }
+            let _ = write!(out, " on {on} of {nodes} nodes");
         }
         HolderView::Vacant => out.push_str("free (no owner holds it on a quorum)"),
         HolderView::Unknown if status.answered() >= status.quorum => out.push_str(
@@ -146,6 +152,7 @@ pub(crate) fn to_json(status: &LockStatus) -> Value {
                 "node": node.node,
                 "reachable": node.state.is_ok(),
                 "value": null,
+                "owner": null,
                 "ttl_ms": null,
                 "fence": null,
                 "error": null,
@@ -158,6 +165,7 @@ pub(crate) fn to_json(status: &LockStatus) -> Value {
             match &node.state {
                 Ok(state) => {
                     entry["value"] = json!(state.value);
+                    entry["owner"] = json!(state.owner);
                     entry["ttl_ms"] = json!(state.ttl.map(millis));
                     entry["fence"] = json!(state.fence);
                 }
@@ -174,6 +182,7 @@ pub(crate) fn to_json(status: &LockStatus) -> Value {
         "key": status.key,
         "state": state,
         "holder": holder,
+        "owner": status.owner(),
         "held_on": holder.map_or(0, |h| held_on(status, h)),
         "quorum": status.quorum,
         "answered": status.answered(),

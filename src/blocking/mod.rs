@@ -23,11 +23,26 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Besides single locks: several at once ([`Redlock::acquire_all`]), a counting semaphore
+//! ([`Redlock::semaphore`]), leader election ([`Redlock::election`]), run-once jobs
+//! ([`Redlock::run_once`]) and a lock handed over by another process ([`Redlock::resume`]),
+//! each a thin blocking wrapper over the async API of the same name.
+//!
 //! Do not call these from inside a tokio runtime (they would block one of its threads, and
 //! tokio refuses to `block_on` there): use the async [`crate::Redlock`] instead.
 
+mod election;
+mod multi;
+mod run_once;
+mod semaphore;
+
 use std::sync::Arc;
 use std::time::Duration;
+
+pub use election::{Election, Leadership};
+pub use multi::MultiLock;
+pub use run_once::RunOnce;
+pub use semaphore::{Permit, Semaphore};
 
 use crate::error::{ConfigError, Error};
 use crate::{FencingToken, LockStatus, LostReason};
@@ -147,6 +162,38 @@ impl Redlock {
         let lock = self
             .runtime
             .block_on(self.locks.acquire_timeout(key, ttl, wait))?;
+        Ok(self.guard(lock))
+    }
+
+    /// Takes over a lock another process acquired, from its key, value and token, as
+    /// [`crate::Redlock::resume`] (checked by an extension round: only a value that still
+    /// stands on a quorum resumes).
+    ///
+    /// ```no_run
+    /// # fn demo(worker: &quorumlock::blocking::Redlock, key: &str, value: &str, token: u64) -> Result<(), quorumlock::Error> {
+    /// use std::time::Duration;
+    /// use quorumlock::FencingToken;
+    /// // key, value and token as the dispatcher's `Lock::key`, `value` and `token` gave them
+    /// let lock = worker.resume(key, value, FencingToken::new(token), Duration::from_secs(30))?;
+    /// lock.keep_alive();
+    /// // ... the job ...
+    /// lock.release()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Redlock::resume`].
+    pub fn resume(
+        &self,
+        key: &str,
+        value: &str,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        let lock = self
+            .runtime
+            .block_on(self.locks.resume(key, value, token, ttl))?;
         Ok(self.guard(lock))
     }
 
@@ -271,6 +318,16 @@ impl Lock {
     /// The fencing token to stamp writes with.
     pub fn token(&self) -> FencingToken {
         self.inner().token()
+    }
+
+    /// This acquisition's value, to hand the lock over, as [`crate::Lock::value`].
+    pub fn value(&self) -> &str {
+        self.inner().value()
+    }
+
+    /// The owner name this lock's value carries, as [`crate::Lock::owner`].
+    pub fn owner(&self) -> Option<String> {
+        self.inner().owner()
     }
 
     /// Validity left now (zero once the deadline has passed).
