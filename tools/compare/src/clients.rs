@@ -31,6 +31,9 @@ pub(crate) enum Client {
     /// `redlock` (blocking, redis 0.23; a new TCP connection per node and command, nodes asked
     /// one after the other, no timeouts), one round per attempt.
     Redlock(Arc<redlock::RedLock>),
+    /// node-redlock 5 on ioredis 5, in a Node.js child process (`tools/compare/node`), one
+    /// attempt per call (`retryCount: 0`): whole workloads are sent to it (see `workload.rs`).
+    Node(crate::node::NodeDriver),
 }
 
 /// A held lock of any implementation.
@@ -80,6 +83,7 @@ impl Client {
                 r.set_retry(1, 1);
                 Client::Redlock(Arc::new(r))
             }
+            "node-redlock" => Client::Node(crate::node::NodeDriver::start(urls)),
             other => panic!("unknown implementation {other}"),
         }
     }
@@ -87,6 +91,14 @@ impl Client {
     /// Whether its calls block the thread (run on OS threads, not tokio tasks).
     pub(crate) fn blocking(&self) -> bool {
         matches!(self, Client::Redlock(_))
+    }
+
+    /// The node-redlock driver, whose workloads run in its own process.
+    pub(crate) fn node(&self) -> Option<&crate::node::NodeDriver> {
+        match self {
+            Client::Node(n) => Some(n),
+            _ => None,
+        }
     }
 
     /// Whether it can extend a held lock.
@@ -156,6 +168,7 @@ impl Client {
                 Err(rslock::LockError::Unavailable) => Err(Fail::Busy),
                 Err(e) => Err(Fail::Error(e.to_string())),
             },
+            Client::Node(_) => Err(Fail::Error("node-redlock runs whole workloads".to_owned())),
             Client::Redlock(r) => match r.lock(key.as_bytes(), TTL_MS as usize) {
                 Ok(Some(lock)) => Ok(Held::Redlock {
                     resource: lock.resource,

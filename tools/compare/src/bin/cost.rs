@@ -26,7 +26,7 @@ use quorumlock::Redlock;
 use quorumlock::testkit::LocalCluster;
 
 #[path = "../../../../benches/support/floor.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod floor;
 use floor::Floor;
 
@@ -181,7 +181,10 @@ impl Impl {
             Impl::FloorFence(f) => {
                 let (lock_key, fence_key) = floor::fenced_keys(key);
                 let value = Floor::new_value();
-                assert!(f.acquire_fenced(&lock_key, &fence_key, &value, TTL_MS).await);
+                assert!(
+                    f.acquire_fenced(&lock_key, &fence_key, &value, TTL_MS)
+                        .await
+                );
                 assert!(f.release(&lock_key, &value).await);
             }
             Impl::FloorPipeFence(f) => {
@@ -258,9 +261,15 @@ fn main() {
     let servers = rt.block_on(redis_side::connect(&urls));
     rt.block_on(redis_side::reset(&servers));
     let cpu0 = rt.block_on(redis_side::cpu(&servers));
-    let (a0, b0) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
+    let (a0, b0) = (
+        ALLOCS.load(Ordering::Relaxed),
+        BYTES.load(Ordering::Relaxed),
+    );
     rt.block_on(run(&imp, tasks, ops, "measure"));
-    let (a1, b1) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
+    let (a1, b1) = (
+        ALLOCS.load(Ordering::Relaxed),
+        BYTES.load(Ordering::Relaxed),
+    );
     let done = (ops / tasks * tasks) as f64;
     println!(
         "{which} tasks={tasks} ops={} allocs/op={:.2} bytes/op={:.0}",
