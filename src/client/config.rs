@@ -23,6 +23,8 @@ pub(crate) struct Config {
     pub(crate) fencing: bool,
     /// The key prefix and compat mode.
     pub(crate) keys: KeyLayout,
+    /// Where connections and rounds run.
+    pub(crate) io_thread: super::engine::IoThread,
 }
 
 impl Config {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::client::Redlock;
 use crate::client::config::Config;
+use crate::client::engine::IoThread;
 use crate::core::health::{EvictionGuard, RestartGuard};
 use crate::core::keys::{self, KeyLayout};
 use crate::core::timing;
@@ -62,6 +63,7 @@ pub struct RedlockBuilder {
     compat: bool,
     /// Members (by position) kept on the acquire script (testkit).
     script_acquire: Vec<usize>,
+    io_thread: IoThread,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
 }
@@ -113,6 +115,7 @@ impl RedlockBuilder {
             key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
             compat: false,
             script_acquire: Vec::new(),
+            io_thread: IoThread::Auto,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -349,6 +352,24 @@ impl RedlockBuilder {
         self
     }
 
+    /// Where the client's node connections and rounds run (default [`IoThread::Auto`]).
+    ///
+    /// On a tokio multi-thread runtime, a round's calls and each connection's driver task
+    /// would run on different worker threads, and every hop between them would wake another
+    /// thread: several per node and round. With an I/O thread, the connections and every
+    /// operation (acquisitions, extensions, releases, keep-alive, waiting) run on a
+    /// current-thread runtime on one thread the client owns, and an operation costs its caller
+    /// two hand-offs (the request, the answer): the latency of a current-thread runtime from a
+    /// multi-thread one. `Auto` starts that thread at the first operation called from a
+    /// multi-thread runtime and runs inline when the first call comes from a current-thread
+    /// runtime (already the fast case); the thread ends when the last handle on the client is
+    /// dropped. `Never` keeps everything on the caller's runtime (one thread fewer, the
+    /// multi-thread runtime's wake-ups paid per call).
+    pub fn io_thread(mut self, mode: IoThread) -> Self {
+        self.io_thread = mode;
+        self
+    }
+
     /// (Feature `testkit`, for tests.) Keeps the member at `position` (0-based, in the order
     /// given) on the acquire script, as a Redis 6 node or a Cluster member is, even when it
     /// could take the pipelined acquire: lets a test mix both forms in one client.
@@ -523,6 +544,7 @@ impl RedlockBuilder {
             eviction_guard: self.eviction_guard,
             fencing: self.fencing && !self.compat,
             keys,
+            io_thread: self.io_thread,
         }
     }
 

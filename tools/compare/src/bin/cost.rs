@@ -5,8 +5,15 @@
 //!
 //! ```sh
 //! cargo run --release --manifest-path tools/compare/Cargo.toml --bin cost -- \
-//!     [--impl quorumlock|quorumlock-nofence|floor|floor+fence|floor+pipefence] [--ops N] [--tasks T] [--redis]
+//!     [--impl quorumlock|quorumlock-nofence|floor|floor+fence|floor+pipefence] [--ops N] [--tasks T] [--redis] [--runtime ct|mt]
 //! ```
+//!
+//! `--runtime mt` runs the workload on a tokio multi-thread runtime (as many workers as CPUs)
+//! instead of the default current-thread one. Every run also prints this process's context
+//! switches per operation (voluntary / involuntary, summed over its threads from
+//! `/proc/self/task/*/status`): a voluntary switch is a thread going to sleep (a wake-up of
+//! another thread usually follows), so it counts the cross-thread hand-offs of an operation
+//! whatever the box's load.
 //!
 //! With `--redis`, a second line gives the nodes' side of the measured run: their CPU per
 //! operation (`INFO cpu`, user + system, summed over the five) and, per command, calls and
@@ -220,6 +227,30 @@ async fn run(imp: &Impl, tasks: usize, ops: usize, round: &str) {
     }
 }
 
+/// Voluntary and involuntary context switches of this process so far, summed over its threads
+/// (threads that ended are not counted: tokio's workers live as long as the runtime).
+fn ctx_switches() -> (u64, u64) {
+    let mut sum = (0, 0);
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return sum;
+    };
+    for task in tasks.flatten() {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        for line in status.lines() {
+            let field = |p: &str| {
+                line.strip_prefix(p)
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            };
+            if let Some(v) = field("voluntary_ctxt_switches:") {
+                sum.0 += v;
+            } else if let Some(v) = field("nonvoluntary_ctxt_switches:") {
+                sum.1 += v;
+            }
+        }
+    }
+    sum
+}
+
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
         .position(|a| a == name)
@@ -233,10 +264,15 @@ fn main() {
     let tasks: usize = arg(&args, "--tasks").map_or(1, |s| s.parse().expect("--tasks T"));
     let cluster = LocalCluster::start(5).unwrap_or_else(|e| panic!("{e}"));
     let urls = cluster.urls();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let flavour = arg(&args, "--runtime").unwrap_or_else(|| "ct".into());
+    let rt = match flavour.as_str() {
+        "ct" => tokio::runtime::Builder::new_current_thread(),
+        "mt" => tokio::runtime::Builder::new_multi_thread(),
+        other => panic!("unknown --runtime {other}: ct or mt"),
+    }
+    .enable_all()
+    .build()
+    .expect("runtime");
     let imp = rt.block_on(async {
         match which.as_str() {
             "quorumlock" | "quorumlock-nofence" => Impl::Ours(
@@ -265,17 +301,21 @@ fn main() {
         ALLOCS.load(Ordering::Relaxed),
         BYTES.load(Ordering::Relaxed),
     );
+    let cs0 = ctx_switches();
     rt.block_on(run(&imp, tasks, ops, "measure"));
+    let cs1 = ctx_switches();
     let (a1, b1) = (
         ALLOCS.load(Ordering::Relaxed),
         BYTES.load(Ordering::Relaxed),
     );
     let done = (ops / tasks * tasks) as f64;
     println!(
-        "{which} tasks={tasks} ops={} allocs/op={:.2} bytes/op={:.0}",
+        "{which} runtime={flavour} tasks={tasks} ops={} allocs/op={:.2} bytes/op={:.0} ctxsw/op={:.2}/{:.2}",
         ops / tasks * tasks,
         (a1 - a0) as f64 / done,
-        (b1 - b0) as f64 / done
+        (b1 - b0) as f64 / done,
+        cs1.0.saturating_sub(cs0.0) as f64 / done,
+        cs1.1.saturating_sub(cs0.1) as f64 / done,
     );
     if args.iter().any(|a| a == "--redis") {
         let cpu = rt.block_on(redis_side::cpu(&servers)) - cpu0;
