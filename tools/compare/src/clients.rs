@@ -58,6 +58,14 @@ impl Client {
     pub(crate) async fn connect(name: &str, urls: &[String]) -> Client {
         match name {
             "quorumlock" => Client::Ours(Redlock::builder(urls).build().expect("valid config")),
+            // The client as it ran before its I/O thread (issue 30): everything on the caller's
+            // runtime.
+            "quorumlock-inline" => Client::Ours(
+                Redlock::builder(urls)
+                    .io_thread(quorumlock::IoThread::Never)
+                    .build()
+                    .expect("valid config"),
+            ),
             "quorumlock-nofence" => Client::Ours(
                 Redlock::builder(urls)
                     .fencing(false)

@@ -31,11 +31,12 @@ use crate::clients::Client;
 use crate::report::{Phase, Row, Rt};
 use crate::workload::{Op, Spec};
 
-const IMPLS: [&str; 8] = [
+const IMPLS: [&str; 9] = [
     "floor",
     "floor+fence",
     "floor+pipefence",
     "quorumlock",
+    "quorumlock-inline",
     "quorumlock-nofence",
     "node-redlock",
     "rslock",
