@@ -1,8 +1,8 @@
-//! Issue 30: on a tokio multi-thread runtime the client runs its connections and rounds on an
-//! I/O thread of its own (`IoThread::Auto`). Everything a user sees still works from there:
-//! acquire, extend, keep-alive, waiting woken by a release, release, a guard dropped outside
-//! any runtime; the thread ends once the last handle on the client is dropped; a client used
-//! from a current-thread runtime starts none.
+//! Issue 30: with `IoThread::Always` the client runs its connections and rounds on an I/O
+//! thread of its own. Everything a user sees still works from there, called from a multi-thread
+//! runtime: acquire, extend, keep-alive, waiting woken by a release, release, a guard dropped
+//! outside any runtime, a cancelled acquisition; the thread ends once the last handle on the
+//! client is dropped; the default (`IoThread::Never`) starts none.
 
 mod support;
 
@@ -46,7 +46,7 @@ fn until_io_threads(n: usize, what: &str) {
 static SERIAL: Mutex<()> = Mutex::new(());
 
 #[test]
-fn io1_multi_thread_runtime_uses_an_io_thread_that_ends_with_the_client() {
+fn io1_an_io_thread_serves_every_operation_and_ends_with_the_client() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = cluster(3);
     let urls = cluster.urls();
@@ -56,7 +56,10 @@ fn io1_multi_thread_runtime_uses_an_io_thread_that_ends_with_the_client() {
         .enable_all()
         .build()
         .unwrap();
-    let locks = builder(&cluster).build().unwrap();
+    let locks = builder(&cluster)
+        .io_thread(IoThread::Always)
+        .build()
+        .unwrap();
     let dropped_outside = mt.block_on(async {
         warm(&locks).await;
         assert_eq!(io_threads(), 1, "the first operation starts the I/O thread");
@@ -119,54 +122,49 @@ fn io1_multi_thread_runtime_uses_an_io_thread_that_ends_with_the_client() {
     until_io_threads(0, "after the last client handle dropped");
     drop(mt);
 
-    // From a current-thread runtime: inline, no thread.
+    // From a current-thread runtime too.
     let ct = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let locks = builder(&cluster).build().unwrap();
-    ct.block_on(async {
-        let lock = locks.acquire("io1-ct", TTL).await.unwrap();
-        lock.extend(TTL).await.unwrap();
-        lock.release().await.unwrap();
-    });
-    assert_eq!(io_threads(), 0, "a current-thread caller runs inline");
-    // `Always` starts one from there too, and `Never` none from a multi-thread runtime.
     let always = builder(&cluster)
         .io_thread(IoThread::Always)
         .build()
         .unwrap();
     ct.block_on(async {
-        always
-            .acquire("io1-always", TTL)
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        let lock = always.acquire("io1-always", TTL).await.unwrap();
+        lock.extend(TTL).await.unwrap();
+        lock.release().await.unwrap();
     });
     assert_eq!(io_threads(), 1);
     drop(always);
-    until_io_threads(0, "after the `Always` client dropped");
-    let never: Redlock = builder(&cluster)
-        .io_thread(IoThread::Never)
-        .build()
-        .unwrap();
+    until_io_threads(0, "after the current-thread caller's client dropped");
+    // The default starts none, from either runtime.
+    let default: Redlock = builder(&cluster).build().unwrap();
     let mt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     mt.block_on(async {
-        never
-            .acquire("io1-never", TTL)
+        default
+            .acquire("io1-default", TTL)
             .await
             .unwrap()
             .release()
             .await
             .unwrap();
     });
-    assert_eq!(io_threads(), 0, "`Never` starts no thread");
+    ct.block_on(async {
+        default
+            .acquire("io1-default", TTL)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    });
+    assert_eq!(io_threads(), 0, "the default starts no thread");
 }
 
 /// Dropping an acquisition's future on the caller's side aborts it on the I/O thread, and
@@ -180,7 +178,10 @@ fn io2_a_cancelled_acquisition_leaves_no_lock_behind() {
         .enable_all()
         .build()
         .unwrap();
-    let locks = builder(&cluster).build().unwrap();
+    let locks = builder(&cluster)
+        .io_thread(IoThread::Always)
+        .build()
+        .unwrap();
     mt.block_on(async {
         warm(&locks).await;
         for i in 0..20 {

@@ -23,7 +23,7 @@ pub(crate) struct Config {
     pub(crate) fencing: bool,
     /// The key prefix and compat mode.
     pub(crate) keys: KeyLayout,
-    /// Where connections and rounds run.
+    /// Where connections and rounds run (the caller's runtime, or an I/O thread).
     pub(crate) io_thread: super::engine::IoThread,
 }
 

@@ -1,25 +1,30 @@
-//! The I/O thread: on a tokio multi-thread runtime, the client's node connections and its
-//! rounds run on a current-thread runtime of its own, on one thread the client owns (issue 30).
+//! The I/O thread (opt-in, [`IoThread::Always`]): the client's node connections and whole
+//! operations run on a current-thread runtime of its own, on one thread the client owns
+//! (issue 30).
 //!
 //! A redis-rs multiplexed connection spawns its driver task on the runtime that opens it, and a
 //! round's calls go from the task that runs the round to each connection's driver and back. On
-//! a multi-thread runtime those tasks land on different workers, and every hop between them is
-//! a wake-up of another thread (a futex call, a context switch, the other core's caches); on a
-//! current-thread runtime they are plain function calls. With the I/O thread, a whole operation
-//! (an acquisition with its retries, an extension, a release, keep-alive) runs where the
-//! connections are: the caller pays two hand-offs per operation (its request to the thread, the
-//! answer back) instead of several per node.
+//! a multi-thread runtime those tasks may land on different workers, and a hop between them is
+//! a wake-up of another thread. With the I/O thread, an operation (an acquisition with its
+//! retries, an extension, a release, a status read, keep-alive) runs where the connections are,
+//! and the caller pays two hand-offs per operation (the request, the answer).
 //!
-//! The thread starts at the first operation called from a multi-thread runtime (or at the first
-//! operation at all with [`IoThread::Always`]), and ends when the last handle on the client is
-//! dropped: its runtime is dropped then, which cancels what still runs on it (background
-//! releases end with the client, as they would with the runtime they ran on).
+//! Measured (`docs/benchmarks.md`, "Issue 30"), that does not pay on the 2-core machines the
+//! figures come from: sequential latency is no better than running inline on the caller's
+//! multi-thread runtime (the runtime keeps a round's tasks on one worker most of the time), and
+//! under concurrency the one thread and its hand-offs cost about three times the client CPU per
+//! operation. So the default is [`IoThread::Never`]; the thread is there for deployments that
+//! measure otherwise.
+//!
+//! The thread starts at the client's first operation and ends when the last handle on the
+//! client is dropped: its runtime is dropped then, which cancels what still runs on it
+//! (background releases end with the client, as they would with the runtime they ran on).
 
 use std::future::Future;
 use std::sync::OnceLock;
 use std::thread::ThreadId;
 
-use tokio::runtime::{Handle, RuntimeFlavor};
+use tokio::runtime::Handle;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 use tracing::instrument::WithSubscriber;
@@ -34,22 +39,18 @@ use crate::error::{ConfigError, Error};
 /// use quorumlock::{IoThread, Redlock};
 ///
 /// let locks = Redlock::builder(["redis://127.0.0.1:6379"])
-///     .io_thread(IoThread::Never)
+///     .io_thread(IoThread::Always)
 ///     .build()
 ///     .unwrap();
 /// # drop(locks);
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum IoThread {
-    /// The default: a thread of the client's own when the client is first used from a tokio
-    /// multi-thread runtime; inline on the caller's runtime when it is first used from a
-    /// current-thread one.
+    /// The default: connections and rounds run on the caller's runtime.
     #[default]
-    Auto,
-    /// Always a thread of the client's own, whatever runtime calls it.
-    Always,
-    /// Never: connections and rounds run on the caller's runtime.
     Never,
+    /// A thread of the client's own runs them, whatever runtime calls the client.
+    Always,
 }
 
 /// The running I/O thread: a handle on its runtime and a way to stop it.
@@ -107,29 +108,17 @@ impl Engine {
 
 impl Redlock {
     /// The I/O thread's runtime, when operations go there from this thread: started on first
-    /// use as [`IoThread`] says; `None` to run inline (no I/O thread, or this is it).
+    /// use with [`IoThread::Always`]; `None` to run inline (no I/O thread, or this is it).
     fn engine(&self) -> Option<&Handle> {
-        let slot = &self.inner.engine.engine;
-        let engine = match slot.get() {
-            Some(engine) => engine.as_ref(),
-            None => {
-                let wanted = match self.inner.cfg.io_thread {
-                    IoThread::Never => false,
-                    IoThread::Always => true,
-                    IoThread::Auto => match Handle::try_current() {
-                        Ok(h) => h.runtime_flavor() == RuntimeFlavor::MultiThread,
-                        // Outside a runtime: decided at the first call from one.
-                        Err(_) => return None,
-                    },
-                };
-                if !wanted {
-                    // A current-thread caller: inline for good (its connections are there).
-                    let _ = slot.set(None);
-                    return None;
-                }
-                slot.get_or_init(Engine::start).as_ref()
-            }
-        }?;
+        if self.inner.cfg.io_thread == IoThread::Never {
+            return None;
+        }
+        let engine = self
+            .inner
+            .engine
+            .engine
+            .get_or_init(Engine::start)
+            .as_ref()?;
         (std::thread::current().id() != engine.thread).then_some(&engine.handle)
     }
 

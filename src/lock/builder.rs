@@ -115,7 +115,7 @@ impl RedlockBuilder {
             key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
             compat: false,
             script_acquire: Vec::new(),
-            io_thread: IoThread::Auto,
+            io_thread: IoThread::Never,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -352,19 +352,17 @@ impl RedlockBuilder {
         self
     }
 
-    /// Where the client's node connections and rounds run (default [`IoThread::Auto`]).
+    /// Where the client's node connections and rounds run (default [`IoThread::Never`]: on the
+    /// caller's runtime).
     ///
-    /// On a tokio multi-thread runtime, a round's calls and each connection's driver task
-    /// would run on different worker threads, and every hop between them would wake another
-    /// thread: several per node and round. With an I/O thread, the connections and every
-    /// operation (acquisitions, extensions, releases, keep-alive, waiting) run on a
-    /// current-thread runtime on one thread the client owns, and an operation costs its caller
-    /// two hand-offs (the request, the answer): the latency of a current-thread runtime from a
-    /// multi-thread one. `Auto` starts that thread at the first operation called from a
-    /// multi-thread runtime and runs inline when the first call comes from a current-thread
-    /// runtime (already the fast case); the thread ends when the last handle on the client is
-    /// dropped. `Never` keeps everything on the caller's runtime (one thread fewer, the
-    /// multi-thread runtime's wake-ups paid per call).
+    /// With [`IoThread::Always`], the connections and every operation (acquisitions, extensions,
+    /// releases, status reads, keep-alive, waiting) run on a current-thread runtime on one
+    /// thread the client owns, started at its first operation and ended when the last handle on
+    /// the client is dropped; an operation then costs its caller two hand-offs between threads.
+    /// Measured on 2-core machines (`docs/benchmarks.md`, "Issue 30"), it gives no lower
+    /// latency than the default on a multi-thread runtime and costs about three times the
+    /// client CPU per operation under concurrency: keep the default unless your own figures
+    /// say otherwise.
     pub fn io_thread(mut self, mode: IoThread) -> Self {
         self.io_thread = mode;
         self

@@ -7,7 +7,7 @@
 #
 #   tools/compare/wakeups.sh [BINARY] [TASKS] [N]
 #
-# IMPLS (default: floor quorumlock-inline quorumlock) and RUNTIMES (default: ct mt) narrow it.
+# IMPLS (default: floor quorumlock quorumlock-io) and RUNTIMES (default: ct mt) narrow it.
 # Needs perf with access to tracepoints (root, or kernel.perf_event_paranoid <= 1 and tracefs).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,7 +27,7 @@ one() {
     awk -v o="$ops" -v v="$vol" -v i="$invol" -v f="$futex" \
         'BEGIN { printf "%.0f %.0f %s\n", v * o, i * o, f }'
 }
-for impl in ${IMPLS:-floor quorumlock-inline quorumlock}; do
+for impl in ${IMPLS:-floor quorumlock quorumlock-io}; do
     for rt in ${RUNTIMES:-ct mt}; do
         read -r v1 i1 f1 <<<"$(one "$impl" "$rt" "$n")"
         read -r v3 i3 f3 <<<"$(one "$impl" "$rt" $((3 * n)))"

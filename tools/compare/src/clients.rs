@@ -58,11 +58,10 @@ impl Client {
     pub(crate) async fn connect(name: &str, urls: &[String]) -> Client {
         match name {
             "quorumlock" => Client::Ours(Redlock::builder(urls).build().expect("valid config")),
-            // The client as it ran before its I/O thread (issue 30): everything on the caller's
-            // runtime.
-            "quorumlock-inline" => Client::Ours(
+            // The client with an I/O thread of its own (issue 30; opt-in).
+            "quorumlock-io" => Client::Ours(
                 Redlock::builder(urls)
-                    .io_thread(quorumlock::IoThread::Never)
+                    .io_thread(quorumlock::IoThread::Always)
                     .build()
                     .expect("valid config"),
             ),

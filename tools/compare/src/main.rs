@@ -36,7 +36,7 @@ const IMPLS: [&str; 9] = [
     "floor+fence",
     "floor+pipefence",
     "quorumlock",
-    "quorumlock-inline",
+    "quorumlock-io",
     "quorumlock-nofence",
     "node-redlock",
     "rslock",

@@ -15,7 +15,7 @@ const ORDER: [&str; 9] = [
     "floor+fence",
     "floor+pipefence",
     "quorumlock",
-    "quorumlock-inline",
+    "quorumlock-io",
     "quorumlock-nofence",
     "node-redlock",
     "rslock",

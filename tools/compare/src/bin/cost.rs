@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! cargo run --release --manifest-path tools/compare/Cargo.toml --bin cost -- \
-//!     [--impl quorumlock|quorumlock-inline|quorumlock-nofence|floor|floor+fence|floor+pipefence] [--ops N] [--tasks T] [--redis] [--runtime ct|mt]
+//!     [--impl quorumlock|quorumlock-io|quorumlock-nofence|floor|floor+fence|floor+pipefence] [--ops N] [--tasks T] [--redis] [--runtime ct|mt]
 //! ```
 //!
 //! `--runtime mt` runs the workload on a tokio multi-thread runtime (as many workers as CPUs)
@@ -275,14 +275,14 @@ fn main() {
     .expect("runtime");
     let imp = rt.block_on(async {
         match which.as_str() {
-            "quorumlock" | "quorumlock-nofence" | "quorumlock-inline" => Impl::Ours(
+            "quorumlock" | "quorumlock-nofence" | "quorumlock-io" => Impl::Ours(
                 Redlock::builder(&urls)
                     .fencing(which != "quorumlock-nofence")
-                    // `quorumlock-inline`: no I/O thread, as before issue 30.
-                    .io_thread(if which == "quorumlock-inline" {
-                        quorumlock::IoThread::Never
+                    // `quorumlock-io`: with an I/O thread of its own (issue 30).
+                    .io_thread(if which == "quorumlock-io" {
+                        quorumlock::IoThread::Always
                     } else {
-                        quorumlock::IoThread::Auto
+                        quorumlock::IoThread::Never
                     })
                     // Generous: under valgrind the client runs ~50x slower.
                     .node_timeout(Duration::from_secs(5))
