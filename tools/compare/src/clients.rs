@@ -72,6 +72,9 @@ impl Client {
                     .expect("valid config"),
             ),
             "floor" => Client::Floor(Floor::connect(urls).await.expect("floor connects")),
+            "floor-1task" => {
+                Client::Floor(Floor::connect_one_task(urls).await.expect("floor connects"))
+            }
             "floor+fence" => {
                 Client::FloorFenced(Floor::connect(urls).await.expect("floor connects"))
             }

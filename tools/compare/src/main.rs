@@ -31,8 +31,9 @@ use crate::clients::Client;
 use crate::report::{Phase, Row, Rt};
 use crate::workload::{Op, Spec};
 
-const IMPLS: [&str; 9] = [
+const IMPLS: [&str; 10] = [
     "floor",
+    "floor-1task",
     "floor+fence",
     "floor+pipefence",
     "quorumlock",
