@@ -70,6 +70,52 @@ impl Floor {
         })
     }
 
+    /// As [`connect`](Self::connect), but the five connections' driver futures (which redis-rs
+    /// otherwise spawns as one task each) run in one task: a round's replies then wake one task
+    /// instead of five. An experiment for issue 30 (`tools/compare`'s `floor-1task`): on a
+    /// multi-thread runtime, several tasks woken at once by the I/O driver are what spreads a
+    /// round over the workers. TCP nodes only.
+    pub(crate) async fn connect_one_task(urls: &[String]) -> redis::RedisResult<Floor> {
+        let config = AsyncConnectionConfig::new().set_response_timeout(None);
+        let scripts = [RELEASE, EXTEND, ACQUIRE_FENCED].map(Script::new);
+        let mut conns = Vec::with_capacity(urls.len());
+        let mut drivers: Vec<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> = Vec::new();
+        for url in urls {
+            let client = redis::Client::open(url.as_str())?;
+            let info = client.get_connection_info();
+            let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "floor-1task: TCP nodes only",
+                )));
+            };
+            let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+            stream.set_nodelay(true)?;
+            let connecting = MultiplexedConnection::new_with_config(
+                info.redis_settings(),
+                stream,
+                config.clone(),
+            );
+            let (conn, driver) = connecting.await?;
+            drivers.push(Box::pin(driver));
+            conns.push(conn);
+        }
+        tokio::spawn(futures::future::join_all(drivers));
+        for conn in &mut conns {
+            for s in &scripts {
+                s.prepare_invoke().load_async(conn).await?;
+            }
+        }
+        let [release, extend, acquire_fenced] = scripts.map(|s| s.get_hash().to_owned());
+        Ok(Floor {
+            quorum: conns.len() / 2 + 1,
+            conns,
+            release,
+            extend,
+            acquire_fenced,
+        })
+    }
+
     /// A fresh 128-bit owner value, as the library makes them.
     pub(crate) fn new_value() -> String {
         format!("{:032x}", rand::random::<u128>())

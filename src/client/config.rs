@@ -30,6 +30,8 @@ pub(crate) struct Config {
     /// What this client's lock values carry after their random part: `@` and the escaped owner
     /// name, or empty (`core::keys::owner_suffix`).
     pub(crate) owner_suffix: String,
+    /// Where connections and rounds run (the caller's runtime, or an I/O thread).
+    pub(crate) io_thread: super::engine::IoThread,
 }
 
 impl Config {

@@ -6,6 +6,7 @@
 
 pub(crate) mod acquire;
 pub(crate) mod config;
+pub(crate) mod engine;
 mod extend;
 mod queue;
 mod release;
@@ -84,6 +85,9 @@ pub(crate) struct Inner {
     pub(crate) outage: AtomicBool,
     /// Waiters for held locks and the subscriptions that wake them (`wait.rs`).
     pub(crate) waiting: wait::Waiting,
+    /// The I/O thread, once started (`engine.rs`); dropped last, so the tasks above it stop
+    /// before its runtime does.
+    pub(crate) engine: engine::EngineSlot,
 }
 
 /// How many finished rounds may be parked at once; beyond, a round's calls get a task of their
@@ -102,6 +106,7 @@ impl Redlock {
                 parked: Mutex::new(VecDeque::new()),
                 outage: AtomicBool::new(false),
                 waiting: wait::Waiting::default(),
+                engine: engine::EngineSlot::default(),
             }),
         }
     }

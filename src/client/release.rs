@@ -9,6 +9,7 @@ use futures::stream::FuturesUnordered;
 use tokio::time::Instant;
 use tracing::Instrument;
 use tracing::field::Empty;
+use tracing::instrument::WithSubscriber;
 
 use super::Redlock;
 use super::state::LockState;
@@ -132,22 +133,24 @@ impl Redlock {
         self.spawn_release_task(&key, release, span);
     }
 
-    /// Runs a background release on the current tokio runtime, in `span`; without a runtime,
-    /// the ttl cleans up.
+    /// Runs a background release in `span`, on the client's I/O thread when it has one, else on
+    /// the current tokio runtime; without either, the ttl cleans up.
     pub(super) fn spawn_release_task(
         &self,
         lock_key: &str,
         release: impl Future<Output = ()> + Send + 'static,
         span: tracing::Span,
     ) {
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        let Some(handle) = self.task_runtime() else {
             tracing::debug!(
                 lock_key,
                 "no runtime to release in; the ttl will expire the key"
             );
             return;
         };
-        self.inner.tasks.spawn_on(release.instrument(span), &handle);
+        self.inner
+            .tasks
+            .spawn_on(release.instrument(span).with_current_subscriber(), &handle);
     }
 
     /// The undo of a failed attempt: a release of `value` (token 0) on every node except those

@@ -162,6 +162,13 @@ impl Redlock {
     ///
     /// Cancel-safe: it only reads.
     pub async fn status(&self, key: &str) -> Result<LockStatus, Error> {
+        // On the client's I/O thread when it has one (it may open the connections).
+        let (client, key) = (self.clone(), key.to_owned());
+        self.on_engine(async move { client.status_inline(&key).await })
+            .await
+    }
+
+    async fn status_inline(&self, key: &str) -> Result<LockStatus, Error> {
         self.check(key, Duration::from_secs(1))?;
         let (lock_key, fence_key) = (self.keys().lock_key(key), self.keys().fence_key(key));
         // Compat mode names the lock key only (no counter: its fence reads 0).

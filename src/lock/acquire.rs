@@ -47,10 +47,7 @@ impl Redlock {
             rounds: 1,
             wait: Duration::ZERO,
         };
-        Ok(Lock::new(
-            self.clone(),
-            self.acquire_held(key, ttl, patience).await?,
-        ))
+        self.acquire_lock(key, ttl, patience).await
     }
 
     /// Acquires with the configured retries: up to `1 + retry_count` rounds, a pause after the
@@ -110,10 +107,25 @@ impl Redlock {
             rounds: self.inner.cfg.retry_count.saturating_add(1),
             wait,
         };
-        Ok(Lock::new(
-            self.clone(),
-            self.acquire_held(key, ttl, patience).await?,
-        ))
+        self.acquire_lock(key, ttl, patience).await
+    }
+
+    /// The acquisition, on the client's I/O thread when it has one (see
+    /// [`RedlockBuilder::io_thread`](crate::RedlockBuilder::io_thread)). The guard is made
+    /// there too: an acquisition whose caller has gone by the time it is won is released by
+    /// the guard's `Drop`, as one cancelled inline is by its undo.
+    async fn acquire_lock(
+        &self,
+        key: &str,
+        ttl: Duration,
+        patience: Patience,
+    ) -> Result<Lock, Error> {
+        let (client, key) = (self.clone(), key.to_owned());
+        self.on_engine(async move {
+            let held = client.acquire_held(&key, ttl, patience).await?;
+            Ok(Lock::new(client, held))
+        })
+        .await
     }
 
     /// Takes over a lock that another process, or another client, acquired: a job queue's

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::client::Redlock;
 use crate::client::config::Config;
+use crate::client::engine::IoThread;
 use crate::core::health::{EvictionGuard, RestartGuard};
 use crate::core::keys::{self, KeyLayout};
 use crate::core::timing;
@@ -66,6 +67,7 @@ pub struct RedlockBuilder {
     metrics_lock_label: bool,
     /// Members (by position) kept on the acquire script (testkit).
     script_acquire: Vec<usize>,
+    io_thread: IoThread,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
 }
@@ -119,6 +121,7 @@ impl RedlockBuilder {
             owner: None,
             metrics_lock_label: false,
             script_acquire: Vec::new(),
+            io_thread: IoThread::Never,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -421,6 +424,22 @@ impl RedlockBuilder {
         self
     }
 
+    /// Where the client's node connections and rounds run (default [`IoThread::Never`]: on the
+    /// caller's runtime).
+    ///
+    /// With [`IoThread::Always`], the connections and every operation (acquisitions, extensions,
+    /// releases, status reads, keep-alive, waiting) run on a current-thread runtime on one
+    /// thread the client owns, started at its first operation and ended when the last handle on
+    /// the client is dropped; an operation then costs its caller two hand-offs between threads.
+    /// Measured on 2-core machines (`docs/benchmarks.md`, "Issue 30"), it gives no lower
+    /// latency than the default on a multi-thread runtime and costs about three times the
+    /// client CPU per operation under concurrency: keep the default unless your own figures
+    /// say otherwise.
+    pub fn io_thread(mut self, mode: IoThread) -> Self {
+        self.io_thread = mode;
+        self
+    }
+
     /// (Feature `testkit`, for tests.) Keeps the member at `position` (0-based, in the order
     /// given) on the acquire script, as a Redis 6 node or a Cluster member is, even when it
     /// could take the pipelined acquire: lets a test mix both forms in one client.
@@ -602,6 +621,7 @@ impl RedlockBuilder {
             owner: self.owner.clone(),
             owner_suffix,
             metrics_lock_label: self.metrics_lock_label,
+            io_thread: self.io_thread,
         }
     }
 

@@ -199,7 +199,10 @@ impl Lock {
     /// Cancel-safe. A dropped extension may still reach some nodes, so the deadline is first
     /// lowered to what a shorter `ttl` would leave; it is never raised by a dropped round.
     pub async fn extend(&self, ttl: Duration) -> Result<Duration, Error> {
-        self.client.extend_held(&self.state, ttl).await
+        let (client, state) = (self.client.clone(), Arc::clone(&self.state));
+        self.client
+            .on_engine(async move { client.extend_held(&state, ttl).await })
+            .await
     }
 
     /// Starts extending the lock automatically every `ttl / 3` until it is released, dropped or
@@ -241,7 +244,11 @@ impl Lock {
     pub async fn release(mut self) -> Result<(), Error> {
         self.state.mark_released();
         self.stop_task();
-        let result = self.client.release_held(&self.state).await;
+        let (client, state) = (self.client.clone(), Arc::clone(&self.state));
+        let result = self
+            .client
+            .on_engine(async move { client.release_held(&state).await })
+            .await;
         self.done = true;
         self.state.lost_signal().cancel();
         result

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
+use tracing::instrument::WithSubscriber;
 
 use crate::client::Redlock;
 use crate::client::state::LockState;
@@ -25,7 +26,8 @@ pub(crate) fn spawn(
     state: Arc<LockState>,
     every: Option<Duration>,
 ) -> Option<AbortOnDropHandle<()>> {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+    // The client's I/O thread when it has one (the extensions' connections are there).
+    let Some(runtime) = client.task_runtime() else {
         tracing::warn!(
             key = state.key(),
             "no tokio runtime: the lock's lease task cannot run, it expires at its deadline"
@@ -35,7 +37,8 @@ pub(crate) fn spawn(
     let task = match every {
         Some(every) => runtime.spawn(
             async move { keep_alive(client, &state, every).await }
-                .instrument(tracing::Span::current()),
+                .instrument(tracing::Span::current())
+                .with_current_subscriber(),
         ),
         None => runtime.spawn(async move { state.wait_lost().await }),
     };

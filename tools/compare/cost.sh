@@ -8,7 +8,8 @@
 #
 # BINARY defaults to tools/compare/target/release/cost (build it with
 # `cargo build --release --manifest-path tools/compare/Cargo.toml --bin cost`). IMPLS (a
-# space-separated list, the floor first) narrows the implementations run.
+# space-separated list, the floor first) narrows the implementations run; RUNTIME=mt runs them on
+# a tokio multi-thread runtime (default ct).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${1:-$here/target/release/cost}
@@ -20,7 +21,7 @@ irefs() {
     local out
     for _ in 1 2 3; do
         out=$(valgrind --tool=cachegrind --cache-sim=no --trace-children=no \
-            --cachegrind-out-file=/dev/null "$bin" --impl "$1" --ops "$2" --tasks "$tasks" 2>&1) \
+            --cachegrind-out-file=/dev/null "$bin" --impl "$1" --ops "$2" --tasks "$tasks" --runtime "${RUNTIME:-ct}" 2>&1) \
             && { sed -n 's/.*I *refs: *//p' <<<"$out" | tr -d ','; return; }
         echo "retrying $1 --ops $2: $(grep -m1 -E 'panicked|Error' <<<"$out")" >&2
     done

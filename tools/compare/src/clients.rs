@@ -31,6 +31,9 @@ pub(crate) enum Client {
     /// `redlock` (blocking, redis 0.23; a new TCP connection per node and command, nodes asked
     /// one after the other, no timeouts), one round per attempt.
     Redlock(Arc<redlock::RedLock>),
+    /// node-redlock 5 on ioredis 5, in a Node.js child process (`tools/compare/node`), one
+    /// attempt per call (`retryCount: 0`): whole workloads are sent to it (see `workload.rs`).
+    Node(crate::node::NodeDriver),
 }
 
 /// A held lock of any implementation.
@@ -55,6 +58,13 @@ impl Client {
     pub(crate) async fn connect(name: &str, urls: &[String]) -> Client {
         match name {
             "quorumlock" => Client::Ours(Redlock::builder(urls).build().expect("valid config")),
+            // The client with an I/O thread of its own (issue 30; opt-in).
+            "quorumlock-io" => Client::Ours(
+                Redlock::builder(urls)
+                    .io_thread(quorumlock::IoThread::Always)
+                    .build()
+                    .expect("valid config"),
+            ),
             "quorumlock-nofence" => Client::Ours(
                 Redlock::builder(urls)
                     .fencing(false)
@@ -62,6 +72,9 @@ impl Client {
                     .expect("valid config"),
             ),
             "floor" => Client::Floor(Floor::connect(urls).await.expect("floor connects")),
+            "floor-1task" => {
+                Client::Floor(Floor::connect_one_task(urls).await.expect("floor connects"))
+            }
             "floor+fence" => {
                 Client::FloorFenced(Floor::connect(urls).await.expect("floor connects"))
             }
@@ -80,6 +93,7 @@ impl Client {
                 r.set_retry(1, 1);
                 Client::Redlock(Arc::new(r))
             }
+            "node-redlock" => Client::Node(crate::node::NodeDriver::start(urls)),
             other => panic!("unknown implementation {other}"),
         }
     }
@@ -87,6 +101,14 @@ impl Client {
     /// Whether its calls block the thread (run on OS threads, not tokio tasks).
     pub(crate) fn blocking(&self) -> bool {
         matches!(self, Client::Redlock(_))
+    }
+
+    /// The node-redlock driver, whose workloads run in its own process.
+    pub(crate) fn node(&self) -> Option<&crate::node::NodeDriver> {
+        match self {
+            Client::Node(n) => Some(n),
+            _ => None,
+        }
     }
 
     /// Whether it can extend a held lock.
@@ -156,6 +178,7 @@ impl Client {
                 Err(rslock::LockError::Unavailable) => Err(Fail::Busy),
                 Err(e) => Err(Fail::Error(e.to_string())),
             },
+            Client::Node(_) => Err(Fail::Error("node-redlock runs whole workloads".to_owned())),
             Client::Redlock(r) => match r.lock(key.as_bytes(), TTL_MS as usize) {
                 Ok(Some(lock)) => Ok(Held::Redlock {
                     resource: lock.resource,

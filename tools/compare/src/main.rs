@@ -1,11 +1,13 @@
 //! One run, one table: quorumlock against the floor (a hand-written Redlock round on the `redis`
-//! crate) and the Redlock crates on crates.io (`rslock`, `redlock`), on the same five local
+//! crate), the Redlock crates on crates.io (`rslock`, `redlock`) and node-redlock 5 (ioredis 5,
+//! in a Node.js child process, `node/`), every tokio client on both runtime flavours (multi-thread
+//! and current-thread), on the same five local
 //! `redis-server` nodes, keys and scenarios; healthy, then with one node paused (SIGSTOP), two
 //! paused, and one killed. Prints the table and writes it to `docs/benchmarks.md` (between
 //! markers, keeping the hand-written notes around it).
 //!
 //! ```text
-//! cargo run --release --manifest-path tools/compare/Cargo.toml -- [--quick] [--impls 'a;b'] [--scenarios 's1;s2'] [--phases 'healthy;paused1;paused2;killed1'] [--ops N] [--fresh-keys] [--no-doc] [--out PATH]
+//! cargo run --release --manifest-path tools/compare/Cargo.toml -- [--quick] [--impls 'a;b'] [--runtimes 'mt;ct'] [--scenarios 's1;s2'] [--phases 'healthy;paused1;paused2;killed1'] [--ops N] [--fresh-keys] [--no-doc] [--out PATH]
 //! ```
 //!
 //! Each scenario runs in five slices, the implementations taking turns within each slice, so
@@ -14,6 +16,7 @@
 mod clients;
 #[path = "../../../benches/support/floor.rs"]
 mod floor;
+mod node;
 mod report;
 mod workload;
 
@@ -25,15 +28,18 @@ use quorumlock::testkit::LocalCluster;
 use tokio::runtime::Runtime;
 
 use crate::clients::Client;
-use crate::report::{Phase, Row};
+use crate::report::{Phase, Row, Rt};
 use crate::workload::{Op, Spec};
 
-const IMPLS: [&str; 7] = [
+const IMPLS: [&str; 10] = [
     "floor",
+    "floor-1task",
     "floor+fence",
     "floor+pipefence",
     "quorumlock",
+    "quorumlock-io",
     "quorumlock-nofence",
+    "node-redlock",
     "rslock",
     "redlock",
 ];
@@ -142,6 +148,8 @@ struct Args {
     /// A new lock name for every operation, in every scenario.
     fresh_keys: bool,
     impls: Vec<String>,
+    /// tokio flavours every tokio client runs on.
+    runtimes: Vec<Rt>,
     scenarios: Vec<String>,
     doc: Option<std::path::PathBuf>,
 }
@@ -153,6 +161,7 @@ fn args() -> Args {
         ops: None,
         fresh_keys: false,
         impls: IMPLS.iter().map(|s| (*s).to_owned()).collect(),
+        runtimes: vec![Rt::Mt, Rt::Ct],
         scenarios: Vec::new(),
         doc: Some(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/benchmarks.md"),
@@ -173,6 +182,16 @@ fn args() -> Args {
             "--fresh-keys" => a.fresh_keys = true,
             "--ops" => a.ops = it.next().and_then(|n| n.parse().ok()),
             "--impls" => a.impls = list(it.next()),
+            "--runtimes" => {
+                a.runtimes = list(it.next())
+                    .iter()
+                    .map(|r| match r.as_str() {
+                        "mt" => Rt::Mt,
+                        "ct" => Rt::Ct,
+                        other => panic!("unknown runtime {other}: mt or ct"),
+                    })
+                    .collect();
+            }
             "--scenarios" => a.scenarios = list(it.next()),
             "--no-doc" => a.doc = None,
             "--out" => a.doc = it.next().map(Into::into),
@@ -184,17 +203,64 @@ fn args() -> Args {
     a
 }
 
+/// One implementation on one runtime.
+struct Entry {
+    name: String,
+    rt: Rt,
+    client: Arc<Client>,
+}
+
 struct Runner {
-    rt: Runtime,
+    mt: Runtime,
+    ct: Runtime,
     args: Args,
-    clients: Vec<(String, Arc<Client>)>,
+    clients: Vec<Entry>,
     stragglers: Vec<JoinHandle<()>>,
     rows: Vec<Row>,
     /// The redis-server processes (their CPU time is charged to each run).
     servers: Vec<u32>,
+    /// A plain connection to each node for `INFO commandstats`.
+    stats: Vec<Option<redis::Connection>>,
+    /// Nodes paused or killed in the current phase (not asked for their counts).
+    down: Vec<usize>,
+}
+
+/// Commands a node has run since it started (`INFO commandstats`), `INFO` itself left out.
+fn node_commands(conn: &mut redis::Connection) -> Option<u64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).ok()?;
+    let mut total = 0;
+    for line in info.lines() {
+        let Some((name, fields)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        if name == "info" {
+            continue;
+        }
+        let calls = fields
+            .split(',')
+            .find_map(|f| f.strip_prefix("calls="))
+            .and_then(|c| c.parse::<u64>().ok())?;
+        total += calls;
+    }
+    Some(total)
 }
 
 impl Runner {
+    /// Commands run by the nodes that are up, summed; `None` when one did not answer.
+    fn commands(&mut self) -> Option<u64> {
+        let mut total = 0;
+        for (i, conn) in self.stats.iter_mut().enumerate() {
+            if self.down.contains(&i) {
+                continue;
+            }
+            total += node_commands(conn.as_mut()?)?;
+        }
+        Some(total)
+    }
+
     fn wanted(&self, s: &Scenario) -> bool {
         self.args.scenarios.is_empty() || self.args.scenarios.iter().any(|w| s.name.contains(w))
     }
@@ -206,10 +272,11 @@ impl Runner {
         }
         let scale = if self.args.quick { 4 } else { 1 };
         let mut rows: Vec<Row> = Vec::new();
-        for (name, client) in &self.clients {
+        for Entry { name, rt, client } in &self.clients {
             let skip = if (name.starts_with("floor+")
                 && (phase != Phase::Healthy || s.op == Op::Extend))
                 || (s.op == Op::ContendedWait && name != "floor" && name != "quorumlock")
+                || (s.op == Op::Extend && client.node().is_some() && phase != Phase::Healthy)
             {
                 Some(None)
             } else if s.op == Op::Extend && !client.can_extend() {
@@ -217,23 +284,25 @@ impl Runner {
             } else {
                 self.rows
                     .iter()
-                    .find(|r| r.phase == phase && &r.imp == name && r.hung > 0)
+                    .find(|r| r.phase == phase && &r.imp == name && r.rt == *rt && r.hung > 0)
                     .map(|r| Some(format!("not run: hung in \"{}\"", r.scenario)))
             };
             match skip {
                 Some(None) => {}
-                Some(Some(note)) => self.rows.push(Row::skipped(phase, s.name, name, note)),
-                None => rows.push(Row::new(phase, s.name, name, s.tasks)),
+                Some(Some(note)) => self.rows.push(Row::skipped(phase, s.name, name, *rt, note)),
+                None => rows.push(Row::new(phase, s.name, name, *rt, s.tasks)),
             }
         }
         for slice in 0..SLICES {
             for row in rows.iter_mut().filter(|r| r.hung == 0) {
-                let client = &self
-                    .clients
-                    .iter()
-                    .find(|(n, _)| *n == row.imp)
-                    .expect("client")
-                    .1;
+                let client = Arc::clone(
+                    &self
+                        .clients
+                        .iter()
+                        .find(|e| e.name == row.imp && e.rt == row.rt)
+                        .expect("client")
+                        .client,
+                );
                 let mut max_ops = (s.max_ops / u64::from(SLICES) / scale).max(1);
                 if client.blocking() {
                     max_ops = max_ops.min(REDLOCK_OPS_PER_SLICE / s.tasks as u64).max(1);
@@ -252,19 +321,22 @@ impl Runner {
                         .then_some(NAMES_PER_WORKER),
                     prefix: if s.op == Op::Acquire || self.args.fresh_keys {
                         format!(
-                            "{}:{}:{}:{slice}:{}",
+                            "{}:{}:{}:{}:{slice}:{}",
                             row.imp,
+                            row.rt.id(),
                             phase.id(),
                             s.name,
                             rand::random::<u32>()
                         )
                     } else {
-                        format!("{}:{}:{}", row.imp, phase.id(), s.name)
+                        format!("{}:{}:{}:{}", row.imp, row.rt.id(), phase.id(), s.name)
                     },
                 };
-                let out =
-                    workload::run(&self.rt, client, &spec, &self.servers, &mut self.stragglers);
-                row.add(out);
+                let before = self.commands();
+                let rt = if row.rt == Rt::Ct { &self.ct } else { &self.mt };
+                let out = workload::run(rt, &client, &spec, &self.servers, &mut self.stragglers);
+                let after = self.commands();
+                row.add(out, after.zip(before).map(|(a, b)| a.saturating_sub(b)));
             }
         }
         for row in &rows {
@@ -282,7 +354,7 @@ impl Runner {
 
     /// A few acquire+release rounds per client: connections up, scripts loaded.
     fn warm_up(&mut self) {
-        for (name, client) in &self.clients {
+        for Entry { name, rt, client } in &self.clients {
             let spec = Spec {
                 op: Op::AcquireRelease,
                 tasks: 1,
@@ -291,11 +363,13 @@ impl Runner {
                 prefix: format!("{name}:warm-up:{}", rand::random::<u32>()),
                 names: None,
             };
-            let out = workload::run(&self.rt, client, &spec, &self.servers, &mut self.stragglers);
+            let on = if *rt == Rt::Ct { &self.ct } else { &self.mt };
+            let out = workload::run(on, client, &spec, &self.servers, &mut self.stragglers);
             let ok: u64 = out.workers.iter().map(|w| w.ok).sum();
             assert!(
                 ok > 0,
-                "{name} cannot acquire on a healthy cluster: {:?}",
+                "{name} ({}) cannot acquire on a healthy cluster: {:?}",
+                rt.id(),
                 out.workers
             );
         }
@@ -324,6 +398,11 @@ impl Runner {
         if to == Phase::Killed1 {
             cluster.kill(0).expect("kill node 0");
         }
+        self.down = match to {
+            Phase::Healthy => vec![],
+            Phase::Paused1 | Phase::Killed1 => vec![0],
+            Phase::Paused2 => vec![0, 1],
+        };
     }
 
     /// Waits for blocked threads (released by a resume) for up to `within`.
@@ -348,7 +427,11 @@ impl Runner {
 
 fn main() {
     let args = args();
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let mt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let ct = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
@@ -356,15 +439,38 @@ fn main() {
     let machine = report::Machine::read();
     let mut cluster = LocalCluster::start(5).unwrap_or_else(|e| panic!("{e}"));
     let urls = cluster.urls();
-    let clients = rt.block_on(async {
-        let mut v = Vec::new();
-        for name in &args.impls {
-            v.push((name.clone(), Arc::new(Client::connect(name, &urls).await)));
+    let mut clients = Vec::new();
+    for name in &args.impls {
+        // Connections are made on the runtime that will drive them (redis-rs spawns each
+        // multiplexed connection's driver task on the runtime it is created on).
+        let own = name == "redlock" || name == "node-redlock";
+        let rts = if own {
+            vec![Rt::Own]
+        } else {
+            args.runtimes.clone()
+        };
+        for rt in rts {
+            let on = if rt == Rt::Ct { &ct } else { &mt };
+            let client = Arc::new(on.block_on(Client::connect(name, &urls)));
+            clients.push(Entry {
+                name: name.clone(),
+                rt,
+                client,
+            });
         }
-        v
-    });
+    }
+    let stats = urls
+        .iter()
+        .map(|u| {
+            let c = redis::Client::open(u.as_str()).ok()?;
+            let conn = c.get_connection_with_timeout(Duration::from_secs(2)).ok()?;
+            conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+            Some(conn)
+        })
+        .collect();
     let mut r = Runner {
-        rt,
+        mt,
+        ct,
         args,
         clients,
         stragglers: Vec::new(),
@@ -372,6 +478,8 @@ fn main() {
         servers: (0..cluster.len())
             .filter_map(|i| cluster.get(i).and_then(|s| s.pid()))
             .collect(),
+        stats,
+        down: Vec::new(),
     };
     r.warm_up();
     let mut state = Phase::Healthy;

@@ -5,8 +5,15 @@
 //!
 //! ```sh
 //! cargo run --release --manifest-path tools/compare/Cargo.toml --bin cost -- \
-//!     [--impl quorumlock|quorumlock-nofence|floor|floor+fence|floor+pipefence] [--ops N] [--tasks T] [--redis]
+//!     [--impl quorumlock|quorumlock-io|quorumlock-nofence|floor|floor+fence|floor+pipefence] [--ops N] [--tasks T] [--redis] [--runtime ct|mt]
 //! ```
+//!
+//! `--runtime mt` runs the workload on a tokio multi-thread runtime (as many workers as CPUs)
+//! instead of the default current-thread one. Every run also prints this process's context
+//! switches per operation (voluntary / involuntary, summed over its threads from
+//! `/proc/self/task/*/status`): a voluntary switch is a thread going to sleep (a wake-up of
+//! another thread usually follows), so it counts the cross-thread hand-offs of an operation
+//! whatever the box's load.
 //!
 //! With `--redis`, a second line gives the nodes' side of the measured run: their CPU per
 //! operation (`INFO cpu`, user + system, summed over the five) and, per command, calls and
@@ -26,7 +33,7 @@ use quorumlock::Redlock;
 use quorumlock::testkit::LocalCluster;
 
 #[path = "../../../../benches/support/floor.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod floor;
 use floor::Floor;
 
@@ -181,7 +188,10 @@ impl Impl {
             Impl::FloorFence(f) => {
                 let (lock_key, fence_key) = floor::fenced_keys(key);
                 let value = Floor::new_value();
-                assert!(f.acquire_fenced(&lock_key, &fence_key, &value, TTL_MS).await);
+                assert!(
+                    f.acquire_fenced(&lock_key, &fence_key, &value, TTL_MS)
+                        .await
+                );
                 assert!(f.release(&lock_key, &value).await);
             }
             Impl::FloorPipeFence(f) => {
@@ -217,6 +227,30 @@ async fn run(imp: &Impl, tasks: usize, ops: usize, round: &str) {
     }
 }
 
+/// Voluntary and involuntary context switches of this process so far, summed over its threads
+/// (threads that ended are not counted: tokio's workers live as long as the runtime).
+fn ctx_switches() -> (u64, u64) {
+    let mut sum = (0, 0);
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return sum;
+    };
+    for task in tasks.flatten() {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        for line in status.lines() {
+            let field = |p: &str| {
+                line.strip_prefix(p)
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            };
+            if let Some(v) = field("voluntary_ctxt_switches:") {
+                sum.0 += v;
+            } else if let Some(v) = field("nonvoluntary_ctxt_switches:") {
+                sum.1 += v;
+            }
+        }
+    }
+    sum
+}
+
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
         .position(|a| a == name)
@@ -230,15 +264,26 @@ fn main() {
     let tasks: usize = arg(&args, "--tasks").map_or(1, |s| s.parse().expect("--tasks T"));
     let cluster = LocalCluster::start(5).unwrap_or_else(|e| panic!("{e}"));
     let urls = cluster.urls();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let flavour = arg(&args, "--runtime").unwrap_or_else(|| "ct".into());
+    let rt = match flavour.as_str() {
+        "ct" => tokio::runtime::Builder::new_current_thread(),
+        "mt" => tokio::runtime::Builder::new_multi_thread(),
+        other => panic!("unknown --runtime {other}: ct or mt"),
+    }
+    .enable_all()
+    .build()
+    .expect("runtime");
     let imp = rt.block_on(async {
         match which.as_str() {
-            "quorumlock" | "quorumlock-nofence" => Impl::Ours(
+            "quorumlock" | "quorumlock-nofence" | "quorumlock-io" => Impl::Ours(
                 Redlock::builder(&urls)
-                    .fencing(which == "quorumlock")
+                    .fencing(which != "quorumlock-nofence")
+                    // `quorumlock-io`: with an I/O thread of its own (issue 30).
+                    .io_thread(if which == "quorumlock-io" {
+                        quorumlock::IoThread::Always
+                    } else {
+                        quorumlock::IoThread::Never
+                    })
                     // Generous: under valgrind the client runs ~50x slower.
                     .node_timeout(Duration::from_secs(5))
                     .connect_timeout(Duration::from_secs(20))
@@ -258,15 +303,25 @@ fn main() {
     let servers = rt.block_on(redis_side::connect(&urls));
     rt.block_on(redis_side::reset(&servers));
     let cpu0 = rt.block_on(redis_side::cpu(&servers));
-    let (a0, b0) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
+    let (a0, b0) = (
+        ALLOCS.load(Ordering::Relaxed),
+        BYTES.load(Ordering::Relaxed),
+    );
+    let cs0 = ctx_switches();
     rt.block_on(run(&imp, tasks, ops, "measure"));
-    let (a1, b1) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
+    let cs1 = ctx_switches();
+    let (a1, b1) = (
+        ALLOCS.load(Ordering::Relaxed),
+        BYTES.load(Ordering::Relaxed),
+    );
     let done = (ops / tasks * tasks) as f64;
     println!(
-        "{which} tasks={tasks} ops={} allocs/op={:.2} bytes/op={:.0}",
+        "{which} runtime={flavour} tasks={tasks} ops={} allocs/op={:.2} bytes/op={:.0} ctxsw/op={:.2}/{:.2}",
         ops / tasks * tasks,
         (a1 - a0) as f64 / done,
-        (b1 - b0) as f64 / done
+        (b1 - b0) as f64 / done,
+        cs1.0.saturating_sub(cs0.0) as f64 / done,
+        cs1.1.saturating_sub(cs0.1) as f64 / done,
     );
     if args.iter().any(|a| a == "--redis") {
         let cpu = rt.block_on(redis_side::cpu(&servers)) - cpu0;
