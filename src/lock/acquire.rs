@@ -142,8 +142,8 @@ impl Redlock {
     /// with [`Lock::forget`]: dropping or releasing it would release the lock under the new
     /// holder, and two processes extending one value would both believe they hold it (the
     /// nodes, and the fencing token, cannot tell them apart). The token is taken as given: a
-    /// wrong token weakens only this holder's fenced writes. See `docs/safety.md`, "Handing a
-    /// lock over".
+    /// wrong token weakens only this holder's fenced writes. See the guide
+    /// [`safety`](crate::guide::safety), "Handing a lock over".
     ///
     /// ```no_run
     /// use std::time::Duration;

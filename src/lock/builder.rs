@@ -356,10 +356,10 @@ impl RedlockBuilder {
     /// with `%` and the space written `%25` and `%20`. The random part alone still makes each
     /// acquisition's value unique, and every ownership check (extension, release) compares the
     /// whole value as before, so naming a client changes no safety argument; no other key or
-    /// command is used (the ACL of `docs/acl.md` is enough, compat mode works alike). Names are
-    /// not secrets (anyone who can read the keys reads them) and not checked for uniqueness:
-    /// two clients may share a name. It costs its length in bytes on each acquire, extend and
-    /// release call.
+    /// command is used (the ACL of [`guide::acl`](crate::guide::acl) is enough, compat mode
+    /// works alike). Names are not secrets (anyone who can read the keys reads them) and not
+    /// checked for uniqueness: two clients may share a name. It costs its length in bytes on
+    /// each acquire, extend and release call.
     ///
     /// 1 to 128 bytes of UTF-8 without control characters; [`build`](Self::build) returns
     /// [`ConfigError::InvalidOwner`] otherwise.

@@ -100,8 +100,8 @@ impl Lock {
     /// ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner)). Only the holder of this value
     /// can extend or release the lock, so treat it as a capability: give it, with
     /// [`key`](Self::key) and [`token`](Self::token), to the process that is to take the lock
-    /// over, which then [`Redlock::resume`]s it (see there, and `docs/safety.md`, "Handing a
-    /// lock over").
+    /// over, which then [`Redlock::resume`]s it (see there, and the guide
+    /// [`safety`](crate::guide::safety), "Handing a lock over").
     pub fn value(&self) -> &str {
         self.state.value()
     }
