@@ -902,7 +902,13 @@ async fn t36_a_flushed_script_cache_falls_back_to_eval() {
     let lock = locks.try_acquire("job", TTL).await.expect("EVAL fallback");
     lock.extend(TTL).await.expect("EVAL fallback");
     lock.release().await.expect("EVAL fallback");
-    wait_until(WAIT, "released everywhere", || async {
+    // The release returned at a quorum: gone from two of the three nodes now. The third node's
+    // call can miss the round's deadline on a loaded box (its `NOSCRIPT` → `EVAL` fallback is a
+    // new send, which a finished round does not make), and then the key expires there: gone
+    // everywhere within the ttl. (Waiting only `WAIT`, equal to the ttl, failed in a suite run
+    // beside benchmarks: `timed out after 10s waiting for: released everywhere`.)
+    assert!(holders(&urls, "job") <= 1, "the release reached a quorum");
+    wait_until(TTL + WAIT, "released everywhere", || async {
         holders(&urls, "job") == 0
     })
     .await;

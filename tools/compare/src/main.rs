@@ -17,9 +17,11 @@ mod clients;
 #[path = "../../../benches/support/floor.rs"]
 mod floor;
 mod node;
+mod plot;
 mod report;
 mod workload;
 
+use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -505,6 +507,12 @@ fn main() {
         report::write_doc(path, &report)
             .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
         eprintln!("wrote {}", path.display());
+        // The two plots beside the table (`docs/img/`), linked from the README.
+        let img = path.parent().unwrap_or(Path::new(".")).join("img");
+        match plot::write(&r.rows, &img) {
+            Ok(files) => files.iter().for_each(|f| eprintln!("wrote {f}")),
+            Err(e) => eprintln!("plots not written to {}: {e}", img.display()),
+        }
     }
     drop(cluster);
 }

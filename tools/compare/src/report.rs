@@ -45,7 +45,7 @@ impl Rt {
         }
     }
 
-    fn label(self, imp: &str) -> &'static str {
+    pub(crate) fn label(self, imp: &str) -> &'static str {
         match (self, imp) {
             (Rt::Mt, _) => "tokio mt",
             (Rt::Ct, _) => "tokio ct",
@@ -184,6 +184,19 @@ impl Row {
 
     fn p50(&self) -> Option<Duration> {
         self.pct(0.50)
+    }
+
+    /// Latency percentile `q` of the successful operations, for the plots.
+    pub(crate) fn latency(&self, q: f64) -> Option<Duration> {
+        self.pct(q)
+    }
+
+    /// Handover percentile `q` (release to the next holder), for the plots.
+    pub(crate) fn handover(&self, q: f64) -> Option<Duration> {
+        let mut h = self.handover.clone();
+        h.sort();
+        let n = h.len();
+        (n > 0).then(|| h[((q * n as f64).ceil() as usize).clamp(1, n) - 1])
     }
 
     fn p99(&self) -> Option<Duration> {
