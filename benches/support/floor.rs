@@ -24,6 +24,10 @@ const EXTEND: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis
 /// The library's acquire script (see `src/scripts.rs`, `ACQUIRE`), copied so the floor can run it.
 const ACQUIRE_FENCED: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0";
 
+/// The floor's release as a Redis 7 function (`FCALL floor_release 1 key value`), the same Lua
+/// as `RELEASE`: to compare what a function call costs the node against `EVALSHA` (issue 30).
+const FUNCTIONS: &str = "#!lua name=quorumlock_floor\nredis.register_function('floor_release', function(keys, args) if redis.call('GET', keys[1]) == args[1] then return redis.call('DEL', keys[1]) end return 0 end)";
+
 /// quorumlock's key layout for a user key: the lock and its fencing counter (same hash tag).
 pub(crate) fn fenced_keys(key: &str) -> (String, String) {
     (
@@ -196,6 +200,26 @@ impl Floor {
             }
         }
         false
+    }
+
+    /// Loads the floor's function library on every node (Redis 7).
+    pub(crate) async fn load_functions(&self) -> redis::RedisResult<()> {
+        for conn in &self.conns {
+            let _: String = redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(FUNCTIONS)
+                .query_async(&mut conn.clone())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The release as `FCALL` of the same Lua ([`load_functions`](Self::load_functions) first).
+    pub(crate) async fn release_fcall(&self, key: &str, value: &str) -> bool {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg("floor_release").arg(1).arg(key).arg(value);
+        self.round(&cmd, |v| matches!(v, Value::Int(1))).await
     }
 
     /// Conditional delete on every node; true once a quorum deleted.

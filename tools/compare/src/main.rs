@@ -33,9 +33,9 @@ use crate::clients::Client;
 use crate::report::{Phase, Row, Rt};
 use crate::workload::{Op, Spec};
 
-const IMPLS: [&str; 10] = [
+/// The default implementations (`floor-1task`, an experiment, runs only when named).
+const IMPLS: [&str; 9] = [
     "floor",
-    "floor-1task",
     "floor+fence",
     "floor+pipefence",
     "quorumlock",

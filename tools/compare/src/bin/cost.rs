@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! cargo run --release --manifest-path tools/compare/Cargo.toml --bin cost -- \
-//!     [--impl quorumlock|quorumlock-io|quorumlock-nofence|floor|floor+fence|floor+pipefence] [--ops N] [--tasks T] [--redis] [--runtime ct|mt]
+//!     [--impl quorumlock|quorumlock-io|quorumlock-nofence|floor|floor+fence|floor+pipefence|floor+fcall] [--ops N] [--tasks T] [--redis] [--runtime ct|mt]
 //! ```
 //!
 //! `--runtime mt` runs the workload on a tokio multi-thread runtime (as many workers as CPUs)
@@ -171,6 +171,8 @@ enum Impl {
     Floor(Floor),
     FloorFence(Floor),
     FloorPipeFence(Floor),
+    /// The floor releasing with `FCALL` of a Redis 7 function instead of `EVALSHA`.
+    FloorFcall(Floor),
 }
 
 impl Impl {
@@ -193,6 +195,11 @@ impl Impl {
                         .await
                 );
                 assert!(f.release(&lock_key, &value).await);
+            }
+            Impl::FloorFcall(f) => {
+                let value = Floor::new_value();
+                assert!(f.acquire(key, &value, TTL_MS).await);
+                assert!(f.release_fcall(key, &value).await);
             }
             Impl::FloorPipeFence(f) => {
                 let (lock_key, fence_key) = floor::fenced_keys(key);
@@ -294,6 +301,11 @@ fn main() {
             "floor+fence" => Impl::FloorFence(Floor::connect(&urls).await.expect("floor connects")),
             "floor+pipefence" => {
                 Impl::FloorPipeFence(Floor::connect(&urls).await.expect("floor connects"))
+            }
+            "floor+fcall" => {
+                let f = Floor::connect(&urls).await.expect("floor connects");
+                f.load_functions().await.expect("FUNCTION LOAD (Redis 7)");
+                Impl::FloorFcall(f)
             }
             other => panic!("unknown --impl {other}"),
         }
