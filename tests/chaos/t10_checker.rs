@@ -335,21 +335,25 @@ fn a_fault_that_left_a_majority_must_see_acquisitions_during_it() {
         available_after,
     };
     let mut h = clean(); // acquisitions at 0, 120 and 310
-    h.end = ms(10_000);
+    h.end = ms(12_000);
     h.faults = vec![
         // 1.5 s with a majority for everyone and nobody acquired: starved.
-        fault(400, 1900, Some(Duration::ZERO)),
+        fault(1600, 3100, Some(Duration::ZERO)),
         // The same, but nothing was promised (no client kept a majority).
-        fault(2000, 3500, None),
+        fault(3200, 4700, None),
         // Leftover keys may block the others for a ttl: 1.5 s is not enough to tell.
-        fault(3600, 5100, Some(Duration::from_secs(1))),
+        fault(4800, 6300, Some(Duration::from_secs(1))),
         // ... 2.5 s is.
-        fault(5200, 7700, Some(Duration::from_secs(1))),
+        fault(6400, 8900, Some(Duration::from_secs(1))),
         // Acquired during it: fine.
         fault(100, 1500, Some(Duration::ZERO)),
+        // Two faults that overlap: each promised a majority on its own, but together they may
+        // have cut one, so neither is judged.
+        fault(9500, 11_000, Some(Duration::ZERO)),
+        fault(10_000, 11_500, Some(Duration::ZERO)),
     ];
     let r = check(&h, Duration::from_secs(60));
-    assert_eq!(r.during, vec![0, 0, 0, 0, 2]);
+    assert_eq!(r.during, vec![0, 0, 0, 0, 2, 0, 0]);
     assert_eq!(r.judged, vec![0, 3, 4]);
     assert_eq!(r.starved, vec![0, 3]);
     assert_eq!(r.violations(), 2, "{r:?}");
@@ -365,9 +369,9 @@ fn a_fault_that_left_a_majority_must_see_acquisitions_during_it() {
         outcome,
     };
     h.ops = vec![
-        refused(0, 1800, "held"),         // ends inside fault 0
-        refused(5000, 7800, "held"),      // ends after fault 3 healed
-        refused(5300, 7000, "no_quorum"), // unreachable is no excuse
+        refused(0, 2000, "held"),         // ends inside fault 0
+        refused(6000, 9000, "held"),      // ends after fault 3 healed
+        refused(6500, 8000, "no_quorum"), // unreachable is no excuse
     ];
     let r = check(&h, Duration::from_secs(60));
     assert_eq!((&r.contended, &r.starved), (&vec![0], &vec![3]), "{r:?}");
