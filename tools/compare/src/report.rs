@@ -109,6 +109,12 @@ pub(crate) struct Row {
     skipped: Option<String>,
 }
 
+/// Nearest-rank percentile `q` of `sorted`.
+fn nearest_rank(sorted: &[Duration], q: f64) -> Option<Duration> {
+    let n = sorted.len();
+    (n > 0).then(|| sorted[((q * n as f64).ceil() as usize).clamp(1, n) - 1])
+}
+
 impl Row {
     pub(crate) fn new(
         phase: Phase,
@@ -170,6 +176,7 @@ impl Row {
         self.client_cpu += out.client_cpu;
         self.server_cpu += out.server_cpu;
         self.lat.sort_unstable();
+        self.handover.sort_unstable();
     }
 
     fn ran(&self) -> bool {
@@ -178,8 +185,7 @@ impl Row {
 
     /// Nearest-rank percentile of the successful operations' latencies.
     fn pct(&self, q: f64) -> Option<Duration> {
-        let n = self.lat.len();
-        (n > 0).then(|| self.lat[((q * n as f64).ceil() as usize).clamp(1, n) - 1])
+        nearest_rank(&self.lat, q)
     }
 
     fn p50(&self) -> Option<Duration> {
@@ -191,12 +197,9 @@ impl Row {
         self.pct(q)
     }
 
-    /// Handover percentile `q` (release to the next holder), for the plots.
+    /// Nearest-rank percentile of the handovers (release to the next holder).
     pub(crate) fn handover(&self, q: f64) -> Option<Duration> {
-        let mut h = self.handover.clone();
-        h.sort();
-        let n = h.len();
-        (n > 0).then(|| h[((q * n as f64).ceil() as usize).clamp(1, n) - 1])
+        nearest_rank(&self.handover, q)
     }
 
     fn p99(&self) -> Option<Duration> {
@@ -259,10 +262,8 @@ impl Row {
             let max = self.per_task.iter().max().copied().unwrap_or(0);
             let attempts = self.ok + self.busy + self.err;
             notes.push(format!("per task min/max {min}/{max}; {attempts} attempts"));
-            let mut h = self.handover.clone();
-            h.sort_unstable();
-            if let Some(p50) = h.get(h.len() / 2) {
-                notes.push(format!("handover p50 {}", dur(*p50)));
+            if let Some(p50) = self.handover(0.5) {
+                notes.push(format!("handover p50 {}", dur(p50)));
             }
         } else if self.busy > 0 {
             notes.push(format!("{} attempts refused", self.busy));
