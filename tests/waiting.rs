@@ -767,6 +767,51 @@ async fn w20_a_crashed_holders_lock_is_taken_at_its_expiry() {
     won.release().await.unwrap();
 }
 
+/// A waiter refused by a held lock reads the holder's key (`PTTL`) on every node to learn when
+/// it expires; with one node hung that read decides once a quorum has answered and does not wait
+/// out the hung node's timeout. The waiter is connected to every node when node 4 hangs (so a
+/// call there is bounded by the node timeout alone, not by the 1 s connect timeout a fresh
+/// client's first call meets), and its node timeout, 30 s, is three times the test's whole
+/// bound: a read that waited for the paused node would first let it try again at 30 s, long
+/// after the crashed holder's 2 s key expired. The waiter's poll timer is an hour away, so nothing but the read's
+/// figure wakes it. Before the fix: `the waiter took over after the expiry: Elapsed(())`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn w23_a_hung_node_does_not_hold_up_a_waiters_read_of_the_holder() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let holder = client(&cluster);
+    warm(&holder).await;
+    let lock = holder.acquire("w23", Duration::from_secs(2)).await.unwrap();
+    spread(&lock, &urls).await;
+    let first = lock.token();
+    lock.forget();
+    let waiter = builder(&cluster)
+        .node_timeout(WAIT * 3)
+        .retry_delay(NEVER, Duration::ZERO)
+        .build()
+        .expect("valid config");
+    warm(&waiter).await;
+    cluster.pause(4).unwrap();
+    let before = sets(&urls[..4]);
+    let won = tokio::time::timeout(
+        WAIT,
+        waiter.acquire_timeout("w23", Duration::from_secs(10), NEVER),
+    )
+    .await
+    .expect("the waiter took over after the expiry")
+    .unwrap();
+    assert!(won.token() > first);
+    // As w20: refused, registered and refused again, then the round at the expiry (one more
+    // if the expiry was read a round trip early).
+    let rounds = sets_since(&urls[..4], &before);
+    assert!(
+        rounds.iter().all(|&r| r <= 4),
+        "rounds per healthy node to take over with a node hung: {rounds:?}"
+    );
+    cluster.resume(4).unwrap();
+    won.release().await.unwrap();
+}
+
 /// The next of one client's waiters, while another of its waiters holds the lock, waits for
 /// that release without polling: two tasks of one client wait for a lock another client holds;
 /// the first wins at the release, and while it holds the lock for 500 ms the second (the new

@@ -16,8 +16,9 @@
 //!   same notices: woken earlier, they would win nearly every time and starve the waiters of
 //!   other clients (measured: one client of three took 46 of 60 acquisitions).
 //! - **The holder's expiry, the fallback.** A waiter refused by a holder also retries when its
-//!   timer fires: it reads the key's `PTTL` on every node (one command each) and sleeps until
-//!   the key has expired on a quorum, at most 1 s (`core::timing::HOLDER_WAIT_CAP`, or the
+//!   timer fires: it reads the key's `PTTL` on every node (one command each; decided once a
+//!   quorum has answered, so a hung node costs no timeout) and sleeps until the key has
+//!   expired on a quorum, at most 1 s (`core::timing::HOLDER_WAIT_CAP`, or the
 //!   configured retry delay when longer; `Redlock::holder_pause`); when it wakes it reads the
 //!   key again and makes a round only once a quorum may be free (or the nodes cannot tell, or
 //!   its wait is over). A holder that crashed (an
@@ -212,29 +213,36 @@ impl Redlock {
             let sinks: Vec<PubSubSink> = lock(&hub.sinks).iter().flatten().cloned().collect();
             let subs = sinks.into_iter().map(|mut sink| {
                 let channel = channel.clone();
-                async move {
-                    let _ = tokio::time::timeout_at(deadline, sink.subscribe(channel)).await;
-                }
+                async move { sink.subscribe(channel).await.ok() }
             });
-            futures::future::join_all(subs).await;
+            quorum_answers(subs, self.quorum(), deadline).await;
         };
         // A fresh client's subscriptions wake every waiter once they stand (notices may have
         // been missed before): awaited here, so that the round that follows registration
         // starts after those wake-ups and is not repeated for them, five times on five nodes.
         let first_tries = async {
             let n = self.inner.nodes.len();
-            let _ = tokio::time::timeout(self.inner.cfg.connect_timeout, async {
-                loop {
-                    let tried = hub.tried.notified();
-                    tokio::pin!(tried);
-                    tried.as_mut().enable();
-                    if hub.first_tries.load(Ordering::Acquire) >= n {
-                        return;
-                    }
-                    tried.await;
+            let start = Instant::now();
+            let mut until = start + self.inner.cfg.connect_timeout;
+            let mut quorum_at = None;
+            loop {
+                let tried = hub.tried.notified();
+                tokio::pin!(tried);
+                tried.as_mut().enable();
+                let stood = hub.first_tries.load(Ordering::Acquire);
+                if stood >= n {
+                    return;
                 }
-            })
-            .await;
+                // Once a quorum's subscriptions stand, a hung node's may take as long again.
+                if stood >= self.quorum() && quorum_at.is_none() {
+                    let now = Instant::now();
+                    quorum_at = Some(now);
+                    until = timing::stragglers_until(start, now, until);
+                }
+                if tokio::time::timeout_at(until, tried).await.is_err() {
+                    return;
+                }
+            }
         };
         futures::join!(subscribe, self.set_marker(&kw, &channel, true), first_tries);
         (kw, ticket)
@@ -268,33 +276,33 @@ impl Redlock {
                 let channel = channel.to_owned();
                 let id = self.inner.waiting.hub.id.clone();
                 async move {
-                    let _ = node
-                        .with_connection(
-                            |mut conn| async move {
-                                redis::pipe()
-                                    .cmd("SADD")
-                                    .arg(&channel)
-                                    .arg(&id)
-                                    .ignore()
-                                    .cmd("PEXPIRE")
-                                    .arg(&channel)
-                                    .arg(ttl_ms)
-                                    .ignore()
-                                    .query_async::<()>(&mut conn)
-                                    .await
-                            },
-                            deadline,
-                        )
-                        .await;
+                    node.with_connection(
+                        |mut conn| async move {
+                            redis::pipe()
+                                .cmd("SADD")
+                                .arg(&channel)
+                                .arg(&id)
+                                .ignore()
+                                .cmd("PEXPIRE")
+                                .arg(&channel)
+                                .arg(ttl_ms)
+                                .ignore()
+                                .query_async::<()>(&mut conn)
+                                .await
+                        },
+                        deadline,
+                    )
+                    .await
+                    .ok()
                 }
-            });
-        let all = futures::future::join_all(sets);
+            })
+            .collect::<Vec<_>>();
         if wait {
-            all.await;
+            // Once the marker stands on a quorum, a release there announces itself; a hung
+            // node's marker is left to the refresh rather than costing the node timeout.
+            quorum_answers(sets, self.quorum(), deadline).await;
         } else if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                all.await;
-            });
+            handle.spawn(futures::future::join_all(sets));
         }
     }
 
@@ -328,7 +336,9 @@ impl Redlock {
                 .ok()
             }
         });
-        let pttls: Vec<Option<i64>> = futures::future::join_all(reads).await;
+        // A missing answer counts as "never free" in `quorum_free_in`, so the answers a hung
+        // node owes could only shorten the figure.
+        let pttls = quorum_answers(reads, self.quorum(), deadline).await;
         let free_in = timing::quorum_free_in(&pttls, self.quorum());
         tracing::trace!(lock_key, ?pttls, ?free_in, "holder's key read");
         free_in.map(|d| d.min(cap))
@@ -502,4 +512,37 @@ impl Hub {
             kw.released(None);
         }
     }
+}
+
+/// The answers of one call per node, in the calls' order (`None`: no answer), collected until
+/// every call has ended, or a quorum has answered and the others have had as long again as that
+/// took (`timing::stragglers_until`), or `deadline`. Calls still running then are dropped: a
+/// hung node costs a waiter the quorum's own time, not the node timeout.
+async fn quorum_answers<T, F>(
+    calls: impl IntoIterator<Item = F>,
+    quorum: usize,
+    deadline: Instant,
+) -> Vec<Option<T>>
+where
+    F: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    let mut pending: futures::stream::FuturesUnordered<_> = calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, call)| async move { (i, call.await) })
+        .collect();
+    let mut answers: Vec<Option<T>> = (0..pending.len()).map(|_| None).collect();
+    let mut answered = 0;
+    let mut until = deadline;
+    while let Ok(Some((i, answer))) = tokio::time::timeout_at(until, pending.next()).await {
+        if answer.is_some() {
+            answered += 1;
+            if answered == quorum {
+                until = timing::stragglers_until(start, Instant::now(), until);
+            }
+        }
+        answers[i] = answer;
+    }
+    answers
 }

@@ -136,6 +136,17 @@ pub(crate) fn quorum_free_in(pttls: &[Option<i64>], quorum: usize) -> Option<Dur
         .map(|&ms| Duration::from_millis(ms.saturating_add(1)))
 }
 
+/// How long a read of every node (a waiter's `PTTL` reads, its marker, its subscriptions) goes
+/// on once a quorum has answered: as long again as the quorum took, and never past `deadline`.
+/// The answers still missing then can only refine what the quorum told, so a hung node costs
+/// the caller the quorum's own time rather than the node timeout.
+pub(crate) fn stragglers_until<T>(start: T, quorum_at: T, deadline: T) -> T
+where
+    T: Copy + Ord + std::ops::Sub<Output = Duration> + std::ops::Add<Duration, Output = T>,
+{
+    (quorum_at + (quorum_at - start)).min(deadline)
+}
+
 #[cfg(test)]
 mod timing_tests {
     use super::*;
@@ -155,6 +166,14 @@ mod timing_tests {
         // A base above the cap is never shortened, never grown.
         let hour = Duration::from_secs(3600);
         assert_eq!(backoff(hour, Duration::ZERO, 9, 0.3), hour);
+    }
+
+    #[test]
+    fn stragglers_get_as_long_again_as_the_quorum_took_within_the_deadline() {
+        let ms = Duration::from_millis;
+        assert_eq!(stragglers_until(ms(100), ms(130), ms(1_000)), ms(160));
+        assert_eq!(stragglers_until(ms(100), ms(100), ms(1_000)), ms(100));
+        assert_eq!(stragglers_until(ms(100), ms(700), ms(1_000)), ms(1_000));
     }
 
     proptest::proptest! {
