@@ -263,7 +263,6 @@ impl Redlock {
             st.marker_until = Some(now + MARKER_TTL - MARKER_REFRESH * 2);
         }
         let deadline = now + self.inner.cfg.node_timeout;
-        let ttl_ms = MARKER_TTL.as_millis() as u64;
         // A Cluster member serves lock rounds only: no marker there, so its releases publish
         // nothing and its waiters hear of them from the other members (or their poll timer).
         let sets = self
@@ -276,24 +275,9 @@ impl Redlock {
                 let channel = channel.to_owned();
                 let id = self.inner.waiting.hub.id.clone();
                 async move {
-                    node.with_connection(
-                        |mut conn| async move {
-                            redis::pipe()
-                                .cmd("SADD")
-                                .arg(&channel)
-                                .arg(&id)
-                                .ignore()
-                                .cmd("PEXPIRE")
-                                .arg(&channel)
-                                .arg(ttl_ms)
-                                .ignore()
-                                .query_async::<()>(&mut conn)
-                                .await
-                        },
-                        deadline,
-                    )
-                    .await
-                    .ok()
+                    node.mark_waiting(&channel, &id, MARKER_TTL, deadline)
+                        .await
+                        .ok()
                 }
             })
             .collect::<Vec<_>>();
@@ -323,17 +307,7 @@ impl Redlock {
                 if node.is_cluster() {
                     return None;
                 }
-                node.with_connection(
-                    |mut conn| async move {
-                        redis::cmd("PTTL")
-                            .arg(lock_key)
-                            .query_async::<i64>(&mut conn)
-                            .await
-                    },
-                    deadline,
-                )
-                .await
-                .ok()
+                node.pttl(lock_key, deadline).await.ok()
             }
         });
         // A missing answer counts as "never free" in `quorum_free_in`, so the answers a hung

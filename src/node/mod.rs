@@ -5,7 +5,8 @@
 //! connection through the same client and settings); per-call deadlines and error
 //! classification (here); scripts with their `NOSCRIPT` fallback ([`scripts`]); a round's gate
 //! ([`gate`]); the restart and eviction guards' view of the node ([`health`]); repair I/O
-//! ([`repair`]); address parsing and redaction ([`address`]).
+//! ([`repair`]); the waiting client's plain commands ([`commands`]); address parsing and
+//! redaction ([`address`]).
 //!
 //! Connecting runs in a spawned task bounded by the connect timeout, so a caller whose per-node
 //! deadline is short can give up waiting without cancelling the connect for the next caller.
@@ -14,6 +15,7 @@
 //! undoes.
 
 pub(crate) mod address;
+mod commands;
 pub(crate) mod connection;
 pub(crate) mod fence;
 pub(crate) mod gate;
