@@ -1044,3 +1044,51 @@ async fn t80_reads_are_bounded_by_the_node_timeout() {
     cluster.resume(4).unwrap();
     leadership.resign().await.unwrap();
 }
+
+/// A campaign and a resign with one node hung: the leader record, the "elected" notice and the
+/// resignation go to every node, but neither call waits for the hung node once a quorum has
+/// answered (its call goes on in the background). The candidate is connected to every node
+/// when node 4 hangs, and its node timeout, 30 s, is three times the test's bound: a call that
+/// waited for node 4 would hold the campaign (or the resign) up for 30 s. Before the fix:
+/// `a campaign with a node hung took the node timeout: Elapsed(())`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t81_a_hung_node_holds_up_neither_campaign_nor_resign() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = builder(&cluster).node_timeout(WAIT * 3).build().unwrap();
+    warm(&locks).await;
+    let e = Election::builder(locks, "e81")
+        .ttl(Duration::from_secs(10))
+        .candidate("a")
+        .build()
+        .unwrap();
+    cluster.pause(4).unwrap();
+    let leadership = tokio::time::timeout(WAIT, e.campaign())
+        .await
+        .expect("a campaign with a node hung took the node timeout")
+        .unwrap();
+    let record = "quorumlock:{e81}:leader";
+    let mut written = 0;
+    for u in &urls[..4] {
+        if value_of(u, record).await.is_some() {
+            written += 1;
+        }
+    }
+    assert!(written >= 3, "record on {written} healthy nodes");
+    tokio::time::timeout(WAIT, leadership.resign())
+        .await
+        .expect("a resign with a node hung took the node timeout")
+        .unwrap();
+    cluster.resume(4).unwrap();
+    // The hung node's calls went on in the background: once it answers, the record written
+    // there (if the write reached it) is deleted by the resignation that followed it.
+    wait_until(WAIT, "leader record deleted everywhere", || async {
+        for u in &urls {
+            if value_of(u, record).await.is_some() {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+}

@@ -7,12 +7,17 @@
 //!
 //! [`Node::with_connection`]: crate::node::Node::with_connection
 
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::StreamExt;
 use redis::FromRedisValue;
 use tokio::time::Instant;
 
 use super::Redlock;
 use super::status::LockStatus;
 use crate::core::quorum::HolderView;
+use crate::core::timing;
 use crate::error::{NodeError, NodeFailure};
 use crate::node::HoldOut;
 
@@ -51,6 +56,81 @@ impl Redlock {
             nodes: futures::future::join_all(calls).await,
         }
     }
+
+    /// [`on_every_node`](Self::on_every_node) for a write or an announcement whose caller needs
+    /// only a quorum's answers (an election's leader record, its notices): it returns once a
+    /// quorum has answered and the others have had as long again as that took
+    /// ([`until_quorum`]). Each call runs in a task of the client's, so a call still running
+    /// then goes on in the background, bounded by the node timeout: every node still gets the
+    /// command, in order on its connection, but a hung node costs the caller no timeout. A
+    /// node not waited for reads as timed out after the time the caller waited.
+    pub(crate) async fn on_every_node_to_quorum<T>(&self, cmd: &redis::Cmd) -> Replies<T>
+    where
+        T: FromRedisValue + Send + 'static,
+    {
+        let start = Instant::now();
+        let deadline = start + self.inner.cfg.node_timeout;
+        let calls = self.inner.nodes.iter().map(|node| {
+            let (node, cmd) = (Arc::clone(node), cmd.clone());
+            let task = self.inner.tasks.spawn(async move {
+                let send = |mut conn: redis::aio::MultiplexedConnection| async move {
+                    cmd.query_async::<T>(&mut conn).await
+                };
+                node.with_connection(send, deadline).await
+            });
+            async move {
+                task.await
+                    .unwrap_or_else(|_| Err(NodeError::Timeout(start.elapsed())))
+            }
+        });
+        let answers = until_quorum(calls, self.quorum(), deadline).await;
+        Replies {
+            nodes: self
+                .inner
+                .nodes
+                .iter()
+                .zip(answers)
+                .map(|(node, answer)| {
+                    let reply = answer.unwrap_or_else(|| Err(NodeError::Timeout(start.elapsed())));
+                    (node.name().to_owned(), reply)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The results of one call per node, in the calls' order (`None`: not ended), collected until
+/// every call has ended, or a quorum has answered (`Ok`) and the others have had as long again
+/// as that took (`timing::stragglers_until`), or `deadline`. Calls still running then are
+/// dropped: for reads and marks whose caller can decide on a quorum's answers, a hung node
+/// costs the quorum's own time, not the node timeout.
+pub(crate) async fn until_quorum<T, E, F>(
+    calls: impl IntoIterator<Item = F>,
+    quorum: usize,
+    deadline: Instant,
+) -> Vec<Option<Result<T, E>>>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    let start = Instant::now();
+    let mut pending: futures::stream::FuturesUnordered<_> = calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, call)| async move { (i, call.await) })
+        .collect();
+    let mut results: Vec<Option<Result<T, E>>> = (0..pending.len()).map(|_| None).collect();
+    let mut answered = 0;
+    let mut until = deadline;
+    while let Ok(Some((i, result))) = tokio::time::timeout_at(until, pending.next()).await {
+        if result.is_ok() {
+            answered += 1;
+            if answered == quorum {
+                until = timing::stragglers_until(start, Instant::now(), until);
+            }
+        }
+        results[i] = Some(result);
+    }
+    results
 }
 
 impl<T> Replies<T> {

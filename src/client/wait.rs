@@ -77,10 +77,13 @@ use tokio_util::task::AbortOnDropHandle;
 use super::Redlock;
 use super::queue::Notice;
 pub(crate) use super::queue::{KeyWait, Ticket, Woken};
+use super::side::until_quorum;
 use crate::core::keys::{WAITERS_SUFFIX, waiters_key_of};
 use crate::core::lock;
 use crate::core::timing;
+use crate::error::NodeError;
 use crate::node::Node;
+use crate::node::member::cluster_serves_locks_only;
 
 /// How long a waiters marker lives unless refreshed.
 const MARKER_TTL: Duration = Duration::from_secs(10);
@@ -213,9 +216,9 @@ impl Redlock {
             let sinks: Vec<PubSubSink> = lock(&hub.sinks).iter().flatten().cloned().collect();
             let subs = sinks.into_iter().map(|mut sink| {
                 let channel = channel.clone();
-                async move { sink.subscribe(channel).await.ok() }
+                async move { sink.subscribe(channel).await }
             });
-            quorum_answers(subs, self.quorum(), deadline).await;
+            until_quorum(subs, self.quorum(), deadline).await;
         };
         // A fresh client's subscriptions wake every waiter once they stand (notices may have
         // been missed before): awaited here, so that the round that follows registration
@@ -274,17 +277,13 @@ impl Redlock {
                 let node = Arc::clone(node);
                 let channel = channel.to_owned();
                 let id = self.inner.waiting.hub.id.clone();
-                async move {
-                    node.mark_waiting(&channel, &id, MARKER_TTL, deadline)
-                        .await
-                        .ok()
-                }
+                async move { node.mark_waiting(&channel, &id, MARKER_TTL, deadline).await }
             })
             .collect::<Vec<_>>();
         if wait {
             // Once the marker stands on a quorum, a release there announces itself; a hung
             // node's marker is left to the refresh rather than costing the node timeout.
-            quorum_answers(sets, self.quorum(), deadline).await;
+            until_quorum(sets, self.quorum(), deadline).await;
         } else if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(futures::future::join_all(sets));
         }
@@ -305,14 +304,18 @@ impl Redlock {
             async move {
                 // A Cluster member serves lock rounds only.
                 if node.is_cluster() {
-                    return None;
+                    return Err(NodeError::Redis(cluster_serves_locks_only()));
                 }
-                node.pttl(lock_key, deadline).await.ok()
+                node.pttl(lock_key, deadline).await
             }
         });
         // A missing answer counts as "never free" in `quorum_free_in`, so the answers a hung
         // node owes could only shorten the figure.
-        let pttls = quorum_answers(reads, self.quorum(), deadline).await;
+        let pttls: Vec<Option<i64>> = until_quorum(reads, self.quorum(), deadline)
+            .await
+            .into_iter()
+            .map(|answer| answer.and_then(Result::ok))
+            .collect();
         let free_in = timing::quorum_free_in(&pttls, self.quorum());
         tracing::trace!(lock_key, ?pttls, ?free_in, "holder's key read");
         free_in.map(|d| d.min(cap))
@@ -486,37 +489,4 @@ impl Hub {
             kw.released(None);
         }
     }
-}
-
-/// The answers of one call per node, in the calls' order (`None`: no answer), collected until
-/// every call has ended, or a quorum has answered and the others have had as long again as that
-/// took (`timing::stragglers_until`), or `deadline`. Calls still running then are dropped: a
-/// hung node costs a waiter the quorum's own time, not the node timeout.
-async fn quorum_answers<T, F>(
-    calls: impl IntoIterator<Item = F>,
-    quorum: usize,
-    deadline: Instant,
-) -> Vec<Option<T>>
-where
-    F: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    let mut pending: futures::stream::FuturesUnordered<_> = calls
-        .into_iter()
-        .enumerate()
-        .map(|(i, call)| async move { (i, call.await) })
-        .collect();
-    let mut answers: Vec<Option<T>> = (0..pending.len()).map(|_| None).collect();
-    let mut answered = 0;
-    let mut until = deadline;
-    while let Ok(Some((i, answer))) = tokio::time::timeout_at(until, pending.next()).await {
-        if answer.is_some() {
-            answered += 1;
-            if answered == quorum {
-                until = timing::stragglers_until(start, Instant::now(), until);
-            }
-        }
-        answers[i] = answer;
-    }
-    answers
 }

@@ -22,7 +22,6 @@ use crate::client::{SpanOutcome, millis, span_outcome};
 use crate::core::clock;
 use crate::error::{Error, FailureList, NodeError, NodeFailure};
 use crate::lock::guard::Lock;
-use crate::node::HoldOut;
 
 use super::leadership::Leadership;
 
@@ -305,7 +304,7 @@ impl Election {
                 };
                 let replies = sh
                     .locks
-                    .on_every_node::<i64>(&sh.keys.write(&record), HoldOut::Ignore)
+                    .on_every_node_to_quorum::<i64>(&sh.keys.write(&record))
                     .await;
                 let written = replies.answers().filter(|&&r| r == 1).count();
                 if written == 0 {
@@ -323,7 +322,7 @@ impl Election {
         };
         let message = Notice::elected(token, self.candidate());
         sh.locks
-            .on_every_node::<i64>(&sh.keys.publish(&message), HoldOut::Ignore)
+            .on_every_node_to_quorum::<i64>(&sh.keys.publish(&message))
             .await;
         record
     }
