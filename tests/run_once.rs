@@ -573,3 +573,43 @@ async fn t80_a_marker_lost_in_a_restart_does_not_let_a_tick_run_twice() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A tick with one node hung: the marker's read and write are decided once a quorum has
+/// answered (a read: a quorum of proven "absent" answers, or any "present"), so the run neither
+/// waits for the hung node nor loses its safety (a marker on a quorum meets every quorum of
+/// readers). The instance is connected to every node when node 4 hangs, and its node timeout,
+/// 30 s, is three times the test's bound. A late instance then skips the tick, still with node
+/// 4 hung. Before the fix: `a tick with a node hung took the node timeout: Elapsed(())`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t90_a_hung_node_holds_up_no_tick() {
+    let mut cluster = cluster(5);
+    let patient = |id: &str| {
+        let locks = builder(&cluster).node_timeout(WAIT * 3).build().unwrap();
+        let job = RunOnce::builder(locks.clone(), "s90")
+            .ttl(Duration::from_secs(10))
+            .marker_ttl(Duration::from_secs(60))
+            .instance(id)
+            .build()
+            .expect("valid job");
+        (locks, job)
+    };
+    let (a_locks, a) = patient("a");
+    let (b_locks, b) = patient("b");
+    warm(&a_locks).await;
+    warm(&b_locks).await;
+    cluster.pause(4).unwrap();
+    let ran = tokio::time::timeout(WAIT, a.run(1, |ctx| async move { ctx.token() }))
+        .await
+        .expect("a tick with a node hung took the node timeout")
+        .unwrap();
+    assert!(matches!(ran, Outcome::Ran { marked: true, .. }), "{ran:?}");
+    let late = tokio::time::timeout(WAIT, b.run(1, |_| async { unreachable!() }))
+        .await
+        .expect("a late instance with a node hung took the node timeout")
+        .unwrap();
+    assert!(
+        matches!(late.skip_reason(), Some(SkipReason::AlreadyRan { .. })),
+        "{late:?}"
+    );
+    cluster.resume(4).unwrap();
+}

@@ -63,8 +63,13 @@ impl Redlock {
     /// ([`until_quorum`]). Each call runs in a task of the client's, so a call still running
     /// then goes on in the background, bounded by the node timeout: every node still gets the
     /// command, in order on its connection, but a hung node costs the caller no timeout. A
-    /// node not waited for reads as timed out after the time the caller waited.
-    pub(crate) async fn on_every_node_to_quorum<T>(&self, cmd: &redis::Cmd) -> Replies<T>
+    /// node not waited for reads as timed out after the time the caller waited. `hold_out` as
+    /// for `on_every_node` (a held-out node's answer does not count toward the quorum).
+    pub(crate) async fn on_every_node_to_quorum<T>(
+        &self,
+        cmd: &redis::Cmd,
+        hold_out: HoldOut,
+    ) -> Replies<T>
     where
         T: FromRedisValue + Send + 'static,
     {
@@ -76,7 +81,11 @@ impl Redlock {
                 let send = |mut conn: redis::aio::MultiplexedConnection| async move {
                     cmd.query_async::<T>(&mut conn).await
                 };
-                node.with_connection(send, deadline).await
+                let reply = node.with_connection(send, deadline).await;
+                match node.held_out() {
+                    Some(why) if hold_out == HoldOut::Respect && reply.is_ok() => Err(why),
+                    _ => reply,
+                }
             });
             async move {
                 task.await

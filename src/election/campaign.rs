@@ -22,6 +22,7 @@ use crate::client::{SpanOutcome, millis, span_outcome};
 use crate::core::clock;
 use crate::error::{Error, FailureList, NodeError, NodeFailure};
 use crate::lock::guard::Lock;
+use crate::node::HoldOut;
 
 use super::leadership::Leadership;
 
@@ -304,7 +305,7 @@ impl Election {
                 };
                 let replies = sh
                     .locks
-                    .on_every_node_to_quorum::<i64>(&sh.keys.write(&record))
+                    .on_every_node_to_quorum::<i64>(&sh.keys.write(&record), HoldOut::Ignore)
                     .await;
                 let written = replies.answers().filter(|&&r| r == 1).count();
                 if written == 0 {
@@ -322,7 +323,7 @@ impl Election {
         };
         let message = Notice::elected(token, self.candidate());
         sh.locks
-            .on_every_node_to_quorum::<i64>(&sh.keys.publish(&message))
+            .on_every_node_to_quorum::<i64>(&sh.keys.publish(&message), HoldOut::Ignore)
             .await;
         record
     }

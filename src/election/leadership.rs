@@ -14,6 +14,7 @@ use crate::core::lock;
 use crate::core::token::FencingToken;
 use crate::error::{Error, LostReason};
 use crate::lock::guard::Lock;
+use crate::node::HoldOut;
 
 /// What a health check reports for one candidate, from [`Election::health`].
 #[derive(Debug)]
@@ -235,7 +236,10 @@ impl Election {
         let message = Notice::resigned(token, self.candidate());
         let sh = &*self.inner.observer.shared;
         let cmd = sh.keys.resign(record, &message);
-        let replies = sh.locks.on_every_node_to_quorum::<i64>(&cmd).await;
+        let replies = sh
+            .locks
+            .on_every_node_to_quorum::<i64>(&cmd, HoldOut::Ignore)
+            .await;
         let reached: i64 = replies.answers().sum();
         tracing::debug!(election = %sh.name, %token, subscribers = reached, "resignation announced");
     }

@@ -563,7 +563,7 @@ impl RunOnce {
         get.arg(&key);
         let replies = self
             .locks
-            .on_every_node::<Option<String>>(&get, HoldOut::Respect)
+            .on_every_node_to_quorum::<Option<String>>(&get, HoldOut::Respect)
             .await;
         if let Some(by) = replies.answers().flatten().next() {
             return Marker::Present(RanBy::parse(by));
@@ -611,7 +611,7 @@ impl RunOnce {
             .arg(ttl_ms);
         let replies = self
             .locks
-            .on_every_node::<Option<String>>(&set, HoldOut::Respect)
+            .on_every_node_to_quorum::<Option<String>>(&set, HoldOut::Respect)
             .await;
         // OK (written) and nil (already there) both leave the marker on the node.
         let marked = replies.answered();
