@@ -107,7 +107,9 @@ struct Inner {
     ttl: Duration,
     /// This candidate's current term.
     term: Mutex<Option<Term>>,
-    /// How many times a campaign went back to standing by (see `wait_standing_by`).
+    /// How many times a campaign went back to standing by (see `wait_standing_by`): a test
+    /// hook, compiled with the `testkit` feature only.
+    #[cfg(feature = "testkit")]
     standbys: tokio::sync::watch::Sender<u64>,
 }
 
@@ -204,6 +206,7 @@ impl ElectionBuilder {
                 candidate: self.candidate.unwrap_or_else(default_candidate),
                 ttl,
                 term: Mutex::new(None),
+                #[cfg(feature = "testkit")]
                 standbys: tokio::sync::watch::Sender::new(0),
             }),
         })

@@ -77,7 +77,8 @@ pub(crate) struct NodeSettings {
     pub(crate) eviction_guard: EvictionGuard,
     /// Whether acquires carry a fencing counter (`fence.rs`).
     pub(crate) fenced: bool,
-    /// Keep this node on the acquire script whatever it runs (testkit only).
+    /// Keep this node on the acquire script whatever it runs (a test hook).
+    #[cfg(feature = "testkit")]
     pub(crate) force_script: bool,
     /// The key of the node's durability marker (`health.rs`), under the key prefix.
     pub(crate) durability_marker: String,
@@ -193,7 +194,7 @@ impl Node {
             incarnation: AtomicU64::new(0),
             by_eval: AtomicBool::new(false),
             by_eval_logged: AtomicBool::new(false),
-            fence: fence::FencePath::new(settings.fenced, settings.force_script),
+            fence: fence::FencePath::new(&settings),
             durability_marker: settings.durability_marker,
         }
     }
