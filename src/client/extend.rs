@@ -125,7 +125,14 @@ impl Redlock {
         let elapsed = decided.saturating_duration_since(started);
         let validity = timing::validity(sent, elapsed, drift);
         let outcome = timing::extension(verdict, decided < lock_deadline, validity);
-        self.conclude(state, outcome, (tally, failures), decided, elapsed, ttl)
+        self.conclude(
+            state,
+            outcome,
+            Answers { tally, failures },
+            decided,
+            elapsed,
+            ttl,
+        )
     }
 
     /// What an extension round's outcome does to the lock and tells the caller.
@@ -133,7 +140,7 @@ impl Redlock {
         &self,
         state: &LockState,
         outcome: Extension,
-        (tally, failures): (Tally, Vec<NodeFailure>),
+        Answers { tally, failures }: Answers,
         decided: Stamp,
         elapsed: Duration,
         ttl: Duration,
@@ -186,6 +193,12 @@ impl Redlock {
             }
         }
     }
+}
+
+/// An extension round's answers, as its outcome reads them.
+struct Answers {
+    tally: Tally,
+    failures: Vec<NodeFailure>,
 }
 
 /// The extension of a held lock: the EXTEND script, and, on the nodes whose counter was seen at
@@ -250,7 +263,7 @@ impl Redlock {
         );
         let outcome = super::SpanOutcome::new(&span);
         let result = self
-            .resume_round(key, value, (token, ttl), &caller)
+            .resume_round(key, value, token, ttl, &caller)
             .instrument(span.clone())
             .await;
         outcome.finish(&result, "resumed");
@@ -261,7 +274,8 @@ impl Redlock {
         &self,
         key: &str,
         value: &str,
-        (token, ttl): (FencingToken, Duration),
+        token: FencingToken,
+        ttl: Duration,
         caller: &tracing::Span,
     ) -> Result<Arc<LockState>, Error> {
         let drift = self.check(key, ttl)?;
@@ -314,7 +328,8 @@ impl Redlock {
                 Ok(self.held_state(LockState::new(
                     lock_keys,
                     value.to_owned(),
-                    (token, SeenAt::new(nothing_seen, [])),
+                    token,
+                    SeenAt::new(nothing_seen, []),
                     ttl,
                     decided.saturating_add(validity),
                 )))

@@ -1,6 +1,6 @@
 //! The client engine: the nodes, the configuration as plain validated values ([`config`]), the
 //! fan-out round that decides as soon as the outcome is certain ([`round`]), and the operations
-//! built on it: acquisition ([`acquire`]), extension ([`extend`]), release ([`release`]),
+//! built on it: acquisition ([`acquire`], with its waiting between rounds in [`waiter`]), extension ([`extend`]), release ([`release`]),
 //! status ([`status`]) and the repair of restarted nodes ([`repair`]). The state of a held lock
 //! is [`state`]; the public guard around it lives in `crate::lock`.
 
@@ -17,6 +17,7 @@ pub(crate) mod state;
 pub(crate) mod status;
 mod undo;
 pub(crate) mod wait;
+mod waiter;
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
@@ -263,7 +264,8 @@ impl Redlock {
         Error::no_quorum(
             key,
             tally.reached(),
-            (self.node_count(), self.quorum()),
+            self.node_count(),
+            self.quorum(),
             failures,
         )
     }

@@ -373,7 +373,7 @@ pub(crate) mod tests {
                 value: value.map(str::to_owned),
                 owner: value.and_then(crate::core::keys::owner_of),
                 ttl: ttl_ms.map(Duration::from_millis),
-                fence,
+                fence: crate::core::token::FencingToken::new(fence),
             }),
             eviction: crate::EvictionRisk::None,
             unchecked: Vec::new(),

@@ -22,11 +22,11 @@ use crate::node::Node;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Notice {
     Elected {
-        token: u64,
+        token: FencingToken,
         candidate: String,
     },
     Resigned {
-        token: u64,
+        token: FencingToken,
         candidate: String,
     },
     /// A node's subscription was re-established: notifications may have been missed.
@@ -45,7 +45,7 @@ impl Notice {
     fn parse(payload: &str) -> Option<Notice> {
         let mut parts = payload.splitn(3, ' ');
         let kind = parts.next()?;
-        let token = parts.next()?.parse().ok()?;
+        let token = FencingToken::new(parts.next()?.parse().ok()?);
         let candidate = parts.next().unwrap_or_default().to_owned();
         match kind {
             "elected" => Some(Notice::Elected { token, candidate }),
@@ -161,10 +161,19 @@ impl Notifier {
 /// copies of consecutive notices may interleave). Terms' tokens grow, so a notice is news when
 /// its token is above the last one of its kind; a re-established subscription always is
 /// (notices may have been missed).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Fresh {
-    elected: u64,
-    resigned: u64,
+    elected: FencingToken,
+    resigned: FencingToken,
+}
+
+impl Default for Fresh {
+    fn default() -> Self {
+        Fresh {
+            elected: FencingToken::new(0),
+            resigned: FencingToken::new(0),
+        }
+    }
 }
 
 impl Fresh {
@@ -216,14 +225,14 @@ mod tests {
         assert_eq!(
             Notice::parse(&Notice::elected(t, "host a")),
             Some(Notice::Elected {
-                token: 7,
+                token: t,
                 candidate: "host a".to_owned()
             })
         );
         assert_eq!(
             Notice::parse(&Notice::resigned(t, "")),
             Some(Notice::Resigned {
-                token: 7,
+                token: t,
                 candidate: String::new()
             })
         );
@@ -235,14 +244,14 @@ mod tests {
     fn only_the_first_copy_of_a_notice_is_news() {
         let mut fresh = Fresh::default();
         let elected = |token| Notice::Elected {
-            token,
+            token: FencingToken::new(token),
             candidate: String::new(),
         };
         assert!(fresh.first_copy(&elected(3)));
         assert!(!fresh.first_copy(&elected(3)));
         assert!(!fresh.first_copy(&elected(2)));
         assert!(fresh.first_copy(&Notice::Resigned {
-            token: 3,
+            token: FencingToken::new(3),
             candidate: String::new()
         }));
         assert!(fresh.first_copy(&Notice::Resubscribed));

@@ -595,7 +595,8 @@ impl RunOnce {
         Marker::Unreadable(Error::no_quorum(
             &key,
             proven,
-            (replies.len(), quorum),
+            replies.len(),
+            quorum,
             failures,
         ))
     }
