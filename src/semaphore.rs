@@ -196,7 +196,7 @@ impl Semaphore {
     ///
     /// As [`Redlock::try_acquire`]: an attempt in flight is released in the background.
     pub async fn acquire_timeout(&self, ttl: Duration, wait: Duration) -> Result<Permit, Error> {
-        let sweeps = self.client.inner.cfg.retry_count.saturating_add(1);
+        let sweeps = self.client.retry_count().saturating_add(1);
         self.acquire_with(ttl, sweeps, wait).await
     }
 
@@ -247,9 +247,7 @@ impl Semaphore {
             })
             .collect();
         // Others of this client wait already: queue behind them instead of sweeping first.
-        let queued = keys
-            .first()
-            .is_some_and(|k| self.client.inner.waiting.queued(k).is_some());
+        let queued = keys.first().is_some_and(|k| self.client.has_waiters(k));
         let mut waiting = if queued {
             self.register(&keys).await
         } else {

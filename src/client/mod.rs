@@ -137,6 +137,30 @@ impl Redlock {
             .collect()
     }
 
+    /// Whether acquisitions hand out fencing tokens
+    /// ([`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing)): the election and run-once
+    /// need them.
+    pub(crate) fn fencing(&self) -> bool {
+        self.inner.cfg.fencing
+    }
+
+    /// The configured retry count
+    /// ([`RedlockBuilder::retry_count`](crate::RedlockBuilder::retry_count)).
+    pub(crate) fn retry_count(&self) -> u32 {
+        self.inner.cfg.retry_count
+    }
+
+    /// The nodes, in configuration order: for the features that talk to each node on their
+    /// own (the election's notice subscriptions, run-once's marker reads).
+    pub(crate) fn nodes(&self) -> &[Arc<Node>] {
+        &self.inner.nodes
+    }
+
+    /// Whether this client has waiters queued for `lock_key` (`wait.rs`).
+    pub(crate) fn has_waiters(&self, lock_key: &str) -> bool {
+        self.inner.waiting.queued(lock_key).is_some()
+    }
+
     /// Waits until the work this client does in the background has finished: releases of failed,
     /// cancelled or dropped acquisitions, the unanswered part of a release, and calls still in
     /// flight after a won round. Each is bounded by the node timeout. Call it before a

@@ -245,7 +245,7 @@ impl ElectionBuilder {
                 max: RedlockBuilder::MAX_TIMING,
             });
         }
-        if !self.locks.inner.cfg.fencing {
+        if !self.locks.fencing() {
             return Err(ConfigError::FencingRequired);
         }
         let observer = Observer::new(self.locks.clone(), self.name.clone(), poll);

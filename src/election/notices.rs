@@ -66,8 +66,7 @@ impl Notifier {
     pub(crate) fn start(locks: &Redlock, channel: &str, handle: &tokio::runtime::Handle) -> Self {
         let (tx, _) = broadcast::channel(64);
         let tasks = locks
-            .inner
-            .nodes
+            .nodes()
             .iter()
             .map(|node| {
                 AbortOnDropHandle::new(handle.spawn(Self::subscribe(
