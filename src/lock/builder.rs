@@ -560,7 +560,8 @@ impl RedlockBuilder {
                     client,
                     self.settings_of(&settings, index),
                     Arc::clone(&max_ttl),
-                    (index, Arc::clone(&peers)),
+                    index,
+                    Arc::clone(&peers),
                 ))
             })
             .collect();
