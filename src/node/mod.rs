@@ -34,7 +34,6 @@ use tokio::time::Instant;
 
 use crate::core::health::{EvictionGuard, RestartGuard};
 use crate::error::NodeError;
-use crate::metrics;
 
 use self::connection::ConnSlot;
 pub(crate) use self::gate::RoundGate;
@@ -197,7 +196,7 @@ impl Node {
         match self.run_now(&call, hold_out, gate).await {
             Ok(Some(value)) => {
                 #[cfg(feature = "metrics")]
-                metrics::node_latency(&self.name, op.as_str(), start.elapsed());
+                crate::metrics::node_latency(&self.name, op.as_str(), start.elapsed());
                 self.mark_up();
                 Ok(value)
             }
