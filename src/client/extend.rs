@@ -12,7 +12,7 @@ use super::Redlock;
 use super::round::{Round, positive};
 use super::state::{LockState, Seen, SeenAt};
 use crate::core::clock::{self, Stamp};
-use crate::core::keys;
+use crate::core::keys::{self, LockKeys};
 use crate::core::quorum::Tally;
 use crate::core::timing::{self, Extension};
 use crate::core::token::FencingToken;
@@ -195,6 +195,22 @@ impl Redlock {
     }
 }
 
+/// The resume's extension round call: token 0 and the lean argument, so `PEXPIRE` where our
+/// value stands, `0` elsewhere; the counter is never read (one key, so a Redis Cluster member
+/// and a key-limited ACL take it too).
+fn resume_call(keys: &LockKeys, value: &str, ttl_ms: u64) -> scripts::ScriptCall {
+    let mut digits = itoa::Buffer::new();
+    scripts::EXTEND.call(
+        &[keys.lock().as_bytes()],
+        &[
+            value.as_bytes(),
+            digits.format(ttl_ms).as_bytes(),
+            b"0",
+            b"1",
+        ],
+    )
+}
+
 /// An extension round's answers, as its outcome reads them.
 struct Answers {
     tally: Tally,
@@ -287,19 +303,7 @@ impl Redlock {
         let (ttl_ms, sent) = timing::sent_ttl(ttl);
         let budget = timing::budget(sent, drift);
         let length = timing::extend_round(self.inner.cfg.node_timeout, budget, budget);
-        let mut digits = itoa::Buffer::new();
-        // Token 0 and the lean argument: `PEXPIRE` where our value stands, `0` elsewhere; the
-        // counter is never read (one key, so a Redis Cluster member and a key-limited ACL
-        // take it too).
-        let call = scripts::EXTEND.call(
-            &[lock_keys.lock().as_bytes()],
-            &[
-                value.as_bytes(),
-                digits.format(ttl_ms).as_bytes(),
-                b"0",
-                b"1",
-            ],
-        );
+        let call = resume_call(&lock_keys, value, ttl_ms);
         let round = self
             .round(
                 Arc::new(call),
