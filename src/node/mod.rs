@@ -20,6 +20,7 @@ pub(crate) mod gate;
 pub(crate) mod health;
 mod liveness;
 pub(crate) mod member;
+pub(crate) mod pubsub;
 mod repair;
 pub(crate) mod scripts;
 
