@@ -14,13 +14,12 @@ mod election;
 mod error;
 mod eviction;
 mod fencing;
-#[cfg(test)]
-mod fencing_model;
 pub mod guide;
 mod lock;
 mod metrics;
-// The model checker (`docs/verification.md`): compiled into the unit tests only with the
-// internal `model` feature, so `cargo test` of one area does not pay for its runs.
+// The model checker (`docs/verification.md`) and the fencing model: compiled into the unit
+// tests only with the internal `model` feature, so `cargo test` of one area does not pay for
+// their runs.
 #[cfg(all(test, feature = "model"))]
 mod model;
 mod multi;

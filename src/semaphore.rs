@@ -196,7 +196,7 @@ impl Semaphore {
     ///
     /// As [`Redlock::try_acquire`]: an attempt in flight is released in the background.
     pub async fn acquire_timeout(&self, ttl: Duration, wait: Duration) -> Result<Permit, Error> {
-        let sweeps = self.client.inner.cfg.retry_count.saturating_add(1);
+        let sweeps = self.client.retry_count().saturating_add(1);
         self.acquire_with(ttl, sweeps, wait).await
     }
 
@@ -229,6 +229,16 @@ impl Semaphore {
         }
     }
 
+    /// The lock key of every permit, in order.
+    fn permit_keys(&self) -> Vec<String> {
+        (0..self.permits)
+            .map(|i| {
+                let key = format!("{}:permit:{i}", self.name);
+                self.client.keys().lock_keys(&key).lock().to_owned()
+            })
+            .collect()
+    }
+
     /// [`acquire_timeout`](Self::acquire_timeout) with a wait: sweeps, and while every permit
     /// is held waits for a release (see the module's docs) instead of pausing. At least
     /// `sweeps` sweeps, none started after `wait` but those owed.
@@ -240,16 +250,9 @@ impl Semaphore {
     ) -> Result<Permit, Error> {
         let called = Instant::now();
         let give_up_at = clock::tokio_after(called, wait);
-        let keys: Vec<String> = (0..self.permits)
-            .map(|i| {
-                let key = format!("{}:permit:{i}", self.name);
-                self.client.keys().lock_keys(&key).lock().to_owned()
-            })
-            .collect();
+        let keys = self.permit_keys();
         // Others of this client wait already: queue behind them instead of sweeping first.
-        let queued = keys
-            .first()
-            .is_some_and(|k| self.client.inner.waiting.queued(k).is_some());
+        let queued = keys.first().is_some_and(|k| self.client.has_waiters(k));
         let mut waiting = if queued {
             self.register(&keys).await
         } else {

@@ -1,7 +1,8 @@
 //! Acquisition: attempt rounds with retries, contention resolution (a split vote is undone and
 //! re-tried), the fencing token chosen from the yes-answers (and lagging counters raised), and
-//! the undo of a failed or cancelled attempt. The public entry points that wrap the result in a
-//! guard are in `crate::lock::acquire`.
+//! the undo of a failed or cancelled attempt. Waiting between rounds is a [`Waiter`]'s
+//! (`waiter.rs`). The public entry points that wrap the result in a guard are in
+//! `crate::lock::acquire`.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,12 +12,12 @@ use tokio::time::Instant;
 use tracing::{Instrument, field::Empty};
 
 use super::Redlock;
-use super::round::{Round, Tail, int_reply, positive};
+use super::round::{Round, Tail, Yeses, int_reply, positive};
 use super::state::{LockState, Seen, SeenAt};
 use super::undo::UndoRelease;
-use super::wait::{KeyWait, MARKER_REFRESH, Ticket, Woken};
+use super::waiter::Waiter;
 use crate::core::clock::{self, Stamp};
-use crate::core::keys::{LockKeys, new_value_of, waiters_key_of};
+use crate::core::keys::{LockKeys, new_value_of};
 use crate::core::quorum::{self, Acquisition, Verdict};
 use crate::core::timing;
 use crate::core::token::{self, FencingToken};
@@ -29,13 +30,6 @@ use crate::node::{HoldOut, Op};
 /// rounds refused although no value stood on a quorum (contenders that started together split
 /// the nodes). Each undoes its partial acquisition first, then pauses at random.
 const CONTENTION_ROUNDS: u32 = 6;
-
-/// After this many rounds in a row lost after a notice, a waiter tries at once on the next
-/// notice instead of deferring to other clients (`queue::defer`): no waiter starves.
-const MAX_DEFERRED_LOSSES: u32 = 2;
-
-/// A granted round's token, and where the counter was seen at it.
-type Granted = (FencingToken, SeenAt);
 
 /// Ends a won round's handing (`LockState::end_handing`) when dropped.
 struct Handing(Arc<LockState>);
@@ -54,15 +48,138 @@ pub(crate) struct Patience {
     pub(crate) wait: Duration,
 }
 
+/// What one acquisition asks for: the same in all its rounds.
+struct Request<'a> {
+    /// The user key.
+    key: &'a str,
+    /// Every key of the lock, built once (one allocation) for all its rounds and its state.
+    keys: LockKeys,
+    ttl: Duration,
+    /// The drift allowance of `ttl`.
+    drift: Duration,
+    /// The span current when the acquisition was called: its background tasks (undo, handing)
+    /// run in it, so that the acquisition's own span ends when the call returns.
+    caller: &'a tracing::Span,
+}
+
+/// How far an acquisition is along its [`Patience`].
+struct Tries {
+    patience: Patience,
+    called: Instant,
+    /// When a wait is over (`called + patience.wait`, saturating).
+    give_up_at: Instant,
+    /// Attempt rounds made, those that resolved contention left out.
+    rounds: u32,
+    /// Rounds made to resolve contention.
+    contention: u32,
+    /// The error of the last round that failed.
+    last_err: Option<Error>,
+}
+
+impl Tries {
+    fn new(patience: Patience) -> Self {
+        let called = Instant::now();
+        Tries {
+            patience,
+            called,
+            // Saturating: `acquire_timeout(.., Duration::MAX)` waits "for ever" (safety s12).
+            give_up_at: clock::tokio_after(called, patience.wait),
+            rounds: 0,
+            contention: 0,
+            last_err: None,
+        }
+    }
+
+    /// Whether the acquisition waits between its rounds (`acquire_timeout`).
+    fn waits(&self) -> bool {
+        !self.patience.wait.is_zero()
+    }
+
+    /// Whether the rounds the patience promises have all been made.
+    fn made_all(&self) -> bool {
+        self.rounds >= self.patience.rounds
+    }
+
+    /// A split vote: one more round to resolve it, numbered, unless those are used up (the
+    /// failed round then counts as a retry).
+    fn contend(&mut self) -> Option<u32> {
+        if self.contention >= CONTENTION_ROUNDS {
+            return None;
+        }
+        self.contention += 1;
+        self.rounds -= 1;
+        Some(self.contention)
+    }
+
+    /// Whether to give up after a round failed with `err`, with `backoff` as the next pause.
+    fn give_up(&self, err: &Error, backoff: Duration) -> bool {
+        !err.is_retryable()
+            || (self.made_all()
+                && if self.waits() {
+                    Instant::now() >= self.give_up_at
+                } else {
+                    self.called.elapsed().saturating_add(backoff) > self.patience.wait
+                })
+    }
+
+    /// When the next round starts after a pause until `at`: the last rounds of a wait start
+    /// before it is over.
+    fn next_round_at(&self, at: Instant) -> Instant {
+        if self.waits() && self.made_all() {
+            at.min(self.give_up_at)
+        } else {
+            at
+        }
+    }
+}
+
+/// A round whose value stood on a quorum: what its token is chosen from.
+struct Voted {
+    round: Round,
+    /// When the round started, on the deadline clock.
+    started: Stamp,
+    /// The ttl the nodes were told (whole milliseconds).
+    sent: Duration,
+    /// The end of the round's validity budget: a raise must land before it.
+    budget_end: Instant,
+    /// The connection generations taken before the round's first call, with fencing on.
+    generations: Seen,
+}
+
+/// A round that did not win: its error, and what its undo needs to know.
+struct Lost {
+    err: Error,
+    /// Refused although no value can stand on a quorum (contenders split the nodes).
+    contended: bool,
+    /// The nodes that refused because another value holds the key: the undo skips them (ours
+    /// is not there).
+    held_elsewhere: Vec<bool>,
+    /// A refused round's unanswered calls: the undo learns their answers first.
+    tail: Option<Tail>,
+}
+
+/// A won round: its token, and the validity counted from its end.
+struct Won {
+    token: FencingToken,
+    seen: SeenAt,
+    /// Where the validity ends, on the deadline clock.
+    deadline: Stamp,
+    /// The round's unanswered calls.
+    tail: Tail,
+}
+
+/// How one attempt round ended.
+enum RoundEnd {
+    Won(Won),
+    /// A split vote, undone: the next round follows after a random pause.
+    Undone,
+    Failed(Error),
+}
+
 impl Redlock {
     /// Acquires `key` with this patience: the engine behind the public `try_acquire`,
     /// `acquire` and `acquire_timeout` (`crate::lock::acquire`), which wrap the state in a guard.
-    ///
-    /// With a `wait` (`acquire_timeout`), a refused acquisition *waits* (`wait.rs`): it joins
-    /// this client's queue for the key, subscribes to release notices and marks the key as
-    /// waited on, and makes its next round when a release is announced (or this client released
-    /// it), or when its timer fires (the crate's backoff: the fallback for lost notices).
-    /// Without one (`try_acquire`, `acquire`) it pauses between rounds after the same policy.
+    /// Between rounds it pauses, or waits for a release, as its [`Waiter`] decides.
     ///
     /// In a `quorumlock.acquire` span; its background tasks (undo, handing) run in the caller's
     /// span, so that the acquisition's span ends when the call returns (`docs/design.md`).
@@ -82,10 +199,20 @@ impl Redlock {
             token = Empty,
         );
         let outcome = super::SpanOutcome::new(&span);
-        let result = self
-            .acquire_rounds(key, ttl, patience, (&caller, &span))
-            .instrument(span.clone())
-            .await;
+        let result = async {
+            let drift = self.check(key, ttl)?;
+            let keys = self.keys().lock_keys(key);
+            let req = Request {
+                key,
+                keys,
+                ttl,
+                drift,
+                caller: &caller,
+            };
+            self.acquire_rounds(req, patience, &span).await
+        }
+        .instrument(span.clone())
+        .await;
         if let Ok(state) = &result {
             span.record("token", state.token().get());
         }
@@ -96,168 +223,126 @@ impl Redlock {
     /// The rounds of [`acquire_held`](Self::acquire_held), counted on its `span`.
     async fn acquire_rounds(
         &self,
-        key: &str,
-        ttl: Duration,
+        req: Request<'_>,
         patience: Patience,
-        (caller, span): (&tracing::Span, &tracing::Span),
+        span: &tracing::Span,
     ) -> Result<Arc<LockState>, Error> {
-        let drift = self.check(key, ttl)?;
-        self.inner.max_ttl.observe(ttl);
-        let called = Instant::now();
-        // Saturating: `acquire_timeout(.., Duration::MAX)` waits "for ever" (safety s12).
-        let give_up_at = clock::tokio_after(called, patience.wait);
-        let waits = !patience.wait.is_zero();
-        // Every key of the lock, built once (one allocation) for all its rounds and its state.
-        let keys = self.keys().lock_keys(key);
-        let (lock_key, fence_key) = (keys.lock(), keys.fence());
-        // A waiter queues behind this client's waiters for the key instead of trying first.
-        let mut waiter: Option<(Arc<KeyWait>, Ticket)> = None;
-        if waits && self.inner.waiting.queued(lock_key).is_some() {
-            waiter = Some(self.wait_for(lock_key).await);
-        }
-        let mut round_no = 0u32;
-        let mut contention_rounds = 0u32;
-        // Consecutive retries that the timer started (no notice): the backoff's attempt number.
-        let mut polls = 0u32;
-        let mut last_err: Option<Error> = None;
-        // Consecutive rounds lost after a notice: past a few, this waiter stops deferring.
-        let mut losses = 0u32;
+        self.inner.max_ttl.observe(req.ttl);
+        let mut tries = Tries::new(patience);
+        let mut waiter = Waiter::new(self, &req.keys, tries.waits(), tries.give_up_at).await;
         loop {
-            if let Some((kw, ticket)) = &waiter
-                && self
-                    .wait_turn((kw, ticket), lock_key, give_up_at, &mut polls)
-                    .await
-                && round_no >= patience.rounds
-                && let Some(err) = last_err.take()
+            if waiter.turn().await
+                && tries.made_all()
+                && let Some(err) = tries.last_err.take()
             {
-                self.count_acquire(super::outcome_label(&err), called.elapsed(), key);
+                self.count_acquire(super::outcome_label(&err), tries.called.elapsed(), req.key);
                 return Err(err);
             }
-            round_no += 1;
+            tries.rounds += 1;
             // Every attempt round, those resolving contention included.
-            span.record("rounds", round_no + contention_rounds);
-            let epoch = waiter.as_ref().map_or(0, |(kw, _)| kw.epoch());
+            span.record("rounds", tries.rounds + tries.contention);
+            let epoch = waiter.start_round();
             let value = new_value_of(&self.inner.cfg.owner_suffix);
-            // Armed before the first await: a cancelled or failed round is released everywhere.
-            let mut undo = UndoRelease::arm(self, (lock_key, fence_key), &value, caller);
-            let mut contended = false;
-            let round_start = Instant::now();
-            tracing::trace!(key, round = round_no, epoch, "attempt round");
-            let result = self
-                .attempt(
-                    key,
-                    &keys,
-                    &value,
-                    ttl,
-                    drift,
-                    (
-                        &mut contended,
-                        &mut undo.skip,
-                        &mut undo.tail,
-                        &mut undo.stood,
-                    ),
-                )
-                .await;
-            let err = match result {
-                Ok(((token, seen), measured, validity, tail)) => {
-                    undo.disarm();
-                    if let Some((_, ticket)) = &mut waiter {
-                        ticket.won(epoch);
-                    }
-                    drop(waiter);
-                    self.count_acquire("acquired", called.elapsed(), key);
-                    let state = self.held_state(LockState::new(
-                        keys,
-                        value,
-                        (token, seen),
-                        ttl,
-                        measured.saturating_add(validity),
-                    ));
-                    self.keep_granted(&state, tail, caller);
-                    return Ok(state);
+            tracing::trace!(key = req.key, round = tries.rounds, epoch, "attempt round");
+            let err = match self.round_of(&req, &value, &mut tries, &waiter).await {
+                RoundEnd::Won(won) => {
+                    waiter.won();
+                    return Ok(self.granted(req, value, won, tries.called));
                 }
-                Err(e) => e,
+                RoundEnd::Undone => continue,
+                RoundEnd::Failed(err) => err,
             };
-            if contended && contention_rounds < CONTENTION_ROUNDS {
-                contention_rounds += 1;
-                round_no -= 1;
-                self.undo_split_vote(
-                    key,
-                    (lock_key, fence_key, &value),
-                    &undo.skip,
-                    round_start.elapsed(),
-                    contention_rounds,
-                    waiter.is_some(),
-                )
-                .await;
-                undo.disarm();
-                continue;
-            }
-            drop(undo);
-            let backoff = self.retry_pause_after(polls);
-            let give_up = !err.is_retryable()
-                || (round_no >= patience.rounds
-                    && if waits {
-                        Instant::now() >= give_up_at
-                    } else {
-                        called.elapsed().saturating_add(backoff) > patience.wait
-                    });
-            if give_up {
-                self.count_acquire(super::outcome_label(&err), called.elapsed(), key);
-                return Err(err);
-            }
-            let held = err.is_held();
-            // A registered waiter refused by a holder sleeps until the holder's key expires
-            // (or a notice): the holder's lease, not a poll interval, is what it waits for.
-            let delay = if held && waiter.is_some() {
-                self.holder_pause(lock_key).await.unwrap_or(backoff)
-            } else {
-                backoff
-            };
-            let now = Instant::now();
-            tracing::debug!(key, round = round_no, ?delay, error = %err, "retrying acquisition");
-            last_err = Some(err);
-            // The last rounds of a wait: none starts after it.
-            let until = if waits && round_no >= patience.rounds {
-                (now + delay).min(give_up_at)
-            } else {
-                now + delay
-            };
-            match &waiter {
-                // The first refusal of a wait: join the queue, then try once more at once (the
-                // lock may have been released before the marker stood).
-                None if waits && held => {
-                    waiter = Some(self.wait_for(lock_key).await);
-                    polls = 0;
-                }
-                // A registered waiter waits for a notice whatever refused its round: a round
-                // that could not reach a quorum (a node hung, the others split between the
-                // holder's value and ours) is usually followed by the holder's release.
-                Some((kw, _)) => {
-                    let woken = self
-                        .await_release_or_expiry(kw, lock_key, epoch, (until, give_up_at))
-                        .await;
-                    tracing::trace!(key, ?woken, "waiter woken");
-                    match woken {
-                        Woken::Notice => {
-                            polls = 0;
-                            // Other clients wait too: take turns with them (`queue::defer`),
-                            // unless this waiter has already lost twice in a row.
-                            losses += 1;
-                            let defer = kw.deferral();
-                            if losses <= MAX_DEFERRED_LOSSES && !defer.is_zero() {
-                                tokio::time::sleep(defer).await;
-                            }
-                        }
-                        Woken::Timer => polls = polls.saturating_add(1),
-                    }
-                }
-                _ => {
-                    polls = polls.saturating_add(1);
-                    tokio::time::sleep_until(until).await;
-                }
-            }
+            self.retry_or_give_up(err, &mut tries, &mut waiter).await?;
         }
+    }
+
+    /// One attempt round with its undo armed before the first await: a round that fails or is
+    /// cancelled is released everywhere; a split vote is undone (awaited) before a random
+    /// pause.
+    async fn round_of(
+        &self,
+        req: &Request<'_>,
+        value: &str,
+        tries: &mut Tries,
+        waiter: &Waiter<'_>,
+    ) -> RoundEnd {
+        let mut undo = UndoRelease::arm(self, &req.keys, value, req.caller);
+        let round_start = Instant::now();
+        let voted = match self.attempt(req, value).await {
+            Ok(voted) => voted,
+            Err(lost) => {
+                undo.skip = lost.held_elsewhere;
+                undo.tail = lost.tail;
+                if lost.contended
+                    && let Some(contention_round) = tries.contend()
+                {
+                    let round_trip = round_start.elapsed();
+                    undo.release_now().await;
+                    self.split_pause(req.key, round_trip, contention_round, waiter.is_queued())
+                        .await;
+                    undo.disarm();
+                    return RoundEnd::Undone;
+                }
+                return RoundEnd::Failed(lost.err);
+            }
+        };
+        // The value stood on a quorum: the round won, whatever follows (the undo announces).
+        undo.stood = true;
+        match self.seal(req, value, voted).await {
+            Ok(won) => {
+                undo.disarm();
+                RoundEnd::Won(won)
+            }
+            Err(err) => RoundEnd::Failed(err),
+        }
+    }
+
+    /// After a failed round: gives up (its error), or pauses as the waiter decides until the
+    /// next round.
+    async fn retry_or_give_up(
+        &self,
+        err: Error,
+        tries: &mut Tries,
+        waiter: &mut Waiter<'_>,
+    ) -> Result<(), Error> {
+        let backoff = waiter.backoff();
+        if tries.give_up(&err, backoff) {
+            self.count_acquire(
+                super::outcome_label(&err),
+                tries.called.elapsed(),
+                waiter.key(),
+            );
+            return Err(err);
+        }
+        let held = err.is_held();
+        let delay = waiter.delay(held, backoff).await;
+        let now = Instant::now();
+        tracing::debug!(key = waiter.key(), round = tries.rounds, ?delay, error = %err, "retrying acquisition");
+        tries.last_err = Some(err);
+        waiter.pause(held, tries.next_round_at(now + delay)).await;
+        Ok(())
+    }
+
+    /// The lock of a won round: counted, kept in a state with its token and validity, and its
+    /// round's unanswered calls kept (`keep_granted`).
+    fn granted(
+        &self,
+        req: Request<'_>,
+        value: String,
+        won: Won,
+        called: Instant,
+    ) -> Arc<LockState> {
+        self.count_acquire("acquired", called.elapsed(), req.key);
+        let state = self.held_state(LockState::new(
+            req.keys,
+            value,
+            won.token,
+            won.seen,
+            req.ttl,
+            won.deadline,
+        ));
+        self.keep_granted(&state, won.tail, req.caller);
+        state
     }
 
     /// The won round's unanswered calls: closed (no call of the round is sent once they are
@@ -288,128 +373,18 @@ impl Redlock {
         );
     }
 
-    /// Before a queued waiter's round: waits for its turn (it is the oldest of this client's
-    /// waiters for the key, and the lock its predecessor won has been released since), for at
-    /// most `give_up_at`. The head waiting for that release makes a round only once the
-    /// predecessor's key may have expired on a quorum (its `PTTL`, re-read after the crate's
-    /// backoff, then at the expiry or within 1 s): polling it on the backoff cost a round every
-    /// few milliseconds of a short hold. Returns true when the wait is over (the caller then
-    /// makes its remaining rounds out of turn).
-    async fn wait_turn(
-        &self,
-        (kw, ticket): (&KeyWait, &Ticket),
-        lock_key: &str,
-        give_up_at: Instant,
-        polls: &mut u32,
-    ) -> bool {
-        let mut next: Option<Instant> = None;
-        loop {
-            let poll = next
-                .take()
-                .unwrap_or_else(|| Instant::now() + self.retry_pause_after(*polls));
-            let epoch = kw.epoch();
-            let turn = kw.turn(ticket, Some(poll.min(give_up_at))).await;
-            tracing::trace!(turn, "queued waiter's turn");
-            if turn {
-                // Woken by a notice: take turns with other clients' waiters (`queue::defer`).
-                let defer = kw.deferral();
-                if kw.epoch() != epoch && !defer.is_zero() {
-                    tokio::time::sleep(defer).await;
-                }
-                return false;
-            }
-            if Instant::now() >= give_up_at {
-                return true;
-            }
-            if kw.is_head(ticket) {
-                self.set_marker(kw, &waiters_key_of(lock_key), false).await;
-                match self.holder_pause(lock_key).await {
-                    Some(pause) if pause > timing::HOLDER_READ_AGAIN => {
-                        next = Some(Instant::now() + pause);
-                    }
-                    _ => {
-                        *polls = polls.saturating_add(1);
-                        return false;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Waits for a release notice after `epoch` or until `until`, refreshing the waiters
-    /// marker while it waits.
-    async fn await_release(
-        &self,
-        kw: &KeyWait,
-        lock_key: &str,
-        epoch: u64,
-        until: Instant,
-    ) -> Woken {
-        let channel = waiters_key_of(lock_key);
-        loop {
-            self.set_marker(kw, &channel, false).await;
-            let slice = (Instant::now() + MARKER_REFRESH).min(until);
-            match kw.released_after(epoch, slice).await {
-                Woken::Timer if slice < until => {}
-                woken => return woken,
-            }
-        }
-    }
-
-    /// [`await_release`](Self::await_release), and when the timer fires before `give_up_at`,
-    /// reads the holder's key (`PTTL`) first: while it still stands on a quorum and will for
-    /// a while yet, the waiter sleeps again instead of making a round that would be refused.
-    /// A round is made on a notice, once a quorum may be free, when the nodes cannot tell, or
-    /// once `give_up_at` has passed (the rounds an `acquire` makes are owed).
-    async fn await_release_or_expiry(
-        &self,
-        kw: &KeyWait,
-        lock_key: &str,
-        epoch: u64,
-        (mut until, give_up_at): (Instant, Instant),
-    ) -> Woken {
-        loop {
-            let woken = self.await_release(kw, lock_key, epoch, until).await;
-            if woken == Woken::Notice || Instant::now() >= give_up_at {
-                return woken;
-            }
-            match self.holder_pause(lock_key).await {
-                Some(pause) if pause > timing::HOLDER_READ_AGAIN => {
-                    until = (Instant::now() + pause).min(give_up_at);
-                    tracing::trace!(
-                        lock_key,
-                        ?pause,
-                        "the holder's key still stands; waiting on"
-                    );
-                }
-                // About to expire: the round once it has (the pause counts the millisecond
-                // `PTTL` rounds off), not a round trip early.
-                Some(pause) => {
-                    tokio::time::sleep(pause).await;
-                    return woken;
-                }
-                None => return woken,
-            }
-        }
-    }
-
-    /// Nobody won a split vote: undo our part before anyone re-tries (awaited, so it has landed
-    /// by the time our own pause starts), then pause at random for several round trips, so that
-    /// one contender re-tries alone and finds the nodes free. Waiters woken by a release
-    /// spread over four round trips only: they met at the notice, and a pause of the retry
-    /// jitter (100 ms by default) would leave the lock to a client that defers
-    /// (`queue::defer`) instead of to them.
-    async fn undo_split_vote(
+    /// The pause after a split vote was undone (awaited, so it has landed by the time our own
+    /// pause starts): random, over several round trips, so that one contender re-tries alone
+    /// and finds the nodes free. Waiters woken by a release spread over four round trips only:
+    /// they met at the notice, and a pause of the retry jitter (100 ms by default) would leave
+    /// the lock to a client that defers (`queue::defer`) instead of to them.
+    async fn split_pause(
         &self,
         key: &str,
-        (lock_key, fence_key, value): (&str, &str, &str),
-        skip: &[bool],
         round_trip: Duration,
         contention_round: u32,
         woken: bool,
     ) {
-        self.release_on((lock_key, fence_key), value, skip, false)
-            .await;
         let spread = if woken {
             round_trip * 4
         } else {
@@ -425,44 +400,20 @@ impl Redlock {
         tokio::time::sleep(delay).await;
     }
 
-    /// One attempt round: the acquire script on every node, then (rarely) a raise of the fencing
-    /// counters. Returns the token, the instant its validity counts from (the end of the round, on
-    /// the deadline clock) and the validity.
-    /// `contended` is set when the round was refused but no value can stand on a quorum
-    /// (contenders split the nodes); `held_elsewhere` marks the nodes that refused because
-    /// another value holds the key (the undo of the round skips them: ours is not there);
-    /// `stood` is set when the value stood on a quorum (the round won, whatever follows).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn attempt(
-        &self,
-        key: &str,
-        keys: &LockKeys,
-        value: &str,
-        ttl: Duration,
-        drift: Duration,
-        (contended, held_elsewhere, tail, stood): (
-            &mut bool,
-            &mut Vec<bool>,
-            &mut Option<Tail>,
-            &mut bool,
-        ),
-    ) -> Result<(Granted, Stamp, Duration, Tail), Error> {
-        metrics::attempt(self.metrics_lock(key));
+    /// One attempt round's vote: the acquire script (or its pipelined form) on every node.
+    /// `Ok` when the value stood on a quorum; the token is then chosen by [`seal`](Self::seal).
+    async fn attempt(&self, req: &Request<'_>, value: &str) -> Result<Voted, Lost> {
+        metrics::attempt(self.metrics_lock(req.key));
         let start = Instant::now();
         let started = clock::now();
         // The nodes are told whole milliseconds: the validity counts only what they were told.
-        let (ttl_ms, sent) = timing::sent_ttl(ttl);
-        let budget_end = start + timing::budget(sent, drift);
-        let deadline = start + timing::acquire_round(self.inner.cfg.node_timeout, sent, drift);
-        let fencing = self.inner.cfg.fencing;
-        let (lock_key, fence_key) = (keys.lock(), keys.fence());
-        // A key this client has waited for is likely held: the script form, which raises the
-        // counter only where it sets the key, so refused rounds do not make tokens jump.
-        let likely_held = self.inner.waiting.has_waited(lock_key);
-        let call = self.acquire_call(fencing, (lock_key, fence_key), value, (ttl_ms, likely_held));
+        let (ttl_ms, sent) = timing::sent_ttl(req.ttl);
+        let budget_end = start + timing::budget(sent, req.drift);
+        let deadline = start + timing::acquire_round(self.inner.cfg.node_timeout, sent, req.drift);
+        let call = self.acquire_call(&req.keys, value, ttl_ms);
         // Before any call: a node whose yes carries the token was answered on this connection
         // generation or a later one (`Node::process_generation`).
-        let generations: Seen = if fencing {
+        let generations: Seen = if self.inner.cfg.fencing {
             self.inner
                 .nodes
                 .iter()
@@ -481,85 +432,96 @@ impl Redlock {
                 positive,
             )
             .await;
-        if round.tally.no() > 0 && round.verdict != Verdict::Quorum {
-            *held_elsewhere = self
-                .inner
-                .nodes
-                .iter()
-                .map(|node| {
-                    round.failures.iter().any(|f| {
-                        f.node == node.name() && matches!(f.cause, NodeError::HeldByAnother)
-                    })
-                })
-                .collect();
-        }
         match quorum::acquisition(round.verdict, || round.refusal()) {
-            Acquisition::Won => *stood = true,
-            Acquisition::Held { contended: split } => {
-                *contended = split;
-                tracing::debug!(
-                    key,
-                    yes = round.tally.yes(),
-                    refused = round.tally.no(),
-                    held = round.held_by_other(),
-                    failed = round.tally.failed(),
-                    contended = split,
-                    "lock held by another owner"
-                );
-                let err = self.held(key, round.held_by_other());
-                // Nodes that had not answered: the undo learns their answers first.
-                if !split {
-                    *tail = Some(round.rest);
-                }
-                return Err(err);
+            Acquisition::Won => {}
+            Acquisition::Held { contended } => return Err(self.refused(req.key, round, contended)),
+            Acquisition::Unreachable => {
+                let held_elsewhere = self.held_elsewhere(&round);
+                let err = self.unreachable(req.key, round);
+                return Err(Lost {
+                    err,
+                    contended: false,
+                    held_elsewhere,
+                    tail: None,
+                });
             }
-            Acquisition::Unreachable => return Err(self.unreachable(key, round)),
         }
         if self.inner.outage.swap(false, Ordering::Relaxed) {
-            tracing::info!(key, "a quorum of nodes answers again");
+            tracing::info!(key = req.key, "a quorum of nodes answers again");
         }
-        let counters: smallvec::SmallVec<[u64; 8]> = if fencing {
-            round.yes.iter().map(|&(_, c)| c.max(0) as u64).collect()
-        } else {
-            smallvec::smallvec![0; round.yes.len()]
-        };
-        let Some((max, settled)) = token::fencing_max(&counters, self.inner.nodes.len()) else {
-            return Err(self.no_quorum(key, &round.tally, round.failures));
-        };
-        if !settled {
-            self.raise_fence(key, lock_key, fence_key, value, max, &round.yes, budget_end)
-                .await?;
-        }
-        // Where our own `INCR` returned the token, the counter stands at it for as long as that
-        // connection lives: the release and extensions need not raise it there.
-        let at_token = round
-            .yes
-            .iter()
-            .filter(|&&(_, c)| SeenAt::shows(c, max))
-            .map(|&(i, _)| i);
-        let seen = SeenAt::new(generations, at_token);
-        self.grant(
-            key,
-            (FencingToken::new(max), seen),
+        Ok(Voted {
             round,
             started,
-            (ttl, sent, drift),
-        )
+            sent,
+            budget_end,
+            generations,
+        })
+    }
+
+    /// The nodes of a refused round that refused because another value holds the key (none
+    /// when nobody refused, or the round won).
+    fn held_elsewhere(&self, round: &Round) -> Vec<bool> {
+        if round.tally.no() == 0 || round.verdict == Verdict::Quorum {
+            return Vec::new();
+        }
+        self.inner
+            .nodes
+            .iter()
+            .map(|node| {
+                round
+                    .failures
+                    .iter()
+                    .any(|f| f.node == node.name() && matches!(f.cause, NodeError::HeldByAnother))
+            })
+            .collect()
+    }
+
+    /// A round refused by a holder (or by contenders that split the nodes: `contended`).
+    fn refused(&self, key: &str, round: Round, contended: bool) -> Lost {
+        tracing::debug!(
+            key,
+            yes = round.tally.yes(),
+            refused = round.tally.no(),
+            held = round.held_by_other(),
+            failed = round.tally.failed(),
+            contended,
+            "lock held by another owner"
+        );
+        Lost {
+            err: self.held(key, round.held_by_other()),
+            contended,
+            held_elsewhere: self.held_elsewhere(&round),
+            // Nodes that had not answered: the undo learns their answers first.
+            tail: (!contended).then_some(round.rest),
+        }
+    }
+
+    /// A voted round's token: the largest counter of its yes-nodes, raised first on enough of
+    /// them when fewer than a quorum stand at it; then the grant.
+    async fn seal(&self, req: &Request<'_>, value: &str, voted: Voted) -> Result<Won, Error> {
+        let counters: smallvec::SmallVec<[FencingToken; 8]> = if self.inner.cfg.fencing {
+            let yes = voted.round.yes.iter();
+            yes.map(|&(_, c)| FencingToken::of_counter(c)).collect()
+        } else {
+            smallvec::smallvec![FencingToken::new(0); voted.round.yes.len()]
+        };
+        let Some((token, settled)) = token::fencing_max(&counters, self.inner.nodes.len()) else {
+            return Err(self.no_quorum(req.key, &voted.round.tally, voted.round.failures));
+        };
+        if !settled {
+            self.raise_fence(req, value, token, &voted.round.yes, voted.budget_end)
+                .await?;
+        }
+        self.grant(req, voted, token)
     }
 
     /// The end of a won round: the lock is granted if validity is left, counted from now (the
     /// end of the round, on the deadline clock).
-    fn grant(
-        &self,
-        key: &str,
-        (token, seen): (FencingToken, SeenAt),
-        round: Round,
-        started: Stamp,
-        (ttl, sent, drift): (Duration, Duration, Duration),
-    ) -> Result<(Granted, Stamp, Duration, Tail), Error> {
+    fn grant(&self, req: &Request<'_>, voted: Voted, token: FencingToken) -> Result<Won, Error> {
+        let (key, ttl) = (req.key, req.ttl);
         let now = clock::now();
-        let elapsed = now.saturating_duration_since(started);
-        let Some(validity) = timing::validity(sent, elapsed, drift) else {
+        let elapsed = now.saturating_duration_since(voted.started);
+        let Some(validity) = timing::validity(voted.sent, elapsed, req.drift) else {
             tracing::warn!(key, ?elapsed, ?ttl, "quorum reached but no validity left");
             return Err(Error::ValidityExpired {
                 key: key.to_owned(),
@@ -567,6 +529,7 @@ impl Redlock {
                 ttl,
             });
         };
+        let round = voted.round;
         tracing::debug!(
             key,
             %token,
@@ -577,9 +540,22 @@ impl Redlock {
             ?validity,
             "lock acquired"
         );
+        // Where our own `INCR` returned the token, the counter stands at it for as long as that
+        // connection lives: the release and extensions need not raise it there.
+        let at_token = round
+            .yes
+            .iter()
+            .filter(|&&(_, c)| SeenAt::shows(c, token))
+            .map(|&(i, _)| i);
+        let seen = SeenAt::new(voted.generations, at_token);
         // The deadline is `start + ttl − drift`: counted from the start, elapsed would count
         // twice.
-        Ok(((token, seen), now, validity, round.rest))
+        Ok(Won {
+            token,
+            seen,
+            deadline: now.saturating_add(validity),
+            tail: round.rest,
+        })
     }
 
     /// The error of a round that could not reach a quorum for lack of answers: warned once per
@@ -595,29 +571,31 @@ impl Redlock {
         self.no_quorum(key, &round.tally, round.failures)
     }
 
-    /// Brings the counters of the yes-nodes below `max` up to it, so that a quorum stands at the
-    /// token (only after different majorities won earlier rounds).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn raise_fence(
+    /// Brings the counters of the yes-nodes below `token` up to it, by `budget_end` at the
+    /// latest, so that a quorum stands at the token (only after different majorities won
+    /// earlier rounds).
+    async fn raise_fence(
         &self,
-        key: &str,
-        lock_key: &str,
-        fence_key: &str,
+        req: &Request<'_>,
         value: &str,
-        max: u64,
-        yes: &[(usize, i64)],
+        token: FencingToken,
+        yes: &Yeses,
         budget_end: Instant,
     ) -> Result<(), Error> {
-        let token = max.to_string();
+        let key = req.key;
+        let digits = token.to_string();
         let call = Arc::new(scripts::RAISE_FENCE.call(
-            &[lock_key.as_bytes(), fence_key.as_bytes()],
-            &[value.as_bytes(), token.as_bytes()],
+            &[req.keys.lock().as_bytes(), req.keys.fence().as_bytes()],
+            &[value.as_bytes(), digits.as_bytes()],
         ));
         let deadline = (Instant::now() + self.inner.cfg.node_timeout).min(budget_end);
-        let at_max = yes.iter().filter(|&&(_, c)| c.max(0) as u64 == max).count();
+        let at_max = yes
+            .iter()
+            .filter(|&&(_, c)| FencingToken::of_counter(c) == token)
+            .count();
         let raises = yes
             .iter()
-            .filter(|&&(_, c)| (c.max(0) as u64) < max)
+            .filter(|&&(_, c)| FencingToken::of_counter(c) < token)
             .map(|&(i, _)| {
                 let fut = Arc::clone(&self.inner.nodes[i]).run(
                     Arc::clone(&call),
@@ -639,60 +617,57 @@ impl Redlock {
                 }),
             }
         }
-        tracing::debug!(key, token = max, at_max, raised, "raised fencing counters");
+        tracing::debug!(
+            key,
+            token = token.get(),
+            at_max,
+            raised,
+            "raised fencing counters"
+        );
         if token::raised_to_quorum(at_max, raised, self.node_count()) {
-            Ok(())
-        } else {
-            tracing::warn!(
-                key,
-                token = max,
-                at_max,
-                raised,
-                "could not bring a quorum to the fencing token"
-            );
-            Err(Error::NoQuorum {
-                key: key.to_owned(),
-                reached: at_max + raised,
-                nodes: self.node_count(),
-                needed: self.quorum(),
-                failures,
-            })
+            return Ok(());
         }
+        tracing::warn!(
+            key,
+            token = token.get(),
+            at_max,
+            raised,
+            "could not bring a quorum to the fencing token"
+        );
+        Err(Error::NoQuorum {
+            key: key.to_owned(),
+            reached: at_max + raised,
+            nodes: self.node_count(),
+            needed: self.quorum(),
+            failures,
+        })
     }
-}
 
-impl Redlock {
     /// The acquire call: with fencing on, the acquire-and-fence script (for nodes that run it:
     /// Redis 6, Cluster members) and/or its pipelined form (`SET NX PX GET` + `INCR`, for the
     /// others; `node/fence.rs`), each built only if a node takes it; a plain `SET NX PX` with
     /// fencing off.
     ///
-    /// With `likely_held` (a key this client has waited for) every node gets the script: the
-    /// pipelined form raises the counter on a refusal too (its `INCR` does not depend on the
-    /// `SET`), so each refused round of a waiter would raise the token that the next holder
-    /// gets; the script raises it only where it sets the key.
-    fn acquire_call(
-        &self,
-        fencing: bool,
-        (lock_key, fence_key): (&str, &str),
-        value: &str,
-        (ttl_ms, likely_held): (u64, bool),
-    ) -> ScriptCall {
-        if fencing {
-            let nodes = &self.inner.nodes;
-            let pipelined = if likely_held {
-                0
-            } else {
-                nodes.iter().filter(|n| n.pipelines()).count()
-            };
-            ScriptCall::fenced_acquire(
-                (lock_key, fence_key),
-                value,
-                ttl_ms,
-                (pipelined < nodes.len(), pipelined > 0),
-            )
-        } else {
-            ScriptCall::plain(scripts::set_nx_px(lock_key, value, ttl_ms))
+    /// A key this client has waited for is likely held: every node gets the script, which
+    /// raises the counter only where it sets the key. The pipelined form raises the counter on
+    /// a refusal too (its `INCR` does not depend on the `SET`), so each refused round of a
+    /// waiter would raise the token that the next holder gets.
+    fn acquire_call(&self, keys: &LockKeys, value: &str, ttl_ms: u64) -> ScriptCall {
+        let (lock_key, fence_key) = (keys.lock(), keys.fence());
+        if !self.inner.cfg.fencing {
+            return ScriptCall::plain(scripts::set_nx_px(lock_key, value, ttl_ms));
         }
+        let nodes = &self.inner.nodes;
+        let pipelined = if self.inner.waiting.has_waited(lock_key) {
+            0
+        } else {
+            nodes.iter().filter(|n| n.pipelines()).count()
+        };
+        ScriptCall::fenced_acquire(
+            (lock_key, fence_key),
+            value,
+            ttl_ms,
+            (pipelined < nodes.len(), pipelined > 0),
+        )
     }
 }

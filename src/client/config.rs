@@ -43,6 +43,7 @@ impl Config {
             eviction_guard: self.eviction_guard,
             fenced: self.fencing,
             durability_marker: self.keys.durability_marker(),
+            #[cfg(feature = "testkit")]
             force_script: false,
         }
     }

@@ -12,7 +12,7 @@ use super::Redlock;
 use super::round::{Round, positive};
 use super::state::{LockState, Seen, SeenAt};
 use crate::core::clock::{self, Stamp};
-use crate::core::keys;
+use crate::core::keys::{self, LockKeys};
 use crate::core::quorum::Tally;
 use crate::core::timing::{self, Extension};
 use crate::core::token::FencingToken;
@@ -125,7 +125,14 @@ impl Redlock {
         let elapsed = decided.saturating_duration_since(started);
         let validity = timing::validity(sent, elapsed, drift);
         let outcome = timing::extension(verdict, decided < lock_deadline, validity);
-        self.conclude(state, outcome, (tally, failures), decided, elapsed, ttl)
+        self.conclude(
+            state,
+            outcome,
+            Answers { tally, failures },
+            decided,
+            elapsed,
+            ttl,
+        )
     }
 
     /// What an extension round's outcome does to the lock and tells the caller.
@@ -133,7 +140,7 @@ impl Redlock {
         &self,
         state: &LockState,
         outcome: Extension,
-        (tally, failures): (Tally, Vec<NodeFailure>),
+        Answers { tally, failures }: Answers,
         decided: Stamp,
         elapsed: Duration,
         ttl: Duration,
@@ -186,6 +193,28 @@ impl Redlock {
             }
         }
     }
+}
+
+/// The resume's extension round call: token 0 and the lean argument, so `PEXPIRE` where our
+/// value stands, `0` elsewhere; the counter is never read (one key, so a Redis Cluster member
+/// and a key-limited ACL take it too).
+fn resume_call(keys: &LockKeys, value: &str, ttl_ms: u64) -> scripts::ScriptCall {
+    let mut digits = itoa::Buffer::new();
+    scripts::EXTEND.call(
+        &[keys.lock().as_bytes()],
+        &[
+            value.as_bytes(),
+            digits.format(ttl_ms).as_bytes(),
+            b"0",
+            b"1",
+        ],
+    )
+}
+
+/// An extension round's answers, as its outcome reads them.
+struct Answers {
+    tally: Tally,
+    failures: Vec<NodeFailure>,
 }
 
 /// The extension of a held lock: the EXTEND script, and, on the nodes whose counter was seen at
@@ -250,7 +279,7 @@ impl Redlock {
         );
         let outcome = super::SpanOutcome::new(&span);
         let result = self
-            .resume_round(key, value, (token, ttl), &caller)
+            .resume_round(key, value, token, ttl, &caller)
             .instrument(span.clone())
             .await;
         outcome.finish(&result, "resumed");
@@ -261,7 +290,8 @@ impl Redlock {
         &self,
         key: &str,
         value: &str,
-        (token, ttl): (FencingToken, Duration),
+        token: FencingToken,
+        ttl: Duration,
         caller: &tracing::Span,
     ) -> Result<Arc<LockState>, Error> {
         let drift = self.check(key, ttl)?;
@@ -273,19 +303,7 @@ impl Redlock {
         let (ttl_ms, sent) = timing::sent_ttl(ttl);
         let budget = timing::budget(sent, drift);
         let length = timing::extend_round(self.inner.cfg.node_timeout, budget, budget);
-        let mut digits = itoa::Buffer::new();
-        // Token 0 and the lean argument: `PEXPIRE` where our value stands, `0` elsewhere; the
-        // counter is never read (one key, so a Redis Cluster member and a key-limited ACL
-        // take it too).
-        let call = scripts::EXTEND.call(
-            &[lock_keys.lock().as_bytes()],
-            &[
-                value.as_bytes(),
-                digits.format(ttl_ms).as_bytes(),
-                b"0",
-                b"1",
-            ],
-        );
+        let call = resume_call(&lock_keys, value, ttl_ms);
         let round = self
             .round(
                 Arc::new(call),
@@ -314,7 +332,8 @@ impl Redlock {
                 Ok(self.held_state(LockState::new(
                     lock_keys,
                     value.to_owned(),
-                    (token, SeenAt::new(nothing_seen, [])),
+                    token,
+                    SeenAt::new(nothing_seen, []),
                     ttl,
                     decided.saturating_add(validity),
                 )))

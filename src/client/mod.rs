@@ -1,6 +1,6 @@
 //! The client engine: the nodes, the configuration as plain validated values ([`config`]), the
 //! fan-out round that decides as soon as the outcome is certain ([`round`]), and the operations
-//! built on it: acquisition ([`acquire`]), extension ([`extend`]), release ([`release`]),
+//! built on it: acquisition ([`acquire`], with its waiting between rounds in [`waiter`]), extension ([`extend`]), release ([`release`]),
 //! status ([`status`]) and the repair of restarted nodes ([`repair`]). The state of a held lock
 //! is [`state`]; the public guard around it lives in `crate::lock`.
 
@@ -17,6 +17,7 @@ pub(crate) mod state;
 pub(crate) mod status;
 mod undo;
 pub(crate) mod wait;
+mod waiter;
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
@@ -134,6 +135,30 @@ impl Redlock {
             .iter()
             .map(|n| n.name().to_owned())
             .collect()
+    }
+
+    /// Whether acquisitions hand out fencing tokens
+    /// ([`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing)): the election and run-once
+    /// need them.
+    pub(crate) fn fencing(&self) -> bool {
+        self.inner.cfg.fencing
+    }
+
+    /// The configured retry count
+    /// ([`RedlockBuilder::retry_count`](crate::RedlockBuilder::retry_count)).
+    pub(crate) fn retry_count(&self) -> u32 {
+        self.inner.cfg.retry_count
+    }
+
+    /// The nodes, in configuration order: for the features that talk to each node on their
+    /// own (the election's notice subscriptions, run-once's marker reads).
+    pub(crate) fn nodes(&self) -> &[Arc<Node>] {
+        &self.inner.nodes
+    }
+
+    /// Whether this client has waiters queued for `lock_key` (`wait.rs`).
+    pub(crate) fn has_waiters(&self, lock_key: &str) -> bool {
+        self.inner.waiting.queued(lock_key).is_some()
     }
 
     /// Waits until the work this client does in the background has finished: releases of failed,
@@ -263,7 +288,8 @@ impl Redlock {
         Error::no_quorum(
             key,
             tally.reached(),
-            (self.node_count(), self.quorum()),
+            self.node_count(),
+            self.quorum(),
             failures,
         )
     }

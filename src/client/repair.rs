@@ -209,6 +209,9 @@ impl Source {
 /// The highest value read so far, per counter key.
 type Highest = HashMap<Vec<u8>, u64>;
 
+/// A page of counters read from a node: the next cursor, and each counter with its value.
+type Page = (u64, Vec<(Vec<u8>, u64)>);
+
 /// What reading the other nodes gave a repair.
 struct Read {
     highest: Highest,
@@ -292,25 +295,17 @@ async fn read_sources(
     let keys = client.upgrade()?.cfg.keys.clone();
     let keys = &keys;
     let timeout = target.connect_timeout();
-    let mut highest = Highest::new();
-    let mut pages = 0u64;
-    let mut warned = false;
+    let mut found = Found::default();
     loop {
         if !claim.current(client) {
             return None;
         }
-        let clean = sources.iter().filter(|s| s.clean()).count();
-        let counted = sources.iter().filter(|s| s.counted && s.clean()).count();
-        let pending = sources
-            .iter()
-            .filter(|s| s.wants_page() && !s.failing)
-            .count();
-        if repair_ready(n, clean, counted, pending) {
+        if let Some((clean, counted)) = ready(&sources, n) {
             return Some(Read {
-                highest,
+                highest: found.highest,
                 clean,
                 counted,
-                pages,
+                pages: found.pages,
             });
         }
         let now = Instant::now();
@@ -340,29 +335,63 @@ async fn read_sources(
         }))
         .await;
         for (s, read) in reads {
-            match read {
-                Ok((next, counters)) => {
-                    pages += 1;
-                    s.absorb(next, counters, &mut highest);
-                }
-                Err(e) => {
-                    tracing::debug!(node = %s.node.name(), target = %target.name(), error = %e, "reading fencing counters for a repair failed; will retry");
-                    // A timeout is retried with a smaller page first; a node that keeps
-                    // failing is worth a warning (once per repair).
-                    if s.failed(&e, timeout) && !std::mem::replace(&mut warned, true) {
-                        tracing::warn!(
-                            node = %target.name(),
-                            source = %s.node.name(),
-                            error = %e,
-                            "a node cannot be read to restore a restarted node's fencing \
-                             counters; retrying, and the restarted node stays out of quorums \
-                             until they are restored"
-                        );
-                    }
-                }
-            }
+            found.take(s, read, target, timeout);
         }
         tokio::time::sleep(repair_pause(now.elapsed())).await;
+    }
+}
+
+/// The clean sources, and how many of them completed a counted pass, once they are enough
+/// ([`repair_ready`]).
+fn ready(sources: &[Source], n: usize) -> Option<(usize, usize)> {
+    let clean = sources.iter().filter(|s| s.clean()).count();
+    let counted = sources.iter().filter(|s| s.counted && s.clean()).count();
+    let pending = sources
+        .iter()
+        .filter(|s| s.wants_page() && !s.failing)
+        .count();
+    repair_ready(n, clean, counted, pending).then_some((clean, counted))
+}
+
+/// What a repair's reads found so far.
+#[derive(Default)]
+struct Found {
+    highest: Highest,
+    pages: u64,
+    /// Whether a source that keeps failing was warned about (once per repair).
+    warned: bool,
+}
+
+impl Found {
+    /// One page read from `s` for the repair of `target`, or its failure.
+    fn take(
+        &mut self,
+        s: &mut Source,
+        read: Result<Page, NodeError>,
+        target: &Node,
+        timeout: Duration,
+    ) {
+        let e = match read {
+            Ok((next, counters)) => {
+                self.pages += 1;
+                s.absorb(next, counters, &mut self.highest);
+                return;
+            }
+            Err(e) => e,
+        };
+        tracing::debug!(node = %s.node.name(), target = %target.name(), error = %e, "reading fencing counters for a repair failed; will retry");
+        // A timeout is retried with a smaller page first; a node that keeps failing is worth a
+        // warning (once per repair).
+        if s.failed(&e, timeout) && !std::mem::replace(&mut self.warned, true) {
+            tracing::warn!(
+                node = %target.name(),
+                source = %s.node.name(),
+                error = %e,
+                "a node cannot be read to restore a restarted node's fencing \
+                 counters; retrying, and the restarted node stays out of quorums \
+                 until they are restored"
+            );
+        }
     }
 }
 

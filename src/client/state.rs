@@ -48,8 +48,8 @@ impl SeenAt {
 
     /// Whether an acquire answer's counter (its `INCR`'s reply) shows the node's counter at
     /// `token` or above: the one rule for the answers read at the verdict and the late ones.
-    pub(crate) fn shows(counter: i64, token: u64) -> bool {
-        counter > 0 && counter as u64 >= token
+    pub(crate) fn shows(counter: i64, token: FencingToken) -> bool {
+        counter > 0 && FencingToken::of_counter(counter) >= token
     }
 
     /// Node `i` answered the round with the token or more.
@@ -113,7 +113,8 @@ impl LockState {
     pub(crate) fn new(
         keys: LockKeys,
         value: String,
-        (token, seen): (FencingToken, SeenAt),
+        token: FencingToken,
+        seen: SeenAt,
         ttl: Duration,
         deadline: Stamp,
     ) -> Self {
@@ -235,7 +236,7 @@ impl LockState {
 
     /// A late answer of the winning round: node `i` said yes with counter `counter`.
     pub(crate) fn late_yes(&self, i: usize, counter: i64) {
-        if SeenAt::shows(counter, self.token.get()) {
+        if SeenAt::shows(counter, self.token) {
             self.seen.mark(i);
         }
     }

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use super::Redlock;
 use crate::core::keys;
 use crate::core::quorum::{self, HolderView};
+use crate::core::token::FencingToken;
 use crate::error::{Error, NodeError, NodeFailure};
 use crate::eviction::EvictionRisk;
 use crate::node::scripts;
@@ -27,8 +28,10 @@ pub struct KeyState {
     pub owner: Option<String>,
     /// The key's remaining time to live there, if held.
     pub ttl: Option<Duration>,
-    /// The node's fencing counter for the key.
-    pub fence: u64,
+    /// The node's fencing counter for the key: at or above the last token handed out for it
+    /// (the counter is shared by the lock keys of one Redis Cluster hash slot, and refused
+    /// rounds may raise it too).
+    pub fence: FencingToken,
 }
 
 /// One node's answer in a [`LockStatus`].
@@ -144,7 +147,7 @@ impl LockStatus {
     pub fn max_fence(&self) -> u64 {
         self.nodes
             .iter()
-            .filter_map(|n| n.state.as_ref().ok().map(|s| s.fence))
+            .filter_map(|n| n.state.as_ref().ok().map(|s| s.fence.get()))
             .max()
             .unwrap_or(0)
     }
@@ -228,6 +231,6 @@ fn parse_status(v: Value) -> Result<KeyState, NodeError> {
         owner: value.as_deref().and_then(keys::owner_of),
         value,
         ttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
-        fence: u64::try_from(*fence).unwrap_or(0),
+        fence: FencingToken::of_counter(*fence),
     })
 }

@@ -4,6 +4,7 @@
 
 use super::Redlock;
 use super::round::Tail;
+use crate::core::keys::LockKeys;
 use crate::core::quorum;
 use crate::error::NodeError;
 
@@ -15,8 +16,7 @@ pub(super) struct UndoRelease<'a> {
     client: &'a Redlock,
     /// The span current when the acquisition was called: the undo's task runs in it.
     caller: &'a tracing::Span,
-    lock_key: &'a str,
-    fence_key: &'a str,
+    keys: &'a LockKeys,
     value: &'a str,
     armed: bool,
     pub(super) skip: Vec<bool>,
@@ -31,15 +31,14 @@ pub(super) struct UndoRelease<'a> {
 impl<'a> UndoRelease<'a> {
     pub(super) fn arm(
         client: &'a Redlock,
-        (lock_key, fence_key): (&'a str, &'a str),
+        keys: &'a LockKeys,
         value: &'a str,
         caller: &'a tracing::Span,
     ) -> Self {
         UndoRelease {
             client,
             caller,
-            lock_key,
-            fence_key,
+            keys,
             value,
             armed: true,
             skip: Vec::new(),
@@ -50,6 +49,19 @@ impl<'a> UndoRelease<'a> {
 
     pub(super) fn disarm(mut self) {
         self.armed = false;
+    }
+
+    /// Releases the attempt's value now on the nodes not skipped, awaited, without
+    /// announcing it (a split vote's undo). The guard stays armed: disarm it once done.
+    pub(super) async fn release_now(&mut self) {
+        self.client
+            .release_on(
+                (self.keys.lock(), self.keys.fence()),
+                self.value,
+                &self.skip,
+                false,
+            )
+            .await;
     }
 }
 
@@ -64,23 +76,19 @@ impl Drop for UndoRelease<'_> {
         let Some(tail) = self.tail.take() else {
             if !skip.iter().all(|&s| s) {
                 let release = self.client.release_on(
-                    (self.lock_key, self.fence_key),
+                    (self.keys.lock(), self.keys.fence()),
                     self.value,
                     &skip,
                     quorum::undo_announces(self.stood),
                 );
                 self.client
-                    .spawn_release_task(self.lock_key, release, self.caller.clone());
+                    .spawn_release_task(self.keys.lock(), release, self.caller.clone());
             }
             return;
         };
         let client = self.client.clone();
         let notify = quorum::undo_announces(self.stood);
-        let (lock_key, fence_key, value) = (
-            self.lock_key.to_owned(),
-            self.fence_key.to_owned(),
-            self.value.to_owned(),
-        );
+        let (keys, value) = (self.keys.clone(), self.value.to_owned());
         let release = async move {
             for (i, reply) in tail.answers().await {
                 if refused(&reply) {
@@ -89,12 +97,12 @@ impl Drop for UndoRelease<'_> {
             }
             if !skip.iter().all(|&s| s) {
                 client
-                    .release_on((&lock_key, &fence_key), &value, &skip, notify)
+                    .release_on((keys.lock(), keys.fence()), &value, &skip, notify)
                     .await;
             }
         };
         self.client
-            .spawn_release_task(self.lock_key, release, self.caller.clone());
+            .spawn_release_task(self.keys.lock(), release, self.caller.clone());
     }
 }
 

@@ -68,7 +68,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use futures::StreamExt;
 use redis::aio::PubSubSink;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -82,28 +81,13 @@ use crate::core::keys::{WAITERS_SUFFIX, waiters_key_of};
 use crate::core::lock;
 use crate::core::timing;
 use crate::error::NodeError;
-use crate::node::Node;
 use crate::node::member::cluster_serves_locks_only;
+use crate::node::pubsub::{Subscriber, keep_subscribed};
 
 /// How long a waiters marker lives unless refreshed.
 const MARKER_TTL: Duration = Duration::from_secs(10);
 /// How often a waiting client refreshes its marker.
 pub(crate) const MARKER_REFRESH: Duration = Duration::from_secs(3);
-/// How often a pub/sub connection is checked with a `PING`: a connection that carries nothing
-/// while nobody publishes would look healthy for ever after its node hung. (The election's
-/// subscriptions use it too.)
-pub(crate) const KEEPALIVE_EVERY: Duration = Duration::from_secs(2);
-/// How a subscription that broke is re-established: the crate's backoff from this base and
-/// jitter (doubling up to 1 s), whatever the retry delay of the client's acquisitions.
-const RESUBSCRIBE: Duration = Duration::from_millis(100);
-
-/// The pause before re-establishing a subscription after `failures` failed attempts in a row
-/// (0 after one that had worked): the crate's one retry policy (`core::timing::backoff`) from
-/// [`RESUBSCRIBE`], 100 ms doubling up to 1 s, plus up to 100 ms of jitter. For every pub/sub
-/// subscription of the crate: waiters' release notices here, the election's notices.
-pub(crate) fn resubscribe_pause(failures: u32) -> Duration {
-    timing::backoff(RESUBSCRIBE, RESUBSCRIBE, failures, rand::random::<f64>())
-}
 /// Beyond this many keys waited on, keys nobody waits for any longer are forgotten (and
 /// unsubscribed) on the next registration.
 const MAX_IDLE_KEYS: usize = 1024;
@@ -371,114 +355,99 @@ impl Redlock {
                 sinks.resize(self.inner.nodes.len(), None);
             }
         }
-        let connect_timeout = self.inner.cfg.connect_timeout;
         let _ = waiting.tasks.set(
             self.inner
                 .nodes
                 .iter()
                 .enumerate()
                 .map(|(i, node)| {
-                    AbortOnDropHandle::new(handle.spawn(subscription(
-                        Arc::clone(&waiting.hub),
-                        Arc::clone(node),
+                    let waiters = NodeWaiters {
+                        hub: Arc::clone(&waiting.hub),
                         i,
-                        connect_timeout,
-                    )))
+                        node: node.name().to_owned(),
+                        first: true,
+                    };
+                    AbortOnDropHandle::new(handle.spawn(keep_subscribed(Arc::clone(node), waiters)))
                 })
                 .collect(),
         );
     }
 }
 
-/// Keeps one node's pub/sub connection subscribed to the channel of every key waited on, for
-/// as long as the client lives: reconnects after the crate's backoff when it breaks or a `PING`
-/// goes unanswered, and after each (re)subscription wakes every waiter (notices may have been
-/// missed meanwhile).
-async fn subscription(hub: Arc<Hub>, node: Arc<Node>, i: usize, connect_timeout: Duration) {
-    let mut failures = 0u32;
-    let mut first = true;
-    let first_tried = |first: &mut bool| {
-        if std::mem::take(first) {
-            hub.first_tries.fetch_add(1, Ordering::AcqRel);
-            hub.tried.notify_waiters();
+/// The waiters' subscription on one node, kept up by the node layer's pub/sub loop
+/// (`node::pubsub::keep_subscribed`) for as long as the client lives: subscribed to the channel
+/// of every key waited on; after each (re)subscription it wakes every waiter (notices may have
+/// been missed meanwhile).
+struct NodeWaiters {
+    hub: Arc<Hub>,
+    /// The node's place among the client's nodes.
+    i: usize,
+    /// The node's name, for log lines.
+    node: String,
+    /// Whether this subscription has yet to count its first try (`Hub::first_tries`).
+    first: bool,
+}
+
+impl NodeWaiters {
+    /// Counts the first try of this node's subscription, made or failed (once).
+    fn first_tried(&mut self) {
+        if std::mem::take(&mut self.first) {
+            self.hub.first_tries.fetch_add(1, Ordering::AcqRel);
+            self.hub.tried.notify_waiters();
         }
-    };
-    loop {
-        let why = match tokio::time::timeout(connect_timeout, node.open_pubsub()).await {
-            Ok(Ok(pubsub)) => {
-                let (mut sink, mut messages) = pubsub.split();
-                // Stored before the keys are read: a waiter registering meanwhile either is in
-                // the list read below or finds the sink and subscribes itself.
-                lock(&hub.sinks)[i] = Some(sink.clone());
-                let channels: Vec<String> =
-                    lock(&hub.keys).keys().map(|k| waiters_key_of(k)).collect();
-                let subscribed = channels.is_empty()
-                    || matches!(
-                        tokio::time::timeout(connect_timeout, sink.subscribe(&channels)).await,
-                        Ok(Ok(()))
-                    );
-                let why = if subscribed {
-                    failures = 0;
-                    tracing::debug!(node = %node.name(), keys = channels.len(), "waiters subscribed");
-                    hub.wake_all();
-                    first_tried(&mut first);
-                    listen(&hub, i, &mut sink, &mut messages, connect_timeout).await
-                } else {
-                    "subscribe failed".to_owned()
-                };
-                lock(&hub.sinks)[i] = None;
-                why
-            }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => "connect timed out".to_owned(),
-        };
-        first_tried(&mut first);
-        tracing::debug!(node = %node.name(), reason = %why, "waiters' subscription lost; resubscribing");
-        let pause = resubscribe_pause(failures);
-        failures = failures.saturating_add(1);
-        tokio::time::sleep(pause).await;
     }
 }
 
-/// Passes each notice on to its key's waiters until the connection breaks or stops answering.
-async fn listen(
-    hub: &Hub,
-    i: usize,
-    sink: &mut PubSubSink,
-    messages: &mut redis::aio::PubSubStream,
-    connect_timeout: Duration,
-) -> String {
-    let keepalive = async {
-        loop {
-            tokio::time::sleep(KEEPALIVE_EVERY).await;
-            match tokio::time::timeout(connect_timeout, sink.ping::<redis::Value>()).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return format!("PING failed: {e}"),
-                Err(_) => return format!("no answer to PING within {connect_timeout:?}"),
-            }
+impl Subscriber for NodeWaiters {
+    async fn subscribe(&mut self, sink: &mut PubSubSink, timeout: Duration) -> Result<(), String> {
+        // Stored before the keys are read: a waiter registering meanwhile either is in the
+        // list read below or finds the sink and subscribes itself.
+        lock(&self.hub.sinks)[self.i] = Some(sink.clone());
+        let channels: Vec<String> = lock(&self.hub.keys)
+            .keys()
+            .map(|k| waiters_key_of(k))
+            .collect();
+        let subscribed = channels.is_empty()
+            || matches!(
+                tokio::time::timeout(timeout, sink.subscribe(&channels)).await,
+                Ok(Ok(()))
+            );
+        if !subscribed {
+            return Err("subscribe failed".to_owned());
         }
-    };
-    tokio::pin!(keepalive);
-    loop {
-        tokio::select! {
-            msg = messages.next() => match msg {
-                Some(msg) => {
-                    let channel = msg.get_channel_name();
-                    let Some(lock_key) = channel.strip_suffix(WAITERS_SUFFIX) else { continue };
-                    let payload: String = msg.get_payload().unwrap_or_default();
-                    let (value, clients) = payload.split_once(' ').unwrap_or((&payload, "1"));
-                    let clients = clients.parse().unwrap_or(1);
-                    let kw = lock(&hub.keys).get(lock_key).cloned();
-                    tracing::trace!(lock_key, node = i, value, "release notice");
-                    if let Some(kw) = kw {
-                        let quorum = crate::core::quorum::quorum(lock(&hub.sinks).len());
-                        kw.released(Some(Notice { value, clients, node: i, quorum }));
-                    }
-                }
-                None => return "connection closed".to_owned(),
-            },
-            why = &mut keepalive => return why,
+        tracing::debug!(node = %self.node, keys = channels.len(), "waiters subscribed");
+        self.hub.wake_all();
+        self.first_tried();
+        Ok(())
+    }
+
+    /// Passes a release notice on to its key's waiters.
+    fn message(&mut self, msg: redis::Msg) {
+        let channel = msg.get_channel_name();
+        let Some(lock_key) = channel.strip_suffix(WAITERS_SUFFIX) else {
+            return;
+        };
+        let payload: String = msg.get_payload().unwrap_or_default();
+        let (value, clients) = payload.split_once(' ').unwrap_or((&payload, "1"));
+        let clients = clients.parse().unwrap_or(1);
+        let kw = lock(&self.hub.keys).get(lock_key).cloned();
+        let i = self.i;
+        tracing::trace!(lock_key, node = i, value, "release notice");
+        if let Some(kw) = kw {
+            let quorum = crate::core::quorum::quorum(lock(&self.hub.sinks).len());
+            kw.released(Some(Notice {
+                value,
+                clients,
+                node: i,
+                quorum,
+            }));
         }
+    }
+
+    fn lost(&mut self, why: &str) {
+        lock(&self.hub.sinks)[self.i] = None;
+        self.first_tried();
+        tracing::debug!(node = %self.node, reason = %why, "waiters' subscription lost; resubscribing");
     }
 }
 

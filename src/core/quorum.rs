@@ -271,7 +271,7 @@ pub(crate) fn holder_view<'a>(
 mod tests {
     use super::*;
     use crate::core::timing::{drift, retry_delay, validity};
-    use crate::core::token::fencing_max;
+    use crate::core::token::{FencingToken, fencing_max};
     use proptest::prelude::*;
     use std::time::Duration;
 
@@ -517,7 +517,9 @@ mod tests {
 
         #[test]
         fn fencing_max_is_the_largest_counter(counters in proptest::collection::vec(0u64..20, 1..9), n in 1usize..=9) {
-            let (max, settled) = fencing_max(&counters, n).unwrap();
+            let tokens: Vec<FencingToken> = counters.iter().map(|&c| FencingToken::new(c)).collect();
+            let (max, settled) = fencing_max(&tokens, n).unwrap();
+            let max = max.get();
             prop_assert!(counters.iter().all(|&c| c <= max));
             let at_max = counters.iter().filter(|&&c| c == max).count();
             prop_assert_eq!(settled, at_max >= quorum(n));

@@ -28,6 +28,16 @@ impl FencingToken {
     pub const fn get(self) -> u64 {
         self.0
     }
+
+    /// The token a fencing counter's reply (an `INCR`) stands for; a negative reply (none
+    /// of a node's) reads as 0.
+    pub(crate) const fn of_counter(counter: i64) -> Self {
+        if counter > 0 {
+            FencingToken(counter as u64)
+        } else {
+            FencingToken(0)
+        }
+    }
 }
 
 impl fmt::Display for FencingToken {
@@ -44,7 +54,7 @@ impl From<FencingToken> for u64 {
 
 /// The fencing token of a round: the largest counter among the nodes that said yes, and whether
 /// a quorum of them already stands at it (if not, the lower ones must be raised).
-pub(crate) fn fencing_max(counters: &[u64], n: usize) -> Option<(u64, bool)> {
+pub(crate) fn fencing_max(counters: &[FencingToken], n: usize) -> Option<(FencingToken, bool)> {
     let max = *counters.iter().max()?;
     let at_max = counters.iter().filter(|&&c| c == max).count();
     Some((max, at_max >= quorum(n)))

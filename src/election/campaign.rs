@@ -157,6 +157,7 @@ impl Election {
                 Some(Error::NoQuorum { .. }) => Instant::now() + self.inner.observer.poll_pause(),
                 _ => Instant::now() + self.locks().retry_pause(),
             };
+            #[cfg(feature = "testkit")]
             self.inner.standbys.send_modify(|n| *n += 1);
             let fresh = &mut state.fresh;
             wait_for(notices, next, |n| {

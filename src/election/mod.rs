@@ -107,7 +107,9 @@ struct Inner {
     ttl: Duration,
     /// This candidate's current term.
     term: Mutex<Option<Term>>,
-    /// How many times a campaign went back to standing by (see `wait_standing_by`).
+    /// How many times a campaign went back to standing by (see `wait_standing_by`): a test
+    /// hook, compiled with the `testkit` feature only.
+    #[cfg(feature = "testkit")]
     standbys: tokio::sync::watch::Sender<u64>,
 }
 
@@ -204,6 +206,7 @@ impl ElectionBuilder {
                 candidate: self.candidate.unwrap_or_else(default_candidate),
                 ttl,
                 term: Mutex::new(None),
+                #[cfg(feature = "testkit")]
                 standbys: tokio::sync::watch::Sender::new(0),
             }),
         })
@@ -242,7 +245,7 @@ impl ElectionBuilder {
                 max: RedlockBuilder::MAX_TIMING,
             });
         }
-        if !self.locks.inner.cfg.fencing {
+        if !self.locks.fencing() {
             return Err(ConfigError::FencingRequired);
         }
         let observer = Observer::new(self.locks.clone(), self.name.clone(), poll);
@@ -370,7 +373,7 @@ pub(crate) mod tests {
                 value: value.map(str::to_owned),
                 owner: value.and_then(crate::core::keys::owner_of),
                 ttl: ttl_ms.map(Duration::from_millis),
-                fence,
+                fence: crate::core::token::FencingToken::new(fence),
             }),
             eviction: crate::EvictionRisk::None,
             unchecked: Vec::new(),

@@ -6,27 +6,26 @@
 //! the leader resigns; the copies of a notice from several nodes are told apart by token.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use futures::StreamExt;
+use redis::aio::PubSubSink;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::client::Redlock;
-use crate::client::wait::{KEEPALIVE_EVERY, resubscribe_pause};
 use crate::core::token::FencingToken;
-use crate::error::NodeError;
-use crate::node::Node;
+use crate::node::pubsub::{Subscriber, keep_subscribed};
 
 /// A message on an election's channel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Notice {
     Elected {
-        token: u64,
+        token: FencingToken,
         candidate: String,
     },
     Resigned {
-        token: u64,
+        token: FencingToken,
         candidate: String,
     },
     /// A node's subscription was re-established: notifications may have been missed.
@@ -45,7 +44,7 @@ impl Notice {
     fn parse(payload: &str) -> Option<Notice> {
         let mut parts = payload.splitn(3, ' ');
         let kind = parts.next()?;
-        let token = parts.next()?.parse().ok()?;
+        let token = FencingToken::new(parts.next()?.parse().ok()?);
         let candidate = parts.next().unwrap_or_default().to_owned();
         match kind {
             "elected" => Some(Notice::Elected { token, candidate }),
@@ -66,15 +65,16 @@ impl Notifier {
     pub(crate) fn start(locks: &Redlock, channel: &str, handle: &tokio::runtime::Handle) -> Self {
         let (tx, _) = broadcast::channel(64);
         let tasks = locks
-            .inner
-            .nodes
+            .nodes()
             .iter()
             .map(|node| {
-                AbortOnDropHandle::new(handle.spawn(Self::subscribe(
-                    Arc::clone(node),
-                    channel.to_owned(),
-                    tx.clone(),
-                )))
+                let notices = NodeNotices {
+                    node: node.name().to_owned(),
+                    channel: channel.to_owned(),
+                    tx: tx.clone(),
+                    subscribed_before: false,
+                };
+                AbortOnDropHandle::new(handle.spawn(keep_subscribed(Arc::clone(node), notices)))
             })
             .collect();
         Notifier { tx, _tasks: tasks }
@@ -84,76 +84,43 @@ impl Notifier {
     pub(crate) fn subscribe_notices(&self) -> broadcast::Receiver<Notice> {
         self.tx.subscribe()
     }
+}
 
-    /// Subscribes on one node for as long as the notifier lives, reconnecting after the same
-    /// pauses as the waiters' subscriptions (`wait::resubscribe_pause`: the crate's one retry
-    /// policy, `core::timing::backoff`, 100 ms doubling up to 1 s plus jitter).
-    ///
-    /// A subscription's connection carries nothing while nobody publishes, so a connection
-    /// that died without a FIN or RST (a node paused or cut off by the network) would look
-    /// healthy forever: every `wait::KEEPALIVE_EVERY` (2 s) a `PING` must be answered within
-    /// the connect timeout, or the subscription is dropped and made again.
-    async fn subscribe(side: Arc<Node>, channel: String, tx: broadcast::Sender<Notice>) {
-        let node = side.name();
-        let connect_timeout = side.connect_timeout();
-        let mut failures = 0u32;
-        let mut subscribed_before = false;
-        loop {
-            let pubsub = tokio::time::timeout(connect_timeout, async {
-                let mut pubsub = side.open_pubsub().await?;
-                pubsub
-                    .subscribe(&channel)
-                    .await
-                    .map_err(NodeError::from_redis)?;
-                Ok::<_, NodeError>(pubsub)
-            })
-            .await;
-            match pubsub {
-                Ok(Ok(pubsub)) => {
-                    tracing::debug!(%node, channel, "subscribed");
-                    if subscribed_before {
-                        let _ = tx.send(Notice::Resubscribed);
-                    }
-                    subscribed_before = true;
-                    failures = 0;
-                    let (mut sink, mut messages) = pubsub.split();
-                    let keepalive = async {
-                        loop {
-                            tokio::time::sleep(KEEPALIVE_EVERY).await;
-                            match tokio::time::timeout(connect_timeout, sink.ping::<redis::Value>())
-                                .await
-                            {
-                                Ok(Ok(_)) => {}
-                                Ok(Err(e)) => return format!("PING failed: {e}"),
-                                Err(_) => {
-                                    return format!("no answer to PING within {connect_timeout:?}");
-                                }
-                            }
-                        }
-                    };
-                    tokio::pin!(keepalive);
-                    let why = loop {
-                        tokio::select! {
-                            msg = messages.next() => match msg {
-                                Some(msg) => {
-                                    let payload: String = msg.get_payload().unwrap_or_default();
-                                    if let Some(notice) = Notice::parse(&payload) {
-                                        let _ = tx.send(notice);
-                                    }
-                                }
-                                None => break "connection closed".to_owned(),
-                            },
-                            why = &mut keepalive => break why,
-                        }
-                    };
-                    tracing::debug!(%node, channel, reason = %why, "subscription lost; resubscribing");
-                }
-                Ok(Err(e)) => tracing::debug!(%node, error = %e, "subscribe failed"),
-                Err(_) => tracing::debug!(%node, "subscribe timed out"),
-            }
-            tokio::time::sleep(resubscribe_pause(failures)).await;
-            failures = failures.saturating_add(1);
+/// The election's subscription on one node, kept up by the node layer's pub/sub loop
+/// (`node::pubsub::keep_subscribed`: the same reconnect pauses and `PING` checks as the
+/// waiters' subscriptions) for as long as the notifier lives.
+struct NodeNotices {
+    /// The node's name, for log lines.
+    node: String,
+    channel: String,
+    tx: broadcast::Sender<Notice>,
+    /// Whether a subscription stood before: a re-established one may have missed notices.
+    subscribed_before: bool,
+}
+
+impl Subscriber for NodeNotices {
+    async fn subscribe(&mut self, sink: &mut PubSubSink, timeout: Duration) -> Result<(), String> {
+        match tokio::time::timeout(timeout, sink.subscribe(&self.channel)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(format!("subscribe failed: {e}")),
+            Err(_) => return Err("subscribe timed out".to_owned()),
         }
+        tracing::debug!(node = %self.node, channel = %self.channel, "subscribed");
+        if std::mem::replace(&mut self.subscribed_before, true) {
+            let _ = self.tx.send(Notice::Resubscribed);
+        }
+        Ok(())
+    }
+
+    fn message(&mut self, msg: redis::Msg) {
+        let payload: String = msg.get_payload().unwrap_or_default();
+        if let Some(notice) = Notice::parse(&payload) {
+            let _ = self.tx.send(notice);
+        }
+    }
+
+    fn lost(&mut self, why: &str) {
+        tracing::debug!(node = %self.node, channel = %self.channel, reason = %why, "subscription lost; resubscribing");
     }
 }
 
@@ -161,10 +128,19 @@ impl Notifier {
 /// copies of consecutive notices may interleave). Terms' tokens grow, so a notice is news when
 /// its token is above the last one of its kind; a re-established subscription always is
 /// (notices may have been missed).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Fresh {
-    elected: u64,
-    resigned: u64,
+    elected: FencingToken,
+    resigned: FencingToken,
+}
+
+impl Default for Fresh {
+    fn default() -> Self {
+        Fresh {
+            elected: FencingToken::new(0),
+            resigned: FencingToken::new(0),
+        }
+    }
 }
 
 impl Fresh {
@@ -216,14 +192,14 @@ mod tests {
         assert_eq!(
             Notice::parse(&Notice::elected(t, "host a")),
             Some(Notice::Elected {
-                token: 7,
+                token: t,
                 candidate: "host a".to_owned()
             })
         );
         assert_eq!(
             Notice::parse(&Notice::resigned(t, "")),
             Some(Notice::Resigned {
-                token: 7,
+                token: t,
                 candidate: String::new()
             })
         );
@@ -235,14 +211,14 @@ mod tests {
     fn only_the_first_copy_of_a_notice_is_news() {
         let mut fresh = Fresh::default();
         let elected = |token| Notice::Elected {
-            token,
+            token: FencingToken::new(token),
             candidate: String::new(),
         };
         assert!(fresh.first_copy(&elected(3)));
         assert!(!fresh.first_copy(&elected(3)));
         assert!(!fresh.first_copy(&elected(2)));
         assert!(fresh.first_copy(&Notice::Resigned {
-            token: 3,
+            token: FencingToken::new(3),
             candidate: String::new()
         }));
         assert!(fresh.first_copy(&Notice::Resubscribed));

@@ -247,7 +247,7 @@ fn undecided(status: &LockStatus) -> Error {
     let needed = (n + 1 + top)
         .saturating_sub(status.quorum)
         .clamp(status.quorum, n);
-    Error::no_quorum(&status.key, status.answered(), (n, needed), failures)
+    Error::no_quorum(&status.key, status.answered(), n, needed, failures)
 }
 
 /// The state of an [`Observer::observe`] stream.
@@ -310,11 +310,11 @@ pub(crate) fn leader_from(status: &LockStatus, records: &[Record]) -> Option<Lea
     // the highest of equals (the token is the highest counter of the nodes that answered the
     // acquisition in time, so a lower one of equals is a late node's).
     let token = record.map(|r| r.token).unwrap_or_else(|| {
-        let mut fences: Vec<u64> = held.iter().map(|s| s.fence).collect();
+        let mut fences: Vec<FencingToken> = held.iter().map(|s| s.fence).collect();
         fences.sort_unstable();
-        let count = |f: &u64| fences.iter().filter(|g| *g == f).count();
+        let count = |f: &FencingToken| fences.iter().filter(|g| *g == f).count();
         // `max_by_key` keeps the last of equals: in ascending order, the highest.
-        FencingToken::new(fences.iter().copied().max_by_key(count).unwrap_or(0))
+        (fences.iter().copied().max_by_key(count)).unwrap_or(FencingToken::new(0))
     });
     let mut ttls: Vec<Duration> = held.iter().filter_map(|s| s.ttl).collect();
     ttls.sort_by(|a, b| b.cmp(a));

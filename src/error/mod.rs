@@ -161,7 +161,8 @@ impl Error {
     pub(crate) fn no_quorum(
         key: &str,
         reached: usize,
-        (nodes, needed): (usize, usize),
+        nodes: usize,
+        needed: usize,
         failures: Vec<NodeFailure>,
     ) -> Error {
         let mut denied = failures.iter().filter_map(|f| match &f.cause {

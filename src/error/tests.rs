@@ -78,7 +78,7 @@ fn denied() -> NodeFailure {
 /// them beside other failures is a `NoQuorum` that names them.
 #[test]
 fn refusals_on_a_majority_are_permission_denied() {
-    let e = Error::no_quorum("k", 1, (3, 2), vec![denied(), denied()]);
+    let e = Error::no_quorum("k", 1, 3, 2, vec![denied(), denied()]);
     assert!(e.is_permission_denied() && !e.is_retryable(), "{e}");
     assert!(
         e.to_string().contains("may not run INCR on 2 of 3 nodes"),
@@ -87,12 +87,13 @@ fn refusals_on_a_majority_are_permission_denied() {
     let e = Error::no_quorum(
         "k",
         1,
-        (3, 2),
+        3,
+        2,
         vec![denied(), failure(NodeError::Timeout(Duration::ZERO))],
     );
     assert!(e.is_no_quorum() && e.is_retryable(), "{e}");
     assert!(e.to_string().contains("may not run INCR"), "{e}");
-    let e = Error::no_quorum("k", 4, (5, 3), vec![denied(), denied()]);
+    let e = Error::no_quorum("k", 4, 5, 3, vec![denied(), denied()]);
     assert!(
         e.is_no_quorum(),
         "two of five refusing leave a quorum possible: {e}"

@@ -15,7 +15,7 @@ use crate::error::{ConfigError, Setting};
 use crate::node::address::{node_name, redact};
 use crate::node::connection::{Tls, open_client, tcp_settings};
 use crate::node::member::{self, Parsed};
-use crate::node::{MaxTtl, Node, Peers};
+use crate::node::{MaxTtl, Node, NodeSettings, Peers};
 
 /// Builds a [`Redlock`]. Obtained from [`Redlock::builder`].
 ///
@@ -65,7 +65,8 @@ pub struct RedlockBuilder {
     compat: bool,
     owner: Option<String>,
     metrics_lock_label: bool,
-    /// Members (by position) kept on the acquire script (testkit).
+    /// Members (by position) kept on the acquire script (a test hook).
+    #[cfg(feature = "testkit")]
     script_acquire: Vec<usize>,
     io_thread: IoThread,
     #[cfg(feature = "tls")]
@@ -120,6 +121,7 @@ impl RedlockBuilder {
             compat: false,
             owner: None,
             metrics_lock_label: false,
+            #[cfg(feature = "testkit")]
             script_acquire: Vec::new(),
             io_thread: IoThread::Never,
             #[cfg(feature = "tls")]
@@ -553,14 +555,13 @@ impl RedlockBuilder {
             .into_iter()
             .enumerate()
             .map(|(index, (name, client))| {
-                let mut settings = settings.clone();
-                settings.force_script = self.script_acquire.contains(&index);
                 Arc::new(Node::new(
                     name,
                     client,
-                    settings,
+                    self.settings_of(&settings, index),
                     Arc::clone(&max_ttl),
-                    (index, Arc::clone(&peers)),
+                    index,
+                    Arc::clone(&peers),
                 ))
             })
             .collect();
@@ -572,6 +573,21 @@ impl RedlockBuilder {
             );
         }
         Ok(Redlock::from_parts(nodes, cfg, max_ttl))
+    }
+
+    /// What the member at `index` is given: the client's node settings, and (feature
+    /// `testkit`) whether a test keeps it on the acquire script.
+    fn settings_of(&self, settings: &NodeSettings, index: usize) -> NodeSettings {
+        #[cfg(feature = "testkit")]
+        return NodeSettings {
+            force_script: self.script_acquire.contains(&index),
+            ..settings.clone()
+        };
+        #[cfg(not(feature = "testkit"))]
+        {
+            let _ = index;
+            settings.clone()
+        }
     }
 
     /// Opens one member as given: a URL parsed (a Cluster or Sentinel member URL, else one

@@ -4,7 +4,7 @@
 use super::{AcquireMode, Ans, LockS, Op, Phase, Redlock, Round, State, Val, secs};
 use crate::core::quorum::{self, Acquisition, Refusal, Tally, Verdict};
 use crate::core::timing::{self, Extension};
-use crate::core::token::{fencing_max, raised_to_quorum};
+use crate::core::token::{FencingToken, fencing_max, raised_to_quorum};
 
 impl Redlock {
     // ---- client steps -------------------------------------------------------------------
@@ -160,10 +160,13 @@ impl Redlock {
                 for (_, k) in yes.iter_mut().filter(|(_, k)| *k == 0) {
                     *k = known;
                 }
-                let counters: Vec<u64> = yes.iter().map(|&(_, k)| u64::from(k)).collect();
+                let counters: Vec<FencingToken> = yes
+                    .iter()
+                    .map(|&(_, k)| FencingToken::new(u64::from(k)))
+                    .collect();
                 let (max, settled) =
                     fencing_max(&counters, self.cfg.nodes).expect("a quorum said yes");
-                let max = u8::try_from(max).expect("small counters");
+                let max = u8::try_from(max.get()).expect("small counters");
                 if settled {
                     self.grant(s, c, val, max, round.elapsed);
                     return;

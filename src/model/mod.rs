@@ -46,14 +46,17 @@ mod timeline;
 mod checks;
 #[cfg(test)]
 mod deep;
+// The proptest model of fencing tokens across acquisitions, releases and data loss.
 #[cfg(test)]
-mod finding5;
+mod fencing;
 #[cfg(test)]
 mod handoff;
 #[cfg(test)]
 mod markers;
 #[cfg(test)]
 mod pipelined;
+#[cfg(test)]
+mod repair_after_hold_out;
 #[cfg(test)]
 mod waiting;
 

@@ -4,8 +4,8 @@
 //! restart and eviction guards in one round trip). Every connection the crate opens to a node,
 //! pub/sub included, is opened here.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -18,7 +18,7 @@ use super::address::redact;
 use super::gate::QUEUE;
 use super::health::{durability_marker, parse_info, read_config};
 use super::member::{self, MemberConn, MemberKind};
-use super::{Connected, Node, RECONNECT_BACKOFF, Slot, scripts};
+use super::{Node, scripts};
 use crate::core::health::classify_eviction;
 use crate::core::lock;
 use crate::error::{ConfigError, NodeError};
@@ -30,11 +30,63 @@ pub(crate) type Tls = Option<redis::TlsCertificates>;
 #[cfg(not(feature = "tls"))]
 pub(crate) type Tls = ();
 
+pub(super) type Connected = Result<(MemberConn, u64), NodeError>;
+
+/// How long calls fail fast with the last connect error before the next connect is tried, so a
+/// dead node costs no connect attempt (and no task) per call.
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(25);
+
+enum Slot {
+    Empty,
+    /// The last connect failed: calls fail fast with its error until the instant passes.
+    Failed(NodeError, Instant),
+    Connecting(Shared<BoxFuture<'static, Connected>>),
+    Ready(MemberConn, u64),
+}
+
+/// A node's connection slot: the live connection or the connect under way, and its
+/// generation (one per connect).
+pub(super) struct ConnSlot {
+    slot: Mutex<Slot>,
+    generation: AtomicU64,
+    connect_timeout: Duration,
+}
+
+impl ConnSlot {
+    pub(super) fn new(connect_timeout: Duration) -> Self {
+        ConnSlot {
+            slot: Mutex::new(Slot::Empty),
+            generation: AtomicU64::new(0),
+            connect_timeout,
+        }
+    }
+}
+
 impl Node {
+    /// The generation of the node's connection as of now, for [`ScriptCall::with_lean`]: a
+    /// call made after this returns runs on this connection or a later one (generations only
+    /// grow, one per connect), so a later call that runs on *this* generation ran on the same
+    /// connection, to the same server process, as every call in between. `0` for members that
+    /// are not one plain server (Cluster, Sentinel): their connection is not one server
+    /// process's for its whole life (a Cluster's spans shards; a Sentinel member's primary can
+    /// be demoted and resynchronised under it), so nothing is known across calls.
+    pub(crate) fn process_generation(&self) -> u64 {
+        if self.member.kind() == member::MemberKind::Standalone {
+            self.conn.generation.load(Ordering::Acquire)
+        } else {
+            0
+        }
+    }
+
+    /// The connect timeout, which also bounds each step of a repair.
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.conn.connect_timeout
+    }
+
     /// The live connection, or the one being established (started if none is).
     pub(super) async fn connection(self: &Arc<Self>) -> Connected {
         let pending = {
-            let mut slot = lock(&self.slot);
+            let mut slot = lock(&self.conn.slot);
             match &*slot {
                 Slot::Ready(conn, generation) => return Ok((conn.clone(), *generation)),
                 Slot::Connecting(pending) => pending.clone(),
@@ -51,15 +103,17 @@ impl Node {
 
     pub(super) fn spawn_connect(self: &Arc<Self>) -> Shared<BoxFuture<'static, Connected>> {
         let node = Arc::clone(self);
-        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let generation = self.conn.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let task = tokio::spawn(async move {
             let result =
-                match tokio::time::timeout(node.connect_timeout, node.connect(generation)).await {
+                match tokio::time::timeout(node.conn.connect_timeout, node.connect(generation))
+                    .await
+                {
                     Ok(Ok(conn)) => Ok((conn, generation)),
                     Ok(Err(e)) => Err(e),
-                    Err(_) => Err(NodeError::Timeout(node.connect_timeout)),
+                    Err(_) => Err(NodeError::Timeout(node.conn.connect_timeout)),
                 };
-            let mut slot = lock(&node.slot);
+            let mut slot = lock(&node.conn.slot);
             *slot = match &result {
                 Ok((conn, generation)) => Slot::Ready(conn.clone(), *generation),
                 Err(e) => {
@@ -74,9 +128,9 @@ impl Node {
             task.await.unwrap_or_else(|e| {
                 // The task panicked or its runtime shut down before it could fill the slot: empty
                 // it, so the next call connects afresh instead of reusing this failure forever.
-                let mut slot = lock(&node.slot);
+                let mut slot = lock(&node.conn.slot);
                 if matches!(&*slot, Slot::Connecting(_))
-                    && node.generation.load(Ordering::Relaxed) == generation
+                    && node.conn.generation.load(Ordering::Relaxed) == generation
                 {
                     *slot = Slot::Empty;
                 }
@@ -96,10 +150,10 @@ impl Node {
     /// every connection gets the same [`AsyncConnectionConfig`].
     pub(crate) async fn open_connection(&self) -> Result<MultiplexedConnection, NodeError> {
         let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
+            .set_connection_timeout(Some(self.conn.connect_timeout))
             .set_response_timeout(None)
             .set_pipeline_buffer_size(QUEUE);
-        tokio::time::timeout(self.connect_timeout, async {
+        tokio::time::timeout(self.conn.connect_timeout, async {
             self.member
                 .server_client()
                 .await?
@@ -107,7 +161,7 @@ impl Node {
                 .await
         })
         .await
-        .map_err(|_| NodeError::Timeout(self.connect_timeout))?
+        .map_err(|_| NodeError::Timeout(self.conn.connect_timeout))?
         .map_err(|e| self.connect_error(e))
     }
 
@@ -119,21 +173,21 @@ impl Node {
             return self.open_connection().await.map(MemberConn::Single);
         }
         let config =
-            AsyncConnectionConfig::new().set_connection_timeout(Some(self.connect_timeout));
-        tokio::time::timeout(self.connect_timeout, self.member.connect(&config))
+            AsyncConnectionConfig::new().set_connection_timeout(Some(self.conn.connect_timeout));
+        tokio::time::timeout(self.conn.connect_timeout, self.member.connect(&config))
             .await
-            .map_err(|_| NodeError::Timeout(self.connect_timeout))?
+            .map_err(|_| NodeError::Timeout(self.conn.connect_timeout))?
             .map_err(|e| self.connect_error(e))
     }
 
     /// Opens a new pub/sub connection to this node, with the same client (certificates, TCP
     /// settings) as [`open_connection`](Self::open_connection), bounded by the connect timeout.
     pub(crate) async fn open_pubsub(&self) -> Result<redis::aio::PubSub, NodeError> {
-        tokio::time::timeout(self.connect_timeout, async {
+        tokio::time::timeout(self.conn.connect_timeout, async {
             self.member.server_client().await?.get_async_pubsub().await
         })
         .await
-        .map_err(|_| NodeError::Timeout(self.connect_timeout))?
+        .map_err(|_| NodeError::Timeout(self.conn.connect_timeout))?
         .map_err(|e| self.connect_error(e))
     }
 
@@ -222,7 +276,7 @@ impl Node {
         self.observe_config(&config);
         let fsync_always = aof && config.appendfsync.as_deref() == Some("always");
         let marker = if fsync_always {
-            durability_marker(&mut conn, &self.durability_marker, &run_id).await
+            durability_marker(&mut conn, self.health.marker_key(), &run_id).await
         } else {
             None
         };
@@ -255,14 +309,14 @@ impl Node {
         if let Some(denied) = scripts::denial(&e, None) {
             denied
         } else if e.is_timeout() {
-            NodeError::Timeout(self.connect_timeout)
+            NodeError::Timeout(self.conn.connect_timeout)
         } else {
             NodeError::from_redis(e)
         }
     }
 
     pub(super) fn invalidate(&self, generation: u64) {
-        let mut slot = lock(&self.slot);
+        let mut slot = lock(&self.conn.slot);
         if matches!(&*slot, Slot::Ready(_, g) if *g == generation) {
             *slot = Slot::Empty;
             tracing::debug!(node = %self.name, "connection broken; will reconnect");

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::{Pipeline, Value};
 
-use super::Node;
+use super::{Node, NodeSettings};
 use crate::error::NodeError;
 
 /// A node's choice between the script and the pipelined acquire.
@@ -21,19 +21,29 @@ pub(crate) struct FencePath {
     /// Whether acquires carry a fencing counter; `false` with fencing off or in compat mode:
     /// such a node never pipelines.
     fenced: bool,
-    /// Kept on the script whatever the node runs (testkit).
+    /// Kept on the script whatever the node runs (a test hook).
+    #[cfg(feature = "testkit")]
     force_script: bool,
     /// The connection generation whose acquires are pipelined (0: none).
     ready: AtomicU64,
 }
 
 impl FencePath {
-    pub(crate) fn new(fenced: bool, force_script: bool) -> Self {
+    pub(crate) fn new(settings: &NodeSettings) -> Self {
         FencePath {
-            fenced,
-            force_script,
+            fenced: settings.fenced,
+            #[cfg(feature = "testkit")]
+            force_script: settings.force_script,
             ..FencePath::default()
         }
+    }
+
+    /// Whether a test keeps this node on the script.
+    fn forced_to_script(&self) -> bool {
+        #[cfg(feature = "testkit")]
+        return self.force_script;
+        #[cfg(not(feature = "testkit"))]
+        false
     }
 }
 
@@ -50,7 +60,7 @@ impl Node {
     pub(super) fn observe_fence(&self, generation: u64, major: Option<u32>) {
         let path = &self.fence;
         path.ready.store(0, Ordering::Release);
-        if !path.fenced || path.force_script || major.is_none_or(|m| m < 7) {
+        if !path.fenced || path.forced_to_script() || major.is_none_or(|m| m < 7) {
             return;
         }
         path.ready.store(generation, Ordering::Release);

@@ -3,15 +3,17 @@
 //! guard, the max ttl in use, and what a connect reads to decide them (`INFO`, `CONFIG GET`,
 //! the durability marker). The decisions themselves are pure, in [`crate::core::health`].
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
+use tokio::time::Instant;
 
-use super::Node;
+use super::{Node, NodeSettings};
 use crate::core::health::{
-    EvictionGuard, Meeting, data_survived, hold_out_for, restart_verdict, twin, youngest_age,
+    EvictionGuard, Meeting, RestartGuard, data_survived, hold_out_for, restart_verdict, twin,
+    youngest_age,
 };
 use crate::core::lock;
 use crate::error::NodeError;
@@ -33,7 +35,64 @@ pub(crate) struct Health {
     unchecked: Vec<&'static str>,
 }
 
-/// `Node::started` when no restart hold-out applies.
+/// What the restart and eviction guards know of one node, owned by this file.
+pub(super) struct NodeHealth {
+    guard: RestartGuard,
+    eviction_guard: EvictionGuard,
+    max_ttl: Arc<MaxTtl>,
+    state: Mutex<Health>,
+    /// The reference instant of `started`.
+    epoch: Instant,
+    /// When the node started (nanoseconds after `epoch`, negative before it) if the restart
+    /// guard holds it out until the max ttl has passed since then; [`NOT_STARTED`] otherwise.
+    /// The hold-out is computed on every check against the max ttl in use *then*, so a max
+    /// ttl that grows after the connect lengthens it.
+    started: AtomicI64,
+    /// When this client last met the node after a data loss it could not rule out (a restart
+    /// or failover without proof its data survived: the ones it repairs), in nanoseconds after
+    /// `epoch`; [`NOT_STARTED`] if never. Run-once markers read from the node prove nothing
+    /// about absence for their expiry after that (`run_once`).
+    lost_data: AtomicI64,
+    /// Whether the last check found the node within its restart hold-out (for the log line
+    /// when it ends).
+    holding: AtomicBool,
+    /// True while `state` holds a repair: lets every call skip the mutex in the common case.
+    /// Set (under the mutex) before the connect that found a restart completes.
+    suspect: AtomicBool,
+    /// True while the strict eviction guard holds the node out.
+    evicting: AtomicBool,
+    /// How many times this client saw the node's run id change: a `SCAN` cursor from one
+    /// incarnation means nothing to the next (see `repair.rs`).
+    incarnation: AtomicU64,
+    /// The key of the restart guard's durability marker.
+    durability_marker: String,
+}
+
+impl NodeHealth {
+    pub(super) fn new(settings: NodeSettings, max_ttl: Arc<MaxTtl>) -> Self {
+        NodeHealth {
+            guard: settings.restart_guard,
+            eviction_guard: settings.eviction_guard,
+            max_ttl,
+            state: Mutex::new(Health::default()),
+            epoch: Instant::now(),
+            started: AtomicI64::new(NOT_STARTED),
+            lost_data: AtomicI64::new(NOT_STARTED),
+            holding: AtomicBool::new(false),
+            suspect: AtomicBool::new(false),
+            evicting: AtomicBool::new(false),
+            incarnation: AtomicU64::new(0),
+            durability_marker: settings.durability_marker,
+        }
+    }
+
+    /// The key of the restart guard's durability marker, under the key prefix.
+    pub(super) fn marker_key(&self) -> &str {
+        &self.durability_marker
+    }
+}
+
+/// `NodeHealth::started` when no restart hold-out applies.
 pub(crate) const NOT_STARTED: i64 = i64::MIN;
 
 /// A duration in nanoseconds, saturating.
@@ -154,16 +213,18 @@ impl Node {
                 run_id,
             });
         }
-        if self.evicting.load(Ordering::Acquire) {
-            return Some(NodeError::Evicting(lock(&self.health).eviction.clone()));
+        if self.health.evicting.load(Ordering::Acquire) {
+            return Some(NodeError::Evicting(
+                lock(&self.health.state).eviction.clone(),
+            ));
         }
         if let Some(remaining) = self.restart_hold_out() {
             return Some(NodeError::HeldOut { remaining });
         }
-        if !self.suspect.load(Ordering::Acquire) {
+        if !self.health.suspect.load(Ordering::Acquire) {
             return None;
         }
-        let health = lock(&self.health);
+        let health = lock(&self.health.state);
         self.settle(&health);
         (health.repair != Repair::Clean).then_some(NodeError::Repairing)
     }
@@ -175,11 +236,11 @@ impl Node {
     /// good: so the node's "absent" for such a key proves absence only once this returns
     /// `None`.
     pub(crate) fn lost_data_within(&self, within: Duration) -> Option<Duration> {
-        let at = self.lost_data.load(Ordering::Acquire);
+        let at = self.health.lost_data.load(Ordering::Acquire);
         if at == NOT_STARTED {
             return None;
         }
-        let ago = nanos(self.epoch.elapsed()).saturating_sub(at);
+        let ago = nanos(self.health.epoch.elapsed()).saturating_sub(at);
         let ago = Duration::from_nanos(u64::try_from(ago).unwrap_or(0));
         (ago < within).then_some(ago)
     }
@@ -187,17 +248,17 @@ impl Node {
     /// How much longer the restart guard holds the node out: until the max ttl in use now has
     /// passed since the node's start.
     pub(crate) fn restart_hold_out(&self) -> Option<Duration> {
-        let start = self.started.load(Ordering::Acquire);
+        let start = self.health.started.load(Ordering::Acquire);
         if start == NOT_STARTED {
             return None;
         }
-        let now = nanos(self.epoch.elapsed());
-        let until = start.saturating_add(nanos(self.max_ttl.get()));
+        let now = nanos(self.health.epoch.elapsed());
+        let until = start.saturating_add(nanos(self.health.max_ttl.get()));
         if now < until {
-            if !self.holding.swap(true, Ordering::Relaxed) {
+            if !self.health.holding.swap(true, Ordering::Relaxed) {
                 tracing::info!(
                     node = %self.name,
-                    max_ttl = ?self.max_ttl.get(),
+                    max_ttl = ?self.health.max_ttl.get(),
                     "node started less than the max ttl now in use ago; it counts toward no quorum until that has passed"
                 );
             }
@@ -205,13 +266,13 @@ impl Node {
                 u64::try_from(until - now).unwrap_or(0),
             ));
         }
-        if self.holding.swap(false, Ordering::Relaxed) {
+        if self.health.holding.swap(false, Ordering::Relaxed) {
             tracing::info!(node = %self.name, "restarted node's hold-out is over");
         }
         // A max ttl that can still grow (the largest this client used) could make the node
         // young again: keep its start until a configured max ttl says it never will.
-        if self.max_ttl.is_fixed() {
-            let _ = self.started.compare_exchange(
+        if self.health.max_ttl.is_fixed() {
+            let _ = self.health.started.compare_exchange(
                 start,
                 NOT_STARTED,
                 Ordering::AcqRel,
@@ -224,7 +285,7 @@ impl Node {
     /// Clears the `suspect` hint once no repair holds the node out (called under the mutex).
     pub(super) fn settle(&self, health: &Health) {
         if health.repair == Repair::Clean {
-            self.suspect.store(false, Ordering::Release);
+            self.health.suspect.store(false, Ordering::Release);
         }
     }
 
@@ -241,7 +302,7 @@ impl Node {
         .into_iter()
         .filter_map(|(name, unread)| unread.then_some(name))
         .collect();
-        let mut health = lock(&self.health);
+        let mut health = lock(&self.health.state);
         if !unchecked.is_empty() && health.unchecked != unchecked {
             tracing::info!(
                 node = %self.name,
@@ -257,12 +318,12 @@ impl Node {
     /// The settings the last connect could not read (`CONFIG GET` refused or renamed), by
     /// their Redis names; empty before any connect.
     pub(crate) fn unchecked(&self) -> Vec<&'static str> {
-        lock(&self.health).unchecked.clone()
+        lock(&self.health.state).unchecked.clone()
     }
 
     /// The node's memory policy risk as last read on connect.
     pub(crate) fn eviction(&self) -> EvictionRisk {
-        lock(&self.health).eviction.clone()
+        lock(&self.health.state).eviction.clone()
     }
 
     /// Another node reaching the same server, by name, if any.
@@ -278,16 +339,16 @@ impl Node {
     /// True while the node's fencing counters may be behind after a restart: it is then no
     /// source for restoring another node's counters.
     pub(crate) fn needs_repair(&self) -> bool {
-        lock(&self.health).repair != Repair::Clean
+        lock(&self.health.state).repair != Repair::Clean
     }
 
     /// Claims the restoring of this node's counters (once per needed repair): the repair's
     /// epoch, which [`finish_repair`](Self::finish_repair) must present.
     pub(crate) fn claim_repair(&self) -> Option<u64> {
-        if !self.suspect.load(Ordering::Acquire) {
+        if !self.health.suspect.load(Ordering::Acquire) {
             return None;
         }
-        let mut health = lock(&self.health);
+        let mut health = lock(&self.health.state);
         if health.repair == Repair::Needed {
             health.repair = Repair::Running;
             Some(health.repair_epoch)
@@ -299,7 +360,7 @@ impl Node {
     /// Whether the repair claimed with `epoch` is still the one to do (the node has not
     /// restarted again since).
     pub(crate) fn repair_current(&self, epoch: u64) -> bool {
-        let health = lock(&self.health);
+        let health = lock(&self.health.state);
         health.repair == Repair::Running && health.repair_epoch == epoch
     }
 
@@ -307,7 +368,7 @@ impl Node {
     /// Ignored when the node restarted again since the claim (that restart needs a repair of
     /// its own).
     pub(crate) fn finish_repair(&self, epoch: u64, ok: bool) {
-        let mut health = lock(&self.health);
+        let mut health = lock(&self.health.state);
         if health.repair == Repair::Running && health.repair_epoch == epoch {
             health.repair = if ok { Repair::Clean } else { Repair::Needed };
         }
@@ -316,24 +377,24 @@ impl Node {
 
     /// How many restarts (run id changes) of this node this client has seen.
     pub(crate) fn incarnation(&self) -> u64 {
-        self.incarnation.load(Ordering::Acquire)
+        self.health.incarnation.load(Ordering::Acquire)
     }
 
     /// Records the node's memory policy: a warning when it turns risky (once per node and
     /// policy), and the strict eviction guard's hold-out.
     pub(super) fn observe_eviction(&self, risk: EvictionRisk) {
-        let mut health = lock(&self.health);
+        let mut health = lock(&self.health.state);
         if risk.is_risky() && health.eviction != risk {
             tracing::warn!(
                 node = %self.name,
                 risk = %risk,
-                guard = ?self.eviction_guard,
+                guard = ?self.health.eviction_guard,
                 "node may evict lock keys under memory pressure, without any restart: set \
                  maxmemory-policy noeviction (or maxmemory 0) on lock nodes"
             );
         }
-        self.evicting.store(
-            self.eviction_guard == EvictionGuard::Strict && risk.is_risky(),
+        self.health.evicting.store(
+            self.health.eviction_guard == EvictionGuard::Strict && risk.is_risky(),
             Ordering::Release,
         );
         health.eviction = risk;
@@ -349,26 +410,26 @@ impl Node {
         fsync_always: bool,
         marker: Option<String>,
     ) {
-        let mut health = lock(&self.health);
+        let mut health = lock(&self.health.state);
         let meeting = match &health.run_id {
             None => Meeting::First,
             Some(previous) if *previous == run_id => Meeting::Same,
             Some(_) => Meeting::Restarted,
         };
         if meeting == Meeting::Restarted {
-            self.incarnation.fetch_add(1, Ordering::AcqRel);
+            self.health.incarnation.fetch_add(1, Ordering::AcqRel);
         }
         let durable_before = (meeting == Meeting::Restarted).then_some(health.durable);
         let survived = data_survived(fsync_always, marker.as_deref(), &run_id, durable_before);
-        let (hold, repair) = restart_verdict(self.guard, meeting, survived);
+        let (hold, repair) = restart_verdict(self.health.guard, meeting, survived);
         if hold {
             // Counted from now with the youngest age the uptime allows: the latest it can have
             // started.
             let age = youngest_age(uptime);
-            let start = nanos(self.epoch.elapsed()).saturating_sub(nanos(age));
-            self.started.store(start, Ordering::Release);
-            if let Some(remaining) = hold_out_for(uptime, self.max_ttl.get()) {
-                self.holding.store(true, Ordering::Relaxed);
+            let start = nanos(self.health.epoch.elapsed()).saturating_sub(nanos(age));
+            self.health.started.store(start, Ordering::Release);
+            if let Some(remaining) = hold_out_for(uptime, self.health.max_ttl.get()) {
+                self.health.holding.store(true, Ordering::Relaxed);
                 tracing::warn!(
                     node = %self.name,
                     uptime_s = uptime.as_secs(),
@@ -384,11 +445,12 @@ impl Node {
         // Seen restarting without proof its data survived: its fencing counters (which never
         // expire) may be gone too; restore them from the other nodes before it counts again.
         if repair {
-            self.lost_data
-                .store(nanos(self.epoch.elapsed()), Ordering::Release);
+            self.health
+                .lost_data
+                .store(nanos(self.health.epoch.elapsed()), Ordering::Release);
             health.repair = Repair::Needed;
             health.repair_epoch += 1;
-            self.suspect.store(true, Ordering::Release);
+            self.health.suspect.store(true, Ordering::Release);
         }
         if meeting == Meeting::Restarted && survived {
             tracing::info!(

@@ -20,27 +20,29 @@ pub(crate) mod connection;
 pub(crate) mod fence;
 pub(crate) mod gate;
 pub(crate) mod health;
+mod liveness;
 pub(crate) mod member;
+pub(crate) mod pubsub;
 mod repair;
 pub(crate) mod scripts;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::{BoxFuture, Shared};
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
 use crate::core::health::{EvictionGuard, RestartGuard};
 use crate::error::NodeError;
-use crate::metrics;
 
+use self::connection::ConnSlot;
 pub(crate) use self::gate::RoundGate;
-use self::health::{Health, NOT_STARTED};
+use self::health::NodeHealth;
 pub(crate) use self::health::{HoldOut, MaxTtl, Peers};
+use self::liveness::Liveness;
 use self::member::{ClusterView, Member, MemberConn};
 use self::scripts::ScriptCall;
 
@@ -79,27 +81,17 @@ pub(crate) struct NodeSettings {
     pub(crate) eviction_guard: EvictionGuard,
     /// Whether acquires carry a fencing counter (`fence.rs`).
     pub(crate) fenced: bool,
-    /// Keep this node on the acquire script whatever it runs (testkit only).
+    /// Keep this node on the acquire script whatever it runs (a test hook).
+    #[cfg(feature = "testkit")]
     pub(crate) force_script: bool,
     /// The key of the node's durability marker (`health.rs`), under the key prefix.
     pub(crate) durability_marker: String,
 }
 
-type Connected = Result<(MemberConn, u64), NodeError>;
-
-/// How long calls fail fast with the last connect error before the next connect is tried, so a
-/// dead node costs no connect attempt (and no task) per call.
-const RECONNECT_BACKOFF: Duration = Duration::from_millis(25);
-
-enum Slot {
-    Empty,
-    /// The last connect failed: calls fail fast with its error until the instant passes.
-    Failed(NodeError, Instant),
-    Connecting(Shared<BoxFuture<'static, Connected>>),
-    Ready(MemberConn, u64),
-}
-
-/// One Redis master.
+/// One Redis master. Its state is split by concern, each part owned by one file: the
+/// connection slot ([`connection`]), the restart and eviction guards' view ([`health`]),
+/// whether its last call failed (`liveness.rs`), the fenced acquire's form ([`fence`]) and the
+/// script mode ([`scripts`]).
 pub(crate) struct Node {
     name: String,
     /// A standalone master, a Redis Cluster or a Sentinel-managed primary ([`member`]).
@@ -107,45 +99,15 @@ pub(crate) struct Node {
     /// A Cluster member's masters as last read (their run ids, checked on every call, and their
     /// addresses, for a repair's `SCAN`).
     cluster: Mutex<ClusterView>,
-    connect_timeout: Duration,
-    guard: RestartGuard,
-    eviction_guard: EvictionGuard,
-    max_ttl: Arc<MaxTtl>,
     /// This node's place among the client's nodes, and their shared run ids.
     index: usize,
     peers: Arc<Peers>,
-    generation: AtomicU64,
-    slot: Mutex<Slot>,
-    health: Mutex<Health>,
-    /// The reference instant of `started`.
-    epoch: Instant,
-    /// When the node started (nanoseconds after `epoch`, negative before it) if the restart
-    /// guard holds it out until the max ttl has passed since then; [`NOT_STARTED`] otherwise.
-    /// The hold-out is computed on every check against the max ttl in use *then*, so a max
-    /// ttl that grows after the connect lengthens it.
-    started: AtomicI64,
-    /// When this client last met the node after a data loss it could not rule out (a restart
-    /// or failover without proof its data survived: the ones it repairs), in nanoseconds after
-    /// `epoch`; [`NOT_STARTED`] if never. Run-once markers read from the node prove nothing
-    /// about absence for their expiry after that (`run_once`).
-    lost_data: AtomicI64,
-    /// Whether the last check found the node within its restart hold-out (for the log line
-    /// when it ends).
-    holding: AtomicBool,
-    /// True while `health` holds a repair: lets every call skip the mutex in the common case.
-    /// Set (under the mutex) before the connect that found a restart completes.
-    suspect: AtomicBool,
-    /// True while the strict eviction guard holds the node out.
-    evicting: AtomicBool,
-    /// Whether the last call (or connect) failed: failures are logged at warn on the way down
-    /// and at info on the way back, not on every call.
-    down: AtomicBool,
-    /// The last failure's cause, while `down`: what a round that did not wait for the node
-    /// names.
-    last_failure: Mutex<Option<NodeError>>,
-    /// How many times this client saw the node's run id change: a `SCAN` cursor from one
-    /// incarnation means nothing to the next (see `repair.rs`).
-    incarnation: AtomicU64,
+    /// The one connection (`connection.rs`).
+    conn: ConnSlot,
+    /// The restart and eviction guards' view of the node (`health.rs`).
+    health: NodeHealth,
+    /// Whether the last call failed, and why (`liveness.rs`).
+    live: Liveness,
     /// Scripts go as `EVAL` with their body: `SCRIPT LOAD` was refused on the last connect, or
     /// an `EVALSHA` since (see `scripts.rs`).
     by_eval: AtomicBool,
@@ -153,8 +115,6 @@ pub(crate) struct Node {
     by_eval_logged: AtomicBool,
     /// The script or the pipelined fenced acquire (`fence.rs`).
     fence: fence::FencePath,
-    /// The key of the restart guard's durability marker (`health.rs`).
-    durability_marker: String,
 }
 
 impl std::fmt::Debug for Node {
@@ -169,34 +129,21 @@ impl Node {
         member: Member,
         settings: NodeSettings,
         max_ttl: Arc<MaxTtl>,
-        (index, peers): (usize, Arc<Peers>),
+        index: usize,
+        peers: Arc<Peers>,
     ) -> Self {
         Node {
             name,
             member,
             cluster: Mutex::new(ClusterView::default()),
-            connect_timeout: settings.connect_timeout,
-            guard: settings.restart_guard,
-            eviction_guard: settings.eviction_guard,
-            max_ttl,
             index,
             peers,
-            generation: AtomicU64::new(0),
-            slot: Mutex::new(Slot::Empty),
-            health: Mutex::new(Health::default()),
-            epoch: Instant::now(),
-            started: AtomicI64::new(NOT_STARTED),
-            lost_data: AtomicI64::new(NOT_STARTED),
-            holding: AtomicBool::new(false),
-            suspect: AtomicBool::new(false),
-            evicting: AtomicBool::new(false),
-            down: AtomicBool::new(false),
-            last_failure: Mutex::new(None),
-            incarnation: AtomicU64::new(0),
+            conn: ConnSlot::new(settings.connect_timeout),
+            fence: fence::FencePath::new(&settings),
+            health: NodeHealth::new(settings, max_ttl),
+            live: Liveness::default(),
             by_eval: AtomicBool::new(false),
             by_eval_logged: AtomicBool::new(false),
-            fence: fence::FencePath::new(settings.fenced, settings.force_script),
-            durability_marker: settings.durability_marker,
         }
     }
 
@@ -206,29 +153,9 @@ impl Node {
         self.member.kind() == member::MemberKind::Cluster
     }
 
-    /// The generation of the node's connection as of now, for [`ScriptCall::with_lean`]: a
-    /// call made after this returns runs on this connection or a later one (generations only
-    /// grow, one per connect), so a later call that runs on *this* generation ran on the same
-    /// connection, to the same server process, as every call in between. `0` for members that
-    /// are not one plain server (Cluster, Sentinel): their connection is not one server
-    /// process's for its whole life (a Cluster's spans shards; a Sentinel member's primary can
-    /// be demoted and resynchronised under it), so nothing is known across calls.
-    pub(crate) fn process_generation(&self) -> u64 {
-        if self.member.kind() == member::MemberKind::Standalone {
-            self.generation.load(Ordering::Acquire)
-        } else {
-            0
-        }
-    }
-
     /// The node's address, password redacted.
     pub(crate) fn name(&self) -> &str {
         &self.name
-    }
-
-    /// The connect timeout, which also bounds each step of a repair.
-    pub(crate) fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
     }
 
     /// Runs one script call, bounded by `deadline`.
@@ -272,7 +199,7 @@ impl Node {
         match self.run_now(&call, hold_out, gate).await {
             Ok(Some(value)) => {
                 #[cfg(feature = "metrics")]
-                metrics::node_latency(&self.name, op.as_str(), start.elapsed());
+                crate::metrics::node_latency(&self.name, op.as_str(), start.elapsed());
                 self.mark_up();
                 Ok(value)
             }
@@ -283,58 +210,6 @@ impl Node {
                 self.failed(op, &e);
                 Err(e)
             }
-        }
-    }
-
-    /// Records a call that its round's deadline cut short.
-    pub(crate) fn timed_out(&self, op: Op, e: &NodeError) {
-        self.failed(op, e);
-    }
-
-    /// Records a failed call: metrics, a debug event, and a warning when the node goes down.
-    /// A node held out (after a restart, as a second URL of one server, for its eviction
-    /// policy) is not down: its own warning says why.
-    fn failed(&self, op: Op, e: &NodeError) {
-        metrics::node_error(&self.name, op.as_str(), e.kind());
-        tracing::debug!(node = %self.name, op = op.as_str(), error = %e, "node call failed");
-        if matches!(
-            e,
-            NodeError::HeldOut { .. }
-                | NodeError::Repairing
-                | NodeError::SameServer { .. }
-                | NodeError::Evicting(_)
-        ) {
-            return;
-        }
-        *crate::core::lock(&self.last_failure) = Some(e.clone());
-        if let NodeError::Denied { command, .. } = e {
-            if !self.down.swap(true, Ordering::Relaxed) {
-                tracing::warn!(node = %self.name, op = op.as_str(), %command, error = %e, "the node's ACL refuses a command quorumlock needs; it counts as failed until the Redis user is granted it (quorumlock::guide::acl, docs/acl.md)");
-            }
-            return;
-        }
-        if !self.down.swap(true, Ordering::Relaxed) {
-            tracing::warn!(node = %self.name, op = op.as_str(), error = %e, "node unreachable; it counts as failed in every round until it answers again");
-        }
-    }
-
-    /// Whether the node's last call failed (and none has answered since): rounds whose outcome
-    /// is certain without it need not wait for it.
-    pub(crate) fn is_down(&self) -> bool {
-        self.down.load(Ordering::Relaxed)
-    }
-
-    /// The cause of the last failure, while the node is down.
-    pub(crate) fn down_cause(&self) -> Option<NodeError> {
-        if !self.is_down() {
-            return None;
-        }
-        crate::core::lock(&self.last_failure).clone()
-    }
-
-    fn mark_up(&self) {
-        if self.down.load(Ordering::Relaxed) && self.down.swap(false, Ordering::Relaxed) {
-            tracing::info!(node = %self.name, "node answers again");
         }
     }
 
@@ -393,7 +268,7 @@ impl Node {
         generation: u64,
     ) -> Result<Option<Value>, NodeError> {
         // A node that refuses `SCRIPT LOAD` / `EVALSHA` gets the body at once.
-        if self.by_eval.load(Ordering::Relaxed)
+        if self.scripts_by_eval()
             && let Some(eval) = call.eval()
         {
             // Boxed: a cold path (managed services), kept out of the call's future (below).

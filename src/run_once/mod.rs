@@ -201,7 +201,7 @@ impl RunOnceBuilder {
         if self.marker_ttl.is_some_and(|t| t.as_millis() == 0) {
             return Err(ConfigError::ZeroDuration(Setting::TickMarkerTtl));
         }
-        if !self.locks.inner.cfg.fencing {
+        if !self.locks.fencing() {
             return Err(ConfigError::FencingRequired);
         }
         Ok(RunOnce {
@@ -504,7 +504,7 @@ impl RunOnce {
     /// gets no second chance at its tick, and instances that split the nodes with one node
     /// down (the client cannot prove that split) would all skip it (`t51`).
     async fn try_lock(&self) -> Result<Lock, Error> {
-        let retries = self.locks.inner.cfg.retry_count;
+        let retries = self.locks.retry_count();
         let mut round = 0;
         loop {
             match self.locks.try_acquire(&self.job, self.ttl).await {
@@ -571,8 +571,7 @@ impl RunOnce {
         let expiry = self.marker_ttl.unwrap_or_default();
         let lost: Vec<Option<Duration>> = self
             .locks
-            .inner
-            .nodes
+            .nodes()
             .iter()
             .map(|n| n.lost_data_within(expiry))
             .collect();
@@ -582,7 +581,7 @@ impl RunOnce {
             return Marker::Absent;
         }
         let mut failures = replies.failures();
-        for (node, ago) in self.locks.inner.nodes.iter().zip(&lost) {
+        for (node, ago) in self.locks.nodes().iter().zip(&lost) {
             if let Some(ago) = *ago
                 && !failures.iter().any(|f| f.node == node.name())
             {
@@ -595,7 +594,8 @@ impl RunOnce {
         Marker::Unreadable(Error::no_quorum(
             &key,
             proven,
-            (replies.len(), quorum),
+            replies.len(),
+            quorum,
             failures,
         ))
     }

@@ -305,6 +305,27 @@ impl RedisServer {
             .arg("--logfile")
             .arg(self.log_path())
             .args(["--daemonize", "no"]);
+        self.option_args(&mut cmd);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd.spawn().map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                TestkitError::NotInstalled { bin: bin.clone() }
+            } else {
+                TestkitError::Io {
+                    what: format!("spawn {bin}"),
+                    source: e,
+                }
+            }
+        })?;
+        self.child = Some(child);
+        self.wait_ready()
+    }
+
+    /// The command-line arguments of the server's [`ServerOptions`] beyond its port, bind
+    /// address and files.
+    fn option_args(&self, cmd: &mut Command) {
         if let Some(password) = &self.options.password {
             cmd.args(["--requirepass", password]);
         }
@@ -353,21 +374,6 @@ impl RedisServer {
         } else {
             cmd.args(["--appendonly", "no"]);
         }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let child = cmd.spawn().map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                TestkitError::NotInstalled { bin: bin.clone() }
-            } else {
-                TestkitError::Io {
-                    what: format!("spawn {bin}"),
-                    source: e,
-                }
-            }
-        })?;
-        self.child = Some(child);
-        self.wait_ready()
     }
 
     fn wait_ready(&mut self) -> Result<(), TestkitError> {

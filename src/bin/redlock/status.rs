@@ -167,7 +167,7 @@ pub(crate) fn to_json(status: &LockStatus) -> Value {
                     entry["value"] = json!(state.value);
                     entry["owner"] = json!(state.owner);
                     entry["ttl_ms"] = json!(state.ttl.map(millis));
-                    entry["fence"] = json!(state.fence);
+                    entry["fence"] = json!(state.fence.get());
                 }
                 Err(cause) => {
                     entry["error"] = json!(cause.to_string());

@@ -16,7 +16,7 @@
 use proptest::prelude::*;
 
 use crate::core::quorum::{Answer, Tally, Verdict, quorum};
-use crate::core::token::fencing_max;
+use crate::core::token::{FencingToken, fencing_max};
 
 #[derive(Debug, Clone, Default)]
 struct Node {
@@ -117,11 +117,13 @@ impl World {
                     }
                 }
                 let verdict = verdict.unwrap_or_else(|| tally.final_verdict());
-                let counters: Vec<u64> = yes.iter().map(|&(_, c)| c).collect();
+                let counters: Vec<FencingToken> =
+                    yes.iter().map(|&(_, c)| FencingToken::new(c)).collect();
                 let won = verdict == Verdict::Quorum
                     && match fencing_max(&counters, n) {
                         Some((_, true)) => true,
                         Some((max, false)) => {
+                            let max = max.get();
                             // Raise the lower yes-nodes that still hold our key.
                             for &(i, c) in &yes {
                                 if c < max && self.nodes[i].owner == Some(owner) {
@@ -133,7 +135,7 @@ impl World {
                         None => false,
                     };
                 if won {
-                    let (token, _) = fencing_max(&counters, n).ok_or("no counters")?;
+                    let token = fencing_max(&counters, n).ok_or("no counters")?.0.get();
                     if token <= self.last_token() {
                         return Err(format!(
                             "token {token} not above {} (history {:?})",

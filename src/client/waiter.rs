@@ -1,0 +1,236 @@
+//! A waiting acquisition: its place in this client's queue for the key, the pauses between its
+//! rounds and the notices that end them. `client/acquire.rs` makes the rounds; a [`Waiter`]
+//! decides when the next one starts (`client/wait.rs` holds the queues and subscriptions it
+//! waits on).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Redlock;
+use super::wait::{KeyWait, MARKER_REFRESH, Ticket, Woken};
+use crate::core::keys::LockKeys;
+use crate::core::timing;
+
+/// After this many rounds in a row lost after a notice, a waiter tries at once on the next
+/// notice instead of deferring to other clients (`queue::defer`): no waiter starves.
+const MAX_DEFERRED_LOSSES: u32 = 2;
+
+/// The waiting of one acquisition between its rounds. With a wait (`acquire_timeout`), a
+/// refused acquisition joins this client's queue for the key, subscribes to release notices and
+/// marks the key as waited on, and makes its next round when a release is announced (or this
+/// client released it), or when its timer fires (the crate's backoff: the fallback for lost
+/// notices). Without one (`try_acquire`, `acquire`) it pauses between rounds after the same
+/// policy.
+pub(super) struct Waiter<'a> {
+    client: &'a Redlock,
+    keys: &'a LockKeys,
+    /// Whether the acquisition may wait (`acquire_timeout`): only then does it queue.
+    waits: bool,
+    /// When its wait is over.
+    give_up_at: Instant,
+    /// Its place in this client's queue for the key, once it has joined.
+    queued: Option<(Arc<KeyWait>, Ticket)>,
+    /// The notice epoch the current round started at (0 while not queued).
+    epoch: u64,
+    /// Consecutive retries that the timer started (no notice): the backoff's attempt number.
+    polls: u32,
+    /// Consecutive rounds lost after a notice: past a few, this waiter stops deferring.
+    losses: u32,
+}
+
+impl<'a> Waiter<'a> {
+    /// The waiting of an acquisition of `keys` that may wait until `give_up_at` (`waits`). A
+    /// waiter queues at once behind this client's waiters for the key instead of trying first.
+    pub(super) async fn new(
+        client: &'a Redlock,
+        keys: &'a LockKeys,
+        waits: bool,
+        give_up_at: Instant,
+    ) -> Self {
+        let queued = if waits && client.inner.waiting.queued(keys.lock()).is_some() {
+            Some(client.wait_for(keys.lock()).await)
+        } else {
+            None
+        };
+        Waiter {
+            client,
+            keys,
+            waits,
+            give_up_at,
+            queued,
+            epoch: 0,
+            polls: 0,
+            losses: 0,
+        }
+    }
+
+    /// The user key.
+    pub(super) fn key(&self) -> &str {
+        self.keys.key()
+    }
+
+    /// Whether it has joined the queue: a round it makes was woken by a notice or its timer.
+    pub(super) fn is_queued(&self) -> bool {
+        self.queued.is_some()
+    }
+
+    /// A round starts: the notice epoch it starts at (0 while not queued).
+    pub(super) fn start_round(&mut self) -> u64 {
+        self.epoch = self.queued.as_ref().map_or(0, |(kw, _)| kw.epoch());
+        self.epoch
+    }
+
+    /// The round started last won: the queue learns it (the next waiter waits for its release).
+    pub(super) fn won(mut self) {
+        if let Some((_, ticket)) = &mut self.queued {
+            ticket.won(self.epoch);
+        }
+    }
+
+    /// The crate's backoff after the retries the timer started so far.
+    pub(super) fn backoff(&self) -> Duration {
+        self.client.retry_pause_after(self.polls)
+    }
+
+    /// The pause after a refused round, `backoff` unless a registered waiter was refused by a
+    /// holder: it sleeps until the holder's key expires (or a notice): the holder's lease, not
+    /// a poll interval, is what it waits for.
+    pub(super) async fn delay(&self, held: bool, backoff: Duration) -> Duration {
+        if held && self.is_queued() {
+            self.client
+                .holder_pause(self.keys.lock())
+                .await
+                .unwrap_or(backoff)
+        } else {
+            backoff
+        }
+    }
+
+    /// Before a round: a queued waiter waits for its turn (it is the oldest of this client's
+    /// waiters for the key, and the lock its predecessor won has been released since), for at
+    /// most `give_up_at`. The head waiting for that release makes a round only once the
+    /// predecessor's key may have expired on a quorum (its `PTTL`, re-read after the crate's
+    /// backoff, then at the expiry or within 1 s): polling it on the backoff cost a round every
+    /// few milliseconds of a short hold. Returns true when the wait is over (the caller then
+    /// makes its remaining rounds out of turn); false at once when not queued.
+    pub(super) async fn turn(&mut self) -> bool {
+        let Some((kw, ticket)) = &self.queued else {
+            return false;
+        };
+        let mut next: Option<Instant> = None;
+        loop {
+            let poll = next
+                .take()
+                .unwrap_or_else(|| Instant::now() + self.client.retry_pause_after(self.polls));
+            let epoch = kw.epoch();
+            let turn = kw.turn(ticket, Some(poll.min(self.give_up_at))).await;
+            tracing::trace!(turn, "queued waiter's turn");
+            if turn {
+                // Woken by a notice: take turns with other clients' waiters (`queue::defer`).
+                let defer = kw.deferral();
+                if kw.epoch() != epoch && !defer.is_zero() {
+                    tokio::time::sleep(defer).await;
+                }
+                return false;
+            }
+            if Instant::now() >= self.give_up_at {
+                return true;
+            }
+            if kw.is_head(ticket) {
+                self.client.set_marker(kw, self.keys.waiters(), false).await;
+                match self.client.holder_pause(self.keys.lock()).await {
+                    Some(pause) if pause > timing::HOLDER_READ_AGAIN => {
+                        next = Some(Instant::now() + pause);
+                    }
+                    _ => {
+                        self.polls = self.polls.saturating_add(1);
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Pauses after a failed round until the next one, `until` at the latest. The first
+    /// refusal by a holder (`held`) of a wait joins the queue and returns at once (the lock may
+    /// have been released before the marker stood). A registered waiter waits for a notice
+    /// whatever refused its round: a round that could not reach a quorum (a node hung, the
+    /// others split between the holder's value and ours) is usually followed by the holder's
+    /// release.
+    pub(super) async fn pause(&mut self, held: bool, until: Instant) {
+        match &self.queued {
+            None if self.waits && held => {
+                self.queued = Some(self.client.wait_for(self.keys.lock()).await);
+                self.polls = 0;
+            }
+            Some((kw, _)) => {
+                let woken = self.await_release_or_expiry(kw, until).await;
+                tracing::trace!(key = self.keys.key(), ?woken, "waiter woken");
+                match woken {
+                    Woken::Notice => {
+                        self.polls = 0;
+                        // Other clients wait too: take turns with them (`queue::defer`),
+                        // unless this waiter has already lost twice in a row.
+                        self.losses += 1;
+                        let defer = kw.deferral();
+                        if self.losses <= MAX_DEFERRED_LOSSES && !defer.is_zero() {
+                            tokio::time::sleep(defer).await;
+                        }
+                    }
+                    Woken::Timer => self.polls = self.polls.saturating_add(1),
+                }
+            }
+            None => {
+                self.polls = self.polls.saturating_add(1);
+                tokio::time::sleep_until(until).await;
+            }
+        }
+    }
+
+    /// Waits for a release notice after the round's epoch or until `until`, refreshing the
+    /// waiters marker while it waits.
+    async fn await_release(&self, kw: &KeyWait, until: Instant) -> Woken {
+        loop {
+            self.client.set_marker(kw, self.keys.waiters(), false).await;
+            let slice = (Instant::now() + MARKER_REFRESH).min(until);
+            match kw.released_after(self.epoch, slice).await {
+                Woken::Timer if slice < until => {}
+                woken => return woken,
+            }
+        }
+    }
+
+    /// [`await_release`](Self::await_release), and when the timer fires before `give_up_at`,
+    /// reads the holder's key (`PTTL`) first: while it still stands on a quorum and will for
+    /// a while yet, the waiter sleeps again instead of making a round that would be refused.
+    /// A round is made on a notice, once a quorum may be free, when the nodes cannot tell, or
+    /// once `give_up_at` has passed (the rounds an `acquire` makes are owed).
+    async fn await_release_or_expiry(&self, kw: &KeyWait, mut until: Instant) -> Woken {
+        let lock_key = self.keys.lock();
+        loop {
+            let woken = self.await_release(kw, until).await;
+            if woken == Woken::Notice || Instant::now() >= self.give_up_at {
+                return woken;
+            }
+            match self.client.holder_pause(lock_key).await {
+                Some(pause) if pause > timing::HOLDER_READ_AGAIN => {
+                    until = (Instant::now() + pause).min(self.give_up_at);
+                    tracing::trace!(
+                        lock_key,
+                        ?pause,
+                        "the holder's key still stands; waiting on"
+                    );
+                }
+                // About to expire: the round once it has (the pause counts the millisecond
+                // `PTTL` rounds off), not a round trip early.
+                Some(pause) => {
+                    tokio::time::sleep(pause).await;
+                    return woken;
+                }
+                None => return woken,
+            }
+        }
+    }
+}
