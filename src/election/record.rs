@@ -10,6 +10,7 @@
 
 use crate::core::keys::KeyLayout;
 use crate::core::token::FencingToken;
+use crate::node::commands;
 
 /// Writes the leader record on a node where this term's lock value stands.
 ///
@@ -59,41 +60,28 @@ impl Keys {
 
     /// Writes `record` where our lock value stands (reply 1 there, 0 elsewhere).
     pub(crate) fn write(&self, record: &Record) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(WRITE)
-            .arg(2)
-            .arg(&self.lock)
-            .arg(&self.record)
-            .arg(&record.value)
-            .arg(record.encode());
-        cmd
+        commands::eval(
+            WRITE,
+            &[&self.lock, &self.record],
+            &[&record.value, &record.encode()],
+        )
     }
 
     /// Reads the record.
     pub(crate) fn read(&self) -> redis::Cmd {
-        let mut cmd = redis::cmd("GET");
-        cmd.arg(&self.record);
-        cmd
+        commands::get(&self.record)
     }
 
     /// Deletes `record` if it is still there, then publishes `message` (reply: subscribers
     /// reached).
     pub(crate) fn resign(&self, record: Option<&Record>, message: &str) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(RESIGN)
-            .arg(1)
-            .arg(&self.record)
-            .arg(record.map(Record::encode).unwrap_or_default())
-            .arg(&self.channel)
-            .arg(message);
-        cmd
+        let ours = record.map(Record::encode).unwrap_or_default();
+        commands::eval(RESIGN, &[&self.record], &[&ours, &self.channel, message])
     }
 
     /// Publishes `message` on the channel (reply: subscribers reached).
     pub(crate) fn publish(&self, message: &str) -> redis::Cmd {
-        let mut cmd = redis::cmd("PUBLISH");
-        cmd.arg(&self.channel).arg(message);
-        cmd
+        commands::publish(&self.channel, message)
     }
 }
 

@@ -1,7 +1,8 @@
-//! The plain commands (no script) that the waiting client sends one node: the holder's key's
-//! remaining time, and the waiters marker. Built here, so that no layer above assembles a raw
-//! command; each runs on the node's one connection ([`Node::with_connection`]), bounded by the
-//! caller's deadline.
+//! The plain commands (no lock script) that the layers above send: the waiting client's reads
+//! of the holder's key and its waiters marker (run here, on the node's one connection,
+//! [`Node::with_connection`], bounded by the caller's deadline), and the commands of the features
+//! on top that the client sends to every node (run-once markers, an election's record and
+//! notices: built here, sent by `client/side.rs`). No layer above assembles a raw command.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,4 +53,34 @@ impl Node {
         )
         .await
     }
+}
+
+/// `GET key`.
+pub(crate) fn get(key: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("GET");
+    cmd.arg(key);
+    cmd
+}
+
+/// `SET key value NX PX ttl`: written only where the key is absent, expiring after `ttl`.
+pub(crate) fn set_nx(key: &str, value: &str, ttl: Duration) -> redis::Cmd {
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(value).arg("NX").arg("PX").arg(ttl_ms);
+    cmd
+}
+
+/// `PUBLISH channel message` (reply: the subscribers reached).
+pub(crate) fn publish(channel: &str, message: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("PUBLISH");
+    cmd.arg(channel).arg(message);
+    cmd
+}
+
+/// `EVAL` of a script sent with its body (no `SCRIPT LOAD`, no `NOSCRIPT`): for the scripts a
+/// feature runs rarely, such as an election's, once per term.
+pub(crate) fn eval(body: &str, keys: &[&str], args: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
+    cmd
 }

@@ -15,7 +15,7 @@
 //! undoes.
 
 pub(crate) mod address;
-mod commands;
+pub(crate) mod commands;
 pub(crate) mod connection;
 pub(crate) mod fence;
 pub(crate) mod gate;

@@ -51,6 +51,7 @@ use crate::core::token::FencingToken;
 use crate::error::{ConfigError, Error, FailureList, LostReason, NodeError, NodeFailure, Setting};
 use crate::lock::guard::Lock;
 use crate::node::HoldOut;
+use crate::node::commands;
 
 mod outcome;
 
@@ -559,8 +560,7 @@ impl RunOnce {
     /// anyway (`docs/safety.md`, "Run-once markers across restarts").
     async fn read_marker(&self, tick: &str) -> Marker {
         let key = self.marker_key(tick);
-        let mut get = redis::cmd("GET");
-        get.arg(&key);
+        let get = commands::get(&key);
         let replies = self
             .locks
             .on_every_node_to_quorum::<Option<String>>(&get, HoldOut::Respect)
@@ -602,13 +602,11 @@ impl RunOnce {
 
     /// Writes the tick marker on every node; true when a quorum has it.
     async fn write_marker(&self, tick: &str, token: FencingToken, ttl: Duration) -> bool {
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let mut set = redis::cmd("SET");
-        set.arg(self.marker_key(tick))
-            .arg(RanBy::encode(token, &self.instance))
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms);
+        let set = commands::set_nx(
+            &self.marker_key(tick),
+            &RanBy::encode(token, &self.instance),
+            ttl,
+        );
         let replies = self
             .locks
             .on_every_node_to_quorum::<Option<String>>(&set, HoldOut::Respect)
