@@ -81,6 +81,12 @@ impl Outcome {
             .unwrap_or_else(|| panic!("redlock died of a signal: {self:?}"))
     }
 
+    /// The contract for a lost lock: exit 79 and one line on stderr, which is returned.
+    pub fn lost_line(&self) -> &str {
+        assert_eq!(self.code(), 79, "{self:?}");
+        self.one_line_error()
+    }
+
     /// The contract: a failure is one line on stderr, prefixed `redlock: `.
     pub fn one_line_error(&self) -> &str {
         let lines: Vec<&str> = self.stderr.lines().collect();
@@ -118,6 +124,32 @@ pub fn run_sh(mut cmd: Command, flags: &[&str], script: &str) -> Command {
         .args(flags)
         .args([KEY, "--", "sh", "-c", script]);
     cmd
+}
+
+/// Another owner overwrites the key on every node (30 s): the next extension of a running
+/// `redlock` finds it is not ours. Returns when it was taken.
+pub fn usurp(urls: &[String]) -> Instant {
+    let taken = Instant::now();
+    for url in urls {
+        set_foreign(url, KEY, "usurper", Duration::from_secs(30));
+    }
+    taken
+}
+
+/// Another owner (a client of its own) holds the key for 30 s.
+pub async fn held_elsewhere(cluster: &LocalCluster) -> quorumlock::Lock {
+    client(cluster)
+        .try_acquire(KEY, Duration::from_secs(30))
+        .await
+        .unwrap()
+}
+
+/// A scratch directory, a marker file in it and a CMD that creates the marker: whether CMD ran.
+pub fn marker_cmd() -> (tempfile::TempDir, PathBuf, String) {
+    let dir = scratch();
+    let marker = file(&dir, "ran");
+    let script = format!("touch {}", path_str(&marker));
+    (dir, marker, script)
 }
 
 pub fn scratch() -> tempfile::TempDir {

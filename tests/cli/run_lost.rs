@@ -38,8 +38,7 @@ async fn t50_paused_past_its_ttl_exits_79_after_terminating_cmd() {
     kill(redlock_pid, Signal::SIGCONT).unwrap();
     let out = finish(child, resumed).await;
 
-    assert_eq!(out.code(), 79, "{out:?}");
-    let line = out.one_line_error();
+    let line = out.lost_line();
     assert!(
         line.contains("was lost") && line.contains("SIGTERM"),
         "{line}"
@@ -114,13 +113,9 @@ async fn t51_cmd_ignoring_sigterm_is_killed_after_kill_after() {
     .unwrap();
     let (cmd_pid, _guard) = cmd_in(&pidfile).await;
     // Another owner overwrites the key everywhere: the next extension finds it is not ours.
-    let taken = Instant::now();
-    for url in &urls {
-        set_foreign(url, KEY, "usurper", Duration::from_secs(30));
-    }
+    let taken = usurp(&urls);
     let out = finish(child, taken).await;
-    assert_eq!(out.code(), 79, "{out:?}");
-    let line = out.one_line_error();
+    let line = out.lost_line();
     assert!(
         line.contains("was lost") && line.contains("killed after 1s 500ms"),
         "{line}"
@@ -206,13 +201,9 @@ async fn t56_on_loss_cmds_whole_process_group_is_terminated() {
     );
     assert_eq!(getpgid(Some(grandchild)), Ok(cmd_pid), "in CMD's group");
 
-    let taken = Instant::now();
-    for url in &urls {
-        set_foreign(url, KEY, "usurper", Duration::from_secs(30));
-    }
+    let taken = usurp(&urls);
     let out = finish(child, taken).await;
-    assert_eq!(out.code(), 79, "{out:?}");
-    let line = out.one_line_error();
+    let line = out.lost_line();
     assert!(
         line.contains("was lost: a quorum no longer holds our value")
             && line.contains("CMD's process group was sent SIGTERM"),
@@ -252,13 +243,9 @@ async fn t57_on_loss_a_grandchild_ignoring_sigterm_is_killed_after_kill_after() 
     let grandchild = pid_in(&gpidfile).await;
     let _grandchild_guard = KillProcess(grandchild);
 
-    let taken = Instant::now();
-    for url in &urls {
-        set_foreign(url, KEY, "usurper", Duration::from_secs(30));
-    }
+    let taken = usurp(&urls);
     let out = finish(child, taken).await;
-    assert_eq!(out.code(), 79, "{out:?}");
-    let line = out.one_line_error();
+    let line = out.lost_line();
     assert!(
         line.contains("CMD exited (143)")
             && line.contains("the rest of the group ignored SIGTERM and was killed after 1s 500ms"),
@@ -296,13 +283,9 @@ async fn t58_foreground_keeps_cmd_in_redlocks_group_and_signals_cmd_alone() {
         "CMD in redlock's group"
     );
 
-    let taken = Instant::now();
-    for url in &urls {
-        set_foreign(url, KEY, "usurper", Duration::from_secs(30));
-    }
+    let taken = usurp(&urls);
     let out = finish(child, taken).await;
-    assert_eq!(out.code(), 79, "{out:?}");
-    let line = out.one_line_error();
+    let line = out.lost_line();
     assert!(
         line.contains("CMD was sent SIGTERM and exited (143)"),
         "{line}"

@@ -3,16 +3,14 @@
 //! skipping when too few nodes answer or the lock is lost; what a failed job means under each
 //! run policy.
 
-mod support;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::*;
 use quorumlock::testkit::LocalCluster;
 use quorumlock::{Error, FencingToken, Outcome, RunOnce, RunPolicy, SkipReason, TickContext};
-use support::*;
 use tokio::sync::Barrier;
 
 fn instance(cluster: &LocalCluster, job: &str, id: &str) -> RunOnce {
@@ -467,7 +465,7 @@ async fn marker_on(url: &str, job: &str, tick: &str) -> Option<String> {
     let client = redis::Client::open(url).expect("url");
     let mut conn = tokio::time::timeout(
         WAIT,
-        client.get_multiplexed_async_connection_with_config(&support::direct_config()),
+        client.get_multiplexed_async_connection_with_config(&crate::support::direct_config()),
     )
     .await
     .expect("connected within the wait")

@@ -3,18 +3,15 @@
 //! `redis-cli --cluster create`) and a Sentinel-managed primary (a primary, a replica, three
 //! sentinels), beside standalone masters.
 
-#[path = "support/proxy.rs"]
-mod proxy;
-mod support;
+use crate::proxy;
 
 use std::time::Duration;
 
+use crate::support::*;
 use quorumlock::testkit::{RedisClusterMember, SentinelGroup};
 use quorumlock::{Error, NodeError, Redlock};
-use support::*;
 use tokio::time::Instant;
 
-const TTL: Duration = Duration::from_secs(10);
 /// The max ttl the restart guard holds a restarted or failed-over member out for: short, so the
 /// tests see the member come back.
 const MAX_TTL: Duration = Duration::from_secs(3);

@@ -2,12 +2,10 @@
 //! redis-server processes: no tokio runtime on the calling thread.
 #![cfg(feature = "blocking")]
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use quorumlock::{ConfigError, Error, blocking};
-use support::*;
 
 const TTL: Duration = Duration::from_secs(60);
 

@@ -2,16 +2,12 @@
 //! Redlock clients write it, so this client and `rslock` (standing in for redsync, node-redlock
 //! and pottery, which use the same `SET NX PX` / compare-and-delete protocol) exclude each other.
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
+use crate::support::*;
 use quorumlock::{ConfigError, Election, Error, Redlock, RunOnce};
-use support::*;
-
-const TTL: Duration = Duration::from_secs(10);
 
 fn compat_client(cluster: &quorumlock::testkit::LocalCluster) -> Redlock {
     builder(cluster).compat(true).build().unwrap()

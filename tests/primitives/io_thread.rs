@@ -4,15 +4,11 @@
 //! outside any runtime, a cancelled acquisition; the thread ends once the last handle on the
 //! client is dropped; the default (`IoThread::Never`) starts none.
 
-mod support;
-
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::support::*;
 use quorumlock::{IoThread, Redlock};
-use support::*;
-
-const TTL: Duration = Duration::from_secs(10);
 
 /// This process's threads named as the client's I/O thread.
 fn io_threads() -> usize {

@@ -2,16 +2,12 @@
 //! Redis Cluster hash slot (at most 16384 per node, however many names are locked), tokens that
 //! still strictly increase per name, the repair of the buckets, and the key prefix.
 
-mod support;
-
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use crate::support::*;
 use futures::StreamExt;
 use quorumlock::{ConfigError, Redlock, RestartGuard};
-use support::*;
-
-const TTL: Duration = Duration::from_secs(10);
 
 /// Every key on one node.
 fn all_keys(url: &str) -> Vec<String> {

@@ -1,0 +1,89 @@
+//! Waiting through faults: pub/sub connections killed while a waiter waits, a node known down.
+//! (A hung node during waiting, w23, belongs here too.)
+
+use std::time::Duration;
+
+use crate::support::*;
+use crate::{NEVER, patient, until_waiting};
+
+/// The waiter's pub/sub connections are killed on every node while it waits (its poll timer an
+/// hour away): the subscriptions come back and the waiter still acquires after the release,
+/// whether its notice was lost (the resubscription wakes it) or not.
+#[tokio::test]
+async fn w13_killed_subscriptions_still_acquire() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let holder = client(&cluster);
+    let waiter = patient(&cluster).await;
+    let ttl = Duration::from_secs(60);
+    let lock = holder.acquire("w13", ttl).await.unwrap();
+    spread(&lock, &urls).await;
+    let before = sets(&urls);
+    let task = tokio::spawn(async move { waiter.acquire_timeout("w13", ttl, NEVER).await });
+    until_waiting(&urls, "w13", &before).await;
+    for u in &urls {
+        let killed: u64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query(&mut conn(u))
+            .expect("CLIENT KILL");
+        assert_eq!(killed, 1, "one subscription per node");
+    }
+    let first = lock.token();
+    lock.release().await.unwrap();
+    let won = tokio::time::timeout(WAIT, task)
+        .await
+        .expect("the waiter acquires without its timer")
+        .unwrap()
+        .unwrap();
+    assert!(won.token() > first);
+    won.release().await.unwrap();
+}
+
+/// One node hung (SIGSTOP) and already known down (a background release to it timed out):
+/// an acquisition round split two yes / two held does not wait for it until the node timeout
+/// (10 s here), it gives up at once (safe: the round is undone), and the undo still goes to
+/// the hung node (it may hold our value once it resumes).
+#[tokio::test]
+async fn w17_a_round_does_not_wait_for_a_node_known_down() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let node_timeout = Duration::from_secs(10);
+    let locks = builder(&cluster)
+        .node_timeout(node_timeout)
+        .build()
+        .unwrap();
+    warm(&locks).await;
+    let ttl = Duration::from_secs(60);
+    cluster.pause(0).unwrap();
+    // Node 0 fails a call: the background release of a dropped lock times out there.
+    drop(locks.acquire("w17-warm", ttl).await.unwrap());
+    tokio::time::timeout(node_timeout * 2, locks.flush())
+        .await
+        .expect("flush is bounded by the node timeout");
+    set_foreign(&urls[1], "w17", "someone-else", ttl);
+    set_foreign(&urls[2], "w17", "someone-else", ttl);
+    let before = (calls(&urls[3], "incr"), calls(&urls[3], "evalsha"));
+    let refused = tokio::time::timeout(node_timeout / 2, locks.try_acquire("w17", ttl))
+        .await
+        .expect("the round did not wait for the node known down")
+        .unwrap_err();
+    assert!(
+        matches!(refused, quorumlock::Error::NoQuorum { .. }),
+        "{refused}"
+    );
+    cluster.resume(0).unwrap();
+    locks.flush().await;
+    assert_eq!(
+        (calls(&urls[3], "incr"), calls(&urls[3], "evalsha")),
+        (before.0 + 1, before.1 + 1),
+        "the round and its undo where it said yes"
+    );
+    assert_eq!(value_on(&urls[3], "w17"), None);
+    assert_eq!(
+        value_on(&urls[0], "w17"),
+        None,
+        "undone on the resumed node too"
+    );
+}
