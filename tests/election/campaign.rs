@@ -236,7 +236,8 @@ async fn t20_one_leader_among_five_candidates_at_any_time() {
 async fn t21_split_vote_retries_after_a_short_pause() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    let ttl = Duration::from_secs(10);
+    // Three times the wait: neither a poll nor an expiry comes within the wait.
+    let ttl = 3 * WAIT;
     // A plain lock: no notices; its keys stand for the ended term's.
     client(&cluster).acquire("e21", ttl).await.unwrap().forget();
     let b = Election::builder(client(&cluster), "e21")
@@ -260,13 +261,13 @@ async fn t21_split_vote_retries_after_a_short_pause() {
                 .arg(&key)
                 .arg("x")
                 .arg("PX")
-                .arg(10_000)
+                .arg(ttl.as_millis() as u64)
                 .clone(),
             2 => redis::cmd("SET")
                 .arg(&key)
                 .arg("y")
                 .arg("PX")
-                .arg(10_000)
+                .arg(ttl.as_millis() as u64)
                 .clone(),
             _ => redis::cmd("DEL").arg(&key).clone(),
         };
@@ -280,15 +281,9 @@ async fn t21_split_vote_retries_after_a_short_pause() {
     for u in &urls[..3] {
         let _: i64 = query(u, redis::cmd("DEL").arg(&key)).await;
     }
-    let t0 = Instant::now();
+    // The poll would come after 30 s; the contention pause is milliseconds: a takeover within
+    // the wait was the retry after the split vote.
     let next = won(standby, WAIT).await;
-    // The poll would come after 10 s; the contention pause is milliseconds. The bound sits
-    // well between (a loaded box delays a round by hundreds of ms at most).
-    assert!(
-        t0.elapsed() < Duration::from_secs(3),
-        "after a split vote the standby waited {:?} (poll interval {ttl:?})",
-        t0.elapsed()
-    );
     next.resign().await.unwrap();
 }
 

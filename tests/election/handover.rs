@@ -14,13 +14,16 @@ use quorumlock::{Election, Observation, Redlock};
 use tokio::time::Instant;
 
 /// Resign hands over at once: the standby polls only every ~ttl and the term had ~ttl left, so
-/// only the resign notification can explain a takeover within a second. The resign comes only
-/// once the standby provably waits (its attempt was refused and its status read is done).
+/// only the resign notification can explain a takeover within the wait (a third of the ttl).
+/// The resign comes only once the standby provably waits (its attempt was refused and its
+/// status read is done).
 #[tokio::test]
 async fn t30_resign_hands_over_well_under_the_ttl() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    let ttl = Duration::from_secs(10);
+    // A ttl and poll interval three times the wait: only the resign notice can explain a
+    // takeover within the wait.
+    let ttl = 3 * WAIT;
     let a = election(&cluster, "e30", "a", ttl);
     let b = Election::builder(client(&cluster), "e30")
         .ttl(ttl)
@@ -37,17 +40,11 @@ async fn t30_resign_hands_over_well_under_the_ttl() {
     standing_by(&b, 1).await;
     assert!(!standby.is_finished(), "b must still be a standby");
 
-    let t0 = Instant::now();
     let a_token = leader.token();
     leader.resign().await.unwrap();
+    // A poll, or the end of the term, would come after the 30 s ttl: a takeover within the wait
+    // was notified.
     let next = won(standby, WAIT).await;
-    let handover = t0.elapsed();
-    // A poll would come after the 10 s ttl; a notice, within a few round trips. The bound
-    // sits well between (a loaded box delays a round by hundreds of ms at most).
-    assert!(
-        handover < Duration::from_secs(3),
-        "resign handover took {handover:?} (ttl {ttl:?})"
-    );
     assert!(next.token() > a_token);
     assert_eq!(next.candidate(), "b");
     next.resign().await.unwrap();
@@ -197,7 +194,8 @@ async fn t31_crash_handover_takes_about_the_ttl() {
 #[tokio::test]
 async fn t32_standby_polls_when_no_notification_comes() {
     let cluster = cluster(5);
-    let ttl = Duration::from_secs(10);
+    // Three times the wait: a takeover within the wait was not the expiry of this lock.
+    let ttl = 3 * WAIT;
     let silent = client(&cluster).acquire("e32", ttl).await.unwrap();
     let b = Election::builder(client(&cluster), "e32")
         .ttl(ttl)
@@ -212,16 +210,10 @@ async fn t32_standby_polls_when_no_notification_comes() {
     standing_by(&b, 1).await;
     assert!(!standby.is_finished());
 
-    let t0 = Instant::now();
     silent.release().await.unwrap();
+    // One 300 ms poll interval, where the ttl it last saw would make it 30 s: a takeover within
+    // the wait was the poll.
     let next = won(standby, WAIT).await;
-    // One 300 ms poll interval, where the ttl it last saw would make it 10 s: the bound sits
-    // well between.
-    assert!(
-        t0.elapsed() < Duration::from_secs(5),
-        "poll fallback took {:?}",
-        t0.elapsed()
-    );
     next.resign().await.unwrap();
 }
 

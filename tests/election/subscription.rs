@@ -8,7 +8,6 @@ use crate::{
     channel, election, probe_notice, set_counters, standing_by, subscribed, subscribers, won,
 };
 use quorumlock::{Election, Redlock};
-use tokio::time::Instant;
 
 /// A standby whose subscription on node 0 is broken by `fault` gets it back: the resubscription
 /// wakes it (it attempts and stands by again), and a notice published on node 0 alone reaches
@@ -24,7 +23,7 @@ async fn subscription_recovers(fault: Fault) {
     let mut b_urls = urls.clone();
     b_urls[0] = proxy.url();
     // Long timers: within the test only notices (or resubscriptions) wake the standby.
-    let ttl = Duration::from_secs(30);
+    let ttl = 3 * WAIT;
     let a = election(&cluster, name, "a", ttl);
     let b_locks = Redlock::builder(&b_urls)
         .node_timeout(NODE_TIMEOUT)
@@ -89,15 +88,9 @@ async fn subscription_recovers(fault: Fault) {
     probe_notice(&urls[0], name, 2).await;
     standing_by(&b, stood + 1).await;
 
-    let t0 = Instant::now();
     leader.resign().await.unwrap();
+    // Woken by the resubscribed notice: the poll is 30 s away, three times the wait.
     let next = won(standby, WAIT).await;
-    // Woken by the resubscribed notice: the poll is 30 s away. The bound sits well between.
-    assert!(
-        t0.elapsed() < Duration::from_secs(3),
-        "resign handover took {:?}",
-        t0.elapsed()
-    );
     next.resign().await.unwrap();
 }
 

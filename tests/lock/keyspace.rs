@@ -252,7 +252,7 @@ async fn k7_the_durability_marker_is_under_the_key_prefix() {
 
 /// The keyspace measurement of issue 15: keys per node after `QUORUMLOCK_NAMES` (default one
 /// million) distinct lock names, each acquired and released once.
-/// `cargo test --release --features testkit --test keyspace measure_keys -- --ignored --nocapture`.
+/// `cargo test --release --features testkit --test lock measure_keys -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement (minutes: one million acquisitions), not a test"]
 async fn measure_keys_per_node_after_many_names() {

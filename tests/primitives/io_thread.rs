@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::support::*;
+use quorumlock::testkit::LocalCluster;
 use quorumlock::{IoThread, Redlock};
 
 /// This process's threads named as the client's I/O thread.
@@ -38,7 +39,23 @@ fn until_io_threads(n: usize, what: &str) {
     }
 }
 
-/// The tests of this binary count the process's threads: one at a time.
+/// A multi-thread runtime (two workers) and a client of `cluster` whose connections and rounds
+/// run on an I/O thread of its own.
+fn on_io_thread(cluster: &LocalCluster) -> (tokio::runtime::Runtime, Redlock) {
+    let mt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let locks = builder(cluster)
+        .io_thread(IoThread::Always)
+        .build()
+        .unwrap();
+    (mt, locks)
+}
+
+/// The tests of this module count the process's threads: one at a time (no other module of
+/// this binary starts an I/O thread: only `IoThread::Always` does).
 static SERIAL: Mutex<()> = Mutex::new(());
 
 #[test]
@@ -47,15 +64,7 @@ fn io1_an_io_thread_serves_every_operation_and_ends_with_the_client() {
     let cluster = cluster(3);
     let urls = cluster.urls();
     assert_eq!(io_threads(), 0);
-    let mt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let locks = builder(&cluster)
-        .io_thread(IoThread::Always)
-        .build()
-        .unwrap();
+    let (mt, locks) = on_io_thread(&cluster);
     let dropped_outside = mt.block_on(async {
         warm(&locks).await;
         assert_eq!(io_threads(), 1, "the first operation starts the I/O thread");
@@ -169,15 +178,7 @@ fn io1_an_io_thread_serves_every_operation_and_ends_with_the_client() {
 fn io2_a_cancelled_acquisition_leaves_no_lock_behind() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = cluster(3);
-    let mt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let locks = builder(&cluster)
-        .io_thread(IoThread::Always)
-        .build()
-        .unwrap();
+    let (mt, locks) = on_io_thread(&cluster);
     mt.block_on(async {
         warm(&locks).await;
         for i in 0..20 {
