@@ -187,21 +187,38 @@ const LIMITED_USER: &str = "user locker on >locker-pw resetkeys ~orders ~redlock
                             resetchannels -@all +info +ping +eval +evalsha +script|load \
                             +get +set +del +pexpire +pttl";
 
-/// Issue 26, item 5 (b): compat mode sends only the resource key, as the other clients do, so
-/// a Redis user limited to that key is enough for acquire, extend and release; and the
-/// servers' ACL log shows no refusal.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c4_a_user_limited_to_the_resource_key_is_enough_in_compat_mode() {
+/// Three servers whose clients log in as `locker` ([`LIMITED_USER`]), the `default` user off,
+/// and an `admin` user for the test's own reads.
+fn limited_cluster() -> quorumlock::testkit::LocalCluster {
     init_tracing();
     let options = quorumlock::testkit::ServerOptions::new()
         .config_line("user default off")
         .config_line("user admin on >admin-pw ~* &* +@all")
         .config_line(LIMITED_USER)
         .user("locker", "locker-pw");
-    let cluster = quorumlock::testkit::LocalCluster::start_with(3, &options)
-        .unwrap_or_else(|e| panic!("{e}"));
+    quorumlock::testkit::LocalCluster::start_with(3, &options).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Issue 26, item 5 (b): compat mode sends only the resource key, as the other clients do, so
+/// a Redis user limited to that key is enough for acquire, extend and release; and the
+/// servers' ACL log shows no refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c4_a_user_limited_to_the_resource_key_is_enough_in_compat_mode() {
+    let cluster = limited_cluster();
     let locks = builder(&cluster).compat(true).build().unwrap();
     // A status read names the resource key only too.
+    warm_on_orders(&locks).await;
+    let lock = locks.try_acquire("orders", TTL).await.expect("acquire");
+    let extended = lock.extend(TTL).await;
+    assert!(extended.is_ok(), "extend: {extended:?}");
+    let released = lock.release().await;
+    assert!(released.is_ok(), "release: {released:?}");
+    released_everywhere_with_no_key_refused(&cluster).await;
+}
+
+/// Waits until every node answers `locks` a status read of `orders` (the only key the limited
+/// user may read).
+async fn warm_on_orders(locks: &Redlock) {
     wait_until(WAIT, "every node answers a status read", || async {
         locks
             .status("orders")
@@ -209,12 +226,6 @@ async fn c4_a_user_limited_to_the_resource_key_is_enough_in_compat_mode() {
             .is_ok_and(|s| s.answered() == 3)
     })
     .await;
-    let lock = locks.try_acquire("orders", TTL).await.expect("acquire");
-    let extended = lock.extend(TTL).await;
-    assert!(extended.is_ok(), "extend: {extended:?}");
-    let released = lock.release().await;
-    assert!(released.is_ok(), "release: {released:?}");
-    released_everywhere_with_no_key_refused(&cluster).await;
 }
 
 /// Waits until the release of `orders` reached each of the three nodes, then checks that the
@@ -403,24 +414,11 @@ async fn c7_a_refused_extension_is_named_in_the_loss() {
 /// extension). Same user and checks as c4.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c8_owner_names_and_hand_off_work_with_a_user_limited_to_the_resource_key() {
-    init_tracing();
-    let options = quorumlock::testkit::ServerOptions::new()
-        .config_line("user default off")
-        .config_line("user admin on >admin-pw ~* &* +@all")
-        .config_line(LIMITED_USER)
-        .user("locker", "locker-pw");
-    let cluster = quorumlock::testkit::LocalCluster::start_with(3, &options)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let cluster = limited_cluster();
     let named = |name: &str| builder(&cluster).compat(true).owner(name).build().unwrap();
     let (dispatcher, worker) = (named("dispatcher 1"), named("worker 2"));
     for locks in [&dispatcher, &worker] {
-        wait_until(WAIT, "every node answers a status read", || async {
-            locks
-                .status("orders")
-                .await
-                .is_ok_and(|s| s.answered() == 3)
-        })
-        .await;
+        warm_on_orders(locks).await;
     }
     let lock = dispatcher
         .try_acquire("orders", TTL)

@@ -1,7 +1,8 @@
 //! Where the nodes run, against real processes the testkit starts, one module per shape: Redis
-//! Cluster and Sentinel-managed members beside standalone masters (`members`), members given as
-//! the user's own `redis::Client`s (`byo`), `rediss://` nodes (`tls`), managed services with a
-//! restricted ACL user (`managed`), and compat mode beside other Redlock clients (`compat`).
+//! Cluster and Sentinel-managed members beside standalone masters (`members`) and failovers
+//! inside them (`failover`), members given as the user's own `redis::Client`s (`byo`),
+//! `rediss://` nodes (`tls`), managed services with a restricted ACL user (`managed`), and
+//! compat mode beside other Redlock clients (`compat`).
 #![allow(unreachable_pub)]
 
 #[cfg(feature = "tls")]
@@ -14,6 +15,7 @@ mod support;
 
 mod byo;
 mod compat;
+mod failover;
 mod managed;
 mod members;
 #[cfg(feature = "tls")]

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::support::*;
-use crate::{election, probe_notice, query, standing_by, subscribed, value_of, won};
+use crate::{election, probe_notice, query, standby, standing_by, subscribed, value_of, won};
 use quorumlock::{Election, FencingToken, Health};
 use tokio::time::Instant;
 
@@ -240,12 +240,7 @@ async fn t21_split_vote_retries_after_a_short_pause() {
     let ttl = 3 * WAIT;
     // A plain lock: no notices; its keys stand for the ended term's.
     client(&cluster).acquire("e21", ttl).await.unwrap().forget();
-    let b = Election::builder(client(&cluster), "e21")
-        .ttl(ttl)
-        .candidate("b")
-        .poll_interval(ttl)
-        .build()
-        .unwrap();
+    let b = standby(client(&cluster), "e21", ttl, ttl);
     let standby = tokio::spawn({
         let b = b.clone();
         async move { b.campaign().await }

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::support::*;
-use crate::{election, standing_by, subscribed, won};
+use crate::{election, standby, standing_by, subscribed, won};
 use futures::StreamExt;
 use quorumlock::testkit::LocalCluster;
 use quorumlock::{Election, Observation, Redlock};
@@ -25,12 +25,7 @@ async fn t30_resign_hands_over_well_under_the_ttl() {
     // takeover within the wait.
     let ttl = 3 * WAIT;
     let a = election(&cluster, "e30", "a", ttl);
-    let b = Election::builder(client(&cluster), "e30")
-        .ttl(ttl)
-        .candidate("b")
-        .poll_interval(ttl)
-        .build()
-        .unwrap();
+    let b = standby(client(&cluster), "e30", ttl, ttl);
     let leader = a.campaign().await.unwrap();
     let standby = tokio::spawn({
         let b = b.clone();
@@ -197,12 +192,7 @@ async fn t32_standby_polls_when_no_notification_comes() {
     // Three times the wait: a takeover within the wait was not the expiry of this lock.
     let ttl = 3 * WAIT;
     let silent = client(&cluster).acquire("e32", ttl).await.unwrap();
-    let b = Election::builder(client(&cluster), "e32")
-        .ttl(ttl)
-        .candidate("b")
-        .poll_interval(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    let b = standby(client(&cluster), "e32", ttl, Duration::from_millis(300));
     let standby = tokio::spawn({
         let b = b.clone();
         async move { b.campaign().await }

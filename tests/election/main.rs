@@ -22,7 +22,7 @@ mod subscription;
 use std::time::Duration;
 
 use quorumlock::testkit::LocalCluster;
-use quorumlock::{Election, Error, Leadership};
+use quorumlock::{Election, Error, Leadership, Redlock};
 use redis::aio::MultiplexedConnection;
 use support::*;
 
@@ -32,6 +32,16 @@ fn election(cluster: &LocalCluster, name: &str, id: &str, ttl: Duration) -> Elec
         .candidate(id)
         .build()
         .expect("valid election")
+}
+
+/// Candidate "b" of election `name`, polling every `poll` when no notice comes.
+fn standby(locks: Redlock, name: &str, ttl: Duration, poll: Duration) -> Election {
+    Election::builder(locks, name)
+        .ttl(ttl)
+        .candidate("b")
+        .poll_interval(poll)
+        .build()
+        .unwrap()
 }
 
 /// An async connection to one node (never a blocking call inside a test's runtime).

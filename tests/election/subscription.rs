@@ -5,9 +5,10 @@ use std::time::Duration;
 use crate::proxy::Proxy;
 use crate::support::*;
 use crate::{
-    channel, election, probe_notice, set_counters, standing_by, subscribed, subscribers, won,
+    channel, election, probe_notice, set_counters, standby, standing_by, subscribed, subscribers,
+    won,
 };
-use quorumlock::{Election, Redlock};
+use quorumlock::Redlock;
 
 /// A standby whose subscription on node 0 is broken by `fault` gets it back: the resubscription
 /// wakes it (it attempts and stands by again), and a notice published on node 0 alone reaches
@@ -30,12 +31,7 @@ async fn subscription_recovers(fault: Fault) {
         .retry_delay(Duration::from_millis(5), Duration::from_millis(20))
         .build()
         .unwrap();
-    let b = Election::builder(b_locks, name)
-        .ttl(ttl)
-        .candidate("b")
-        .poll_interval(ttl)
-        .build()
-        .unwrap();
+    let b = standby(b_locks, name, ttl, ttl);
     let leader = a.campaign().await.unwrap();
     let standby = tokio::spawn({
         let b = b.clone();

@@ -8,15 +8,20 @@ use quorumlock::Redlock;
 use quorumlock::testkit::LocalCluster;
 use quorumlock::{Error, FenceGate, FencedWrite, NodeError, RestartGuard, fenced_set};
 
+/// A client with the restart guard off: these tests restart nodes empty on purpose.
+fn unguarded(cluster: &LocalCluster) -> Redlock {
+    builder(cluster)
+        .restart_guard(RestartGuard::Off)
+        .build()
+        .unwrap()
+}
+
 /// Tokens strictly increase over many acquisitions while different minorities are paused or
 /// killed between them, so that different majorities win different rounds.
 #[tokio::test]
 async fn t10_tokens_grow_across_different_majorities() {
     let mut cluster = cluster(5);
-    let locks = builder(&cluster)
-        .restart_guard(RestartGuard::Off)
-        .build()
-        .unwrap();
+    let locks = unguarded(&cluster);
     let mut last = 0;
     // (paused, killed) per round: every pair of nodes sits out at some point.
     let faults: &[(&[usize], &[usize])] = &[
@@ -61,10 +66,7 @@ async fn t10_tokens_grow_across_different_majorities() {
 async fn t11_counters_are_raised_to_a_quorum() {
     let mut cluster = cluster(5);
     let urls = cluster.urls();
-    let locks = builder(&cluster)
-        .restart_guard(RestartGuard::Off)
-        .build()
-        .unwrap();
+    let locks = unguarded(&cluster);
     // Node 0 saw many earlier terms the others missed; with nodes 3 and 4 down, every quorum
     // is {0, 1, 2} and node 0's counter is the maximum.
     set_fence(&urls[0], "k", 100);
@@ -140,10 +142,7 @@ async fn t13_tokens_grow_when_locks_expire_under_different_majorities() {
 #[tokio::test]
 async fn t12_tokens_survive_a_minority_restarted_empty() {
     let mut cluster = cluster(5);
-    let locks = builder(&cluster)
-        .restart_guard(RestartGuard::Off)
-        .build()
-        .unwrap();
+    let locks = unguarded(&cluster);
     let mut last = 0;
     for _ in 0..5 {
         let lock = locks.acquire("k", TTL).await.unwrap();
