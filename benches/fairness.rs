@@ -1,5 +1,5 @@
 //! How evenly contenders share a lock (a distribution, so a benchmark and not a test: the design
-//! promises no starvation, which `tests/waiting.rs` w15 checks, but not a fair share).
+//! promises no starvation, which `tests/waiting/turns.rs` w15 checks, but not a fair share).
 //!
 //! Each run starts five masters, kills two (exactly a quorum left, the hardest case), and lets
 //! six contenders in three clients (two tasks each) take the lock, hold it for a yield and

@@ -62,7 +62,7 @@ async fn paused_nodes_cost_availability_only() {
 /// reachable: more sections than clients. How evenly the clients shared it is printed, not
 /// judged: even three fair contenders split 60 acquisitions with the fewest under a third of the
 /// most in 0.3% of runs (a 1-in-10,000 bound is out of reach), so fairness is a benchmark
-/// (`benches/fairness.rs`); `tests/waiting.rs` w15 checks that no contender starves.
+/// (`benches/fairness.rs`); `tests/waiting/turns.rs` w15 checks that no contender starves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contention_with_exactly_a_quorum_does_not_starve() {
     let scn = Scenario::new("quorum-only-contention", &[FaultKind::QuorumOnly]);

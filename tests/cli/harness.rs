@@ -81,6 +81,12 @@ impl Outcome {
             .unwrap_or_else(|| panic!("redlock died of a signal: {self:?}"))
     }
 
+    /// The contract for a lost lock: exit 79 and one line on stderr, which is returned.
+    pub fn lost_line(&self) -> &str {
+        assert_eq!(self.code(), 79, "{self:?}");
+        self.one_line_error()
+    }
+
     /// The contract: a failure is one line on stderr, prefixed `redlock: `.
     pub fn one_line_error(&self) -> &str {
         let lines: Vec<&str> = self.stderr.lines().collect();
@@ -118,6 +124,46 @@ pub fn run_sh(mut cmd: Command, flags: &[&str], script: &str) -> Command {
         .args(flags)
         .args([KEY, "--", "sh", "-c", script]);
     cmd
+}
+
+/// Another owner overwrites the key on every node (30 s): the next extension of a running
+/// `redlock` finds it is not ours. Returns when it was taken.
+pub fn usurp(urls: &[String]) -> Instant {
+    let taken = Instant::now();
+    for url in urls {
+        set_foreign(url, KEY, "usurper", Duration::from_secs(30));
+    }
+    taken
+}
+
+/// Spawns `cmd`, a `redlock` whose CMD first writes its pid to `pidfile`; once CMD runs,
+/// another owner overwrites the key everywhere ([`usurp`]). Returns how `redlock` ended (timed
+/// from the takeover), CMD's pid and a guard on CMD's group.
+pub async fn lost_while_running(
+    mut cmd: Command,
+    pidfile: &Path,
+    urls: &[String],
+) -> (Outcome, Pid, KillGroup) {
+    let child = cmd.spawn().unwrap();
+    let (pid, group) = cmd_in(pidfile).await;
+    let taken = usurp(urls);
+    (finish(child, taken).await, pid, group)
+}
+
+/// Another owner (a client of its own) holds the key for 30 s.
+pub async fn held_elsewhere(cluster: &LocalCluster) -> quorumlock::Lock {
+    client(cluster)
+        .try_acquire(KEY, Duration::from_secs(30))
+        .await
+        .unwrap()
+}
+
+/// A scratch directory, a marker file in it and a CMD that creates the marker: whether CMD ran.
+pub fn marker_cmd() -> (tempfile::TempDir, PathBuf, String) {
+    let dir = scratch();
+    let marker = file(&dir, "ran");
+    let script = format!("touch {}", path_str(&marker));
+    (dir, marker, script)
 }
 
 pub fn scratch() -> tempfile::TempDir {
@@ -166,6 +212,51 @@ impl Drop for KillProcess {
 pub async fn cmd_in(path: &Path) -> (Pid, KillGroup) {
     let pid = pid_in(path).await;
     (pid, KillGroup(pid))
+}
+
+/// A CMD that forks: `grandchild` runs in the background while CMD waits for it, and each
+/// writes its pid to a file of a scratch directory. The grandchild works on after CMD unless
+/// its group is signalled; its output must go elsewhere (`>/dev/null 2>&1`) so that, if it
+/// survives, a test fails on its checks rather than waiting for redlock's output pipes to
+/// close.
+pub struct Forking {
+    _dir: tempfile::TempDir,
+    pidfile: PathBuf,
+    gpidfile: PathBuf,
+    /// The CMD, for `sh -c`.
+    pub script: String,
+}
+
+impl Forking {
+    pub fn new(grandchild: &str) -> Self {
+        let dir = scratch();
+        let (pidfile, gpidfile) = (file(&dir, "pid"), file(&dir, "gpid"));
+        let script = format!(
+            "{grandchild} & echo $! > {}; echo $$ > {}; wait",
+            path_str(&gpidfile),
+            path_str(&pidfile)
+        );
+        Self {
+            _dir: dir,
+            pidfile,
+            gpidfile,
+            script,
+        }
+    }
+
+    /// CMD's pid and the grandchild's, once both are written.
+    pub async fn pids(&self) -> (Pid, Pid) {
+        let cmd = pid_in(&self.pidfile).await;
+        (cmd, pid_in(&self.gpidfile).await)
+    }
+
+    /// The same, with guards that kill CMD's group and the grandchild (which may have left it)
+    /// when dropped.
+    pub async fn guarded_pids(&self) -> (Pid, Pid, (KillGroup, KillProcess)) {
+        let (cmd, group) = cmd_in(&self.pidfile).await;
+        let grandchild = pid_in(&self.gpidfile).await;
+        (cmd, grandchild, (group, KillProcess(grandchild)))
+    }
 }
 
 /// True when no process has this pid (not even a zombie).

@@ -24,6 +24,7 @@ mod run_held;
 mod run_lost;
 mod run_nodes;
 mod run_once_per;
+mod run_permits;
 mod run_signals;
 mod status;
 mod usage;

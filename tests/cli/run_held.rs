@@ -11,14 +11,8 @@ use crate::support::*;
 async fn t40_held_by_another_owner_exits_75_without_running_cmd() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    let other = client(&cluster);
-    let held = other
-        .try_acquire(KEY, Duration::from_secs(30))
-        .await
-        .unwrap();
-    let dir = scratch();
-    let marker = file(&dir, "ran");
-    let script = format!("touch {}", path_str(&marker));
+    let held = held_elsewhere(&cluster).await;
+    let (_dir, marker, script) = marker_cmd();
 
     let out = output(run_sh(redlock(&cluster), &[], &script)).await;
     assert_eq!(out.code(), 75, "{out:?}");
@@ -46,11 +40,7 @@ async fn t40_held_by_another_owner_exits_75_without_running_cmd() {
 #[tokio::test]
 async fn t41_wait_takes_the_lock_once_the_holder_releases() {
     let cluster = cluster(5);
-    let other = client(&cluster);
-    let held = other
-        .try_acquire(KEY, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let held = held_elsewhere(&cluster).await;
     let mut cmd = run_sh(
         redlock(&cluster),
         &["--wait", "20s"],
@@ -91,11 +81,7 @@ async fn t42_a_failed_attempt_leaves_none_of_its_keys_behind() {
 #[tokio::test]
 async fn t43_wait_0_and_small_waits_make_at_least_acquires_rounds() {
     let cluster = cluster(5);
-    let other = client(&cluster);
-    let held = other
-        .try_acquire(KEY, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let held = held_elsewhere(&cluster).await;
     let rounds = 1 + quorumlock::RedlockBuilder::DEFAULT_RETRY_COUNT as usize;
     for wait in ["0s", "1ms", "100ms"] {
         let mut cmd = run_sh(redlock(&cluster), &["--wait", wait], "exit 0");
@@ -131,14 +117,8 @@ async fn t43_wait_0_and_small_waits_make_at_least_acquires_rounds() {
 #[tokio::test]
 async fn t44_conflict_exit_code_replaces_75_as_flock_e_does() {
     let cluster = cluster(5);
-    let other = client(&cluster);
-    let held = other
-        .try_acquire(KEY, Duration::from_secs(30))
-        .await
-        .unwrap();
-    let dir = scratch();
-    let marker = file(&dir, "ran");
-    let script = format!("touch {}", path_str(&marker));
+    let held = held_elsewhere(&cluster).await;
+    let (_dir, marker, script) = marker_cmd();
     for (flags, code) in [
         (vec!["-E", "3"], 3),
         (vec!["--conflict-exit-code", "0"], 0),

@@ -38,8 +38,7 @@ async fn t50_paused_past_its_ttl_exits_79_after_terminating_cmd() {
     kill(redlock_pid, Signal::SIGCONT).unwrap();
     let out = finish(child, resumed).await;
 
-    assert_eq!(out.code(), 79, "{out:?}");
-    let line = out.one_line_error();
+    let line = out.lost_line();
     assert!(
         line.contains("was lost") && line.contains("SIGTERM"),
         "{line}"
@@ -105,22 +104,18 @@ async fn t51_cmd_ignoring_sigterm_is_killed_after_kill_after() {
         "trap '' TERM; echo $$ > {}; for i in {STEPS}; do sleep 0.05; done",
         path_str(&pidfile)
     );
-    let child = run_sh(
-        redlock(&cluster),
-        &["--ttl", "3s", "--kill-after", "1500ms"],
-        &script,
-    )
-    .spawn()
-    .unwrap();
-    let (cmd_pid, _guard) = cmd_in(&pidfile).await;
     // Another owner overwrites the key everywhere: the next extension finds it is not ours.
-    let taken = Instant::now();
-    for url in &urls {
-        set_foreign(url, KEY, "usurper", Duration::from_secs(30));
-    }
-    let out = finish(child, taken).await;
-    assert_eq!(out.code(), 79, "{out:?}");
-    let line = out.one_line_error();
+    let (out, cmd_pid, _guard) = lost_while_running(
+        run_sh(
+            redlock(&cluster),
+            &["--ttl", "3s", "--kill-after", "1500ms"],
+            &script,
+        ),
+        &pidfile,
+        &urls,
+    )
+    .await;
+    let line = out.lost_line();
     assert!(
         line.contains("was lost") && line.contains("killed after 1s 500ms"),
         "{line}"
@@ -178,27 +173,16 @@ async fn t53_cmd_outliving_the_ttl_keeps_the_lock_and_exits_with_its_code() {
 async fn t56_on_loss_cmds_whole_process_group_is_terminated() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    let dir = scratch();
-    let (pidfile, gpidfile) = (file(&dir, "pid"), file(&dir, "gpid"));
-    // A CMD that forks: the grandchild works on after CMD unless its group is signalled. (Its
-    // output goes elsewhere so that, if it survives, this test fails on the checks below rather
-    // than waiting for redlock's output pipes to close.)
-    let script = format!(
-        "sleep 300 >/dev/null 2>&1 & echo $! > {}; echo $$ > {}; wait",
-        path_str(&gpidfile),
-        path_str(&pidfile)
-    );
+    let forking = Forking::new("sleep 300 >/dev/null 2>&1");
     // A SIGKILL would come 30 s after the SIGTERM: the bound below tells the two apart.
     let child = run_sh(
         redlock(&cluster),
         &["--ttl", "3s", "--kill-after", "30s"],
-        &script,
+        &forking.script,
     )
     .spawn()
     .unwrap();
-    let (cmd_pid, _guard) = cmd_in(&pidfile).await;
-    let grandchild = pid_in(&gpidfile).await;
-    let _grandchild_guard = KillProcess(grandchild);
+    let (cmd_pid, grandchild, _guards) = forking.guarded_pids().await;
     assert_eq!(
         getpgid(Some(cmd_pid)),
         Ok(cmd_pid),
@@ -206,13 +190,9 @@ async fn t56_on_loss_cmds_whole_process_group_is_terminated() {
     );
     assert_eq!(getpgid(Some(grandchild)), Ok(cmd_pid), "in CMD's group");
 
-    let taken = Instant::now();
-    for url in &urls {
-        set_foreign(url, KEY, "usurper", Duration::from_secs(30));
-    }
+    let taken = usurp(&urls);
     let out = finish(child, taken).await;
-    assert_eq!(out.code(), 79, "{out:?}");
-    let line = out.one_line_error();
+    let line = out.lost_line();
     assert!(
         line.contains("was lost: a quorum no longer holds our value")
             && line.contains("CMD's process group was sent SIGTERM"),
@@ -232,33 +212,21 @@ async fn t56_on_loss_cmds_whole_process_group_is_terminated() {
 async fn t57_on_loss_a_grandchild_ignoring_sigterm_is_killed_after_kill_after() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    let dir = scratch();
-    let (pidfile, gpidfile) = (file(&dir, "pid"), file(&dir, "gpid"));
     // CMD itself exits on SIGTERM; its child ignores it (an ignored signal stays ignored
     // across exec).
-    let script = format!(
-        "(trap '' TERM; exec sleep 300 >/dev/null 2>&1) & echo $! > {}; echo $$ > {}; wait",
-        path_str(&gpidfile),
-        path_str(&pidfile)
-    );
+    let forking = Forking::new("(trap '' TERM; exec sleep 300 >/dev/null 2>&1)");
     let child = run_sh(
         redlock(&cluster),
         &["--ttl", "3s", "--kill-after", "1500ms"],
-        &script,
+        &forking.script,
     )
     .spawn()
     .unwrap();
-    let (cmd_pid, _guard) = cmd_in(&pidfile).await;
-    let grandchild = pid_in(&gpidfile).await;
-    let _grandchild_guard = KillProcess(grandchild);
+    let (cmd_pid, grandchild, _guards) = forking.guarded_pids().await;
 
-    let taken = Instant::now();
-    for url in &urls {
-        set_foreign(url, KEY, "usurper", Duration::from_secs(30));
-    }
+    let taken = usurp(&urls);
     let out = finish(child, taken).await;
-    assert_eq!(out.code(), 79, "{out:?}");
-    let line = out.one_line_error();
+    let line = out.lost_line();
     assert!(
         line.contains("CMD exited (143)")
             && line.contains("the rest of the group ignored SIGTERM and was killed after 1s 500ms"),
@@ -273,22 +241,19 @@ async fn t57_on_loss_a_grandchild_ignoring_sigterm_is_killed_after_kill_after() 
 async fn t58_foreground_keeps_cmd_in_redlocks_group_and_signals_cmd_alone() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    let dir = scratch();
-    let (pidfile, gpidfile) = (file(&dir, "pid"), file(&dir, "gpid"));
     // The grandchild, which outlives redlock here, must not hold its output pipes open.
-    let script = format!(
-        "sleep 300 >/dev/null 2>&1 & echo $! > {}; echo $$ > {}; wait",
-        path_str(&gpidfile),
-        path_str(&pidfile)
+    let forking = Forking::new("sleep 300 >/dev/null 2>&1");
+    let mut cmd = run_sh(
+        redlock(&cluster),
+        &["--ttl", "3s", "--foreground"],
+        &forking.script,
     );
-    let mut cmd = run_sh(redlock(&cluster), &["--ttl", "3s", "--foreground"], &script);
     // redlock leads a group of its own here, so that CMD's group is not this test's.
     cmd.process_group(0);
     let child = cmd.spawn().unwrap();
     let redlock_pid = pid_of(&child);
     let _guard = KillGroup(redlock_pid);
-    let cmd_pid = pid_in(&pidfile).await;
-    let grandchild = pid_in(&gpidfile).await;
+    let (cmd_pid, grandchild) = forking.pids().await;
     let _grandchild_guard = KillProcess(grandchild);
     assert_eq!(
         getpgid(Some(cmd_pid)),
@@ -296,13 +261,9 @@ async fn t58_foreground_keeps_cmd_in_redlocks_group_and_signals_cmd_alone() {
         "CMD in redlock's group"
     );
 
-    let taken = Instant::now();
-    for url in &urls {
-        set_foreign(url, KEY, "usurper", Duration::from_secs(30));
-    }
+    let taken = usurp(&urls);
     let out = finish(child, taken).await;
-    assert_eq!(out.code(), 79, "{out:?}");
-    let line = out.one_line_error();
+    let line = out.lost_line();
     assert!(
         line.contains("CMD was sent SIGTERM and exited (143)"),
         "{line}"

@@ -101,22 +101,18 @@ async fn t46_a_run_whose_lock_is_lost_is_stopped_and_leaves_the_period_open() {
         path_str(&log)
     );
     // A SIGKILL would come 30 s after the SIGTERM: the bound below tells the two apart.
-    let child = once(
-        redlock(&cluster),
-        &["--ttl", "3s", "--kill-after", "30s"],
-        &script,
-    )
-    .spawn()
-    .unwrap();
-    let (cmd_pid, _guard) = cmd_in(&pidfile).await;
     // Another owner overwrites the key everywhere: the next extension finds it is not ours.
-    let taken = Instant::now();
-    for url in &urls {
-        set_foreign(url, KEY, "usurper", Duration::from_secs(30));
-    }
-    let out = finish(child, taken).await;
-    assert_eq!(out.code(), 79, "{out:?}");
-    let line = out.one_line_error();
+    let (out, cmd_pid, _guard) = lost_while_running(
+        once(
+            redlock(&cluster),
+            &["--ttl", "3s", "--kill-after", "30s"],
+            &script,
+        ),
+        &pidfile,
+        &urls,
+    )
+    .await;
+    let line = out.lost_line();
     assert!(
         line.contains("was lost: a quorum no longer holds our value")
             && line.contains("CMD's process group was sent SIGTERM and CMD exited (143)"),

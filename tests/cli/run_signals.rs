@@ -90,17 +90,11 @@ async fn t62_sigterm_while_waiting_gives_up_and_leaves_no_keys() {
 async fn t63_forwarded_signals_reach_cmds_whole_process_group() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    let dir = scratch();
-    let (pidfile, gpidfile) = (file(&dir, "pid"), file(&dir, "gpid"));
-    let script = format!(
-        "sleep 300 >/dev/null 2>&1 & echo $! > {}; echo $$ > {}; wait",
-        path_str(&gpidfile),
-        path_str(&pidfile)
-    );
-    let child = run_sh(redlock(&cluster), &[], &script).spawn().unwrap();
-    let (_, _guard) = cmd_in(&pidfile).await;
-    let grandchild = pid_in(&gpidfile).await;
-    let _grandchild_guard = KillProcess(grandchild);
+    let forking = Forking::new("sleep 300 >/dev/null 2>&1");
+    let child = run_sh(redlock(&cluster), &[], &forking.script)
+        .spawn()
+        .unwrap();
+    let (_, grandchild, _guards) = forking.guarded_pids().await;
     kill(pid_of(&child), Signal::SIGTERM).unwrap();
     let out = finish(child, Instant::now()).await;
     assert_eq!(out.code(), 128 + 15, "CMD died of SIGTERM: {out:?}");

@@ -6,9 +6,7 @@ use crate::support::*;
 #[tokio::test]
 async fn t20_usage_errors_exit_64_with_one_line_and_run_nothing() {
     let cluster = cluster(5);
-    let dir = scratch();
-    let marker = file(&dir, "ran");
-    let script = format!("touch {}", path_str(&marker));
+    let (_dir, marker, script) = marker_cmd();
     let nodes = cluster.urls().join(",");
 
     let cases: Vec<(&str, Vec<&str>, &str)> = vec![
@@ -86,9 +84,7 @@ async fn t20_usage_errors_exit_64_with_one_line_and_run_nothing() {
 #[tokio::test]
 async fn t21_every_duration_is_bounded_and_huge_ones_exit_64_not_a_panic() {
     let cluster = cluster(5);
-    let dir = scratch();
-    let marker = file(&dir, "ran");
-    let script = format!("touch {}", path_str(&marker));
+    let (_dir, marker, script) = marker_cmd();
     let nodes = cluster.urls().join(",");
     let huge = "300000000000y";
 

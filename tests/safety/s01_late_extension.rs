@@ -11,7 +11,7 @@ use crate::proxy::Proxy;
 use crate::support::{WAIT, client, cluster, holders, value_on, wait_until, warm};
 
 /// The lock's ttl: its keys expire on the nodes about this long after the acquisition.
-const TTL: Duration = Duration::from_millis(1000);
+const SHORT_TTL: Duration = Duration::from_millis(1000);
 /// Added to every chunk each way between the holder and the nodes once it holds the lock: the
 /// extension's calls land this long after they were sent, long after the keys expired.
 const LATENCY: Duration = Duration::from_millis(1000);
@@ -35,7 +35,7 @@ async fn an_extension_landing_after_the_deadline_neither_succeeds_nor_revives_th
     let b = client(&c);
     warm(&a).await;
     warm(&b).await;
-    let lock = a.try_acquire("late", TTL).await.expect("acquire");
+    let lock = a.try_acquire("late", SHORT_TTL).await.expect("acquire");
     for p in &proxies {
         p.set_latency(LATENCY);
     }

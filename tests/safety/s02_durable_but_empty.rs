@@ -4,15 +4,12 @@
 //! a replaced disk) is held out and repaired like any restarted node, so no second holder can
 //! assemble a quorum beside a valid lock, nor draw the same fencing token.
 
-use std::time::Duration;
-
 use quorumlock::testkit::{LocalCluster, ServerOptions};
 use quorumlock::{Lock, Redlock, RestartGuard};
 
-use crate::support::{builder, holders, init_tracing, warm};
+use crate::support::{LONG_TTL, builder, holders, init_tracing, warm};
 
 const KEY: &str = "durable";
-const TTL: Duration = Duration::from_secs(30);
 
 /// Three `appendfsync always` nodes; `observer` has met every node before the restarts. A lock
 /// (token 1) stands on nodes 0 and 1 only (node 2 was down when it was taken); then node 2
@@ -26,7 +23,10 @@ async fn lock_then_restarts() -> (LocalCluster, Redlock, Lock) {
     warm(&observer).await;
     let holder = builder(&cluster).build().unwrap();
     cluster.kill(2).unwrap();
-    let lock = holder.try_acquire(KEY, TTL).await.expect("holder acquires");
+    let lock = holder
+        .try_acquire(KEY, LONG_TTL)
+        .await
+        .expect("holder acquires");
     assert_eq!(
         holders(&urls[..2], KEY),
         2,
@@ -53,7 +53,7 @@ async fn assert_only_the_emptied_node_is_held_out(cluster: &mut LocalCluster, lo
     cluster.kill(1).unwrap();
     let names = locks.node_names();
     let e = locks
-        .try_acquire("probe", TTL)
+        .try_acquire("probe", LONG_TTL)
         .await
         .expect_err("node 0 is held out, node 1 is down")
         .to_string();
@@ -68,7 +68,7 @@ async fn an_always_fsynced_node_that_comes_back_empty_is_held_out() {
     let (mut cluster, observer, lock) = lock_then_restarts().await;
     // Reconnects to every node (the restarts broke its connections): it reads the new run ids.
     warm(&observer).await;
-    let second = observer.try_acquire(KEY, TTL).await;
+    let second = observer.try_acquire(KEY, LONG_TTL).await;
     assert_no_second_holder(second, &lock);
     assert_only_the_emptied_node_is_held_out(&mut cluster, &observer).await;
     let _ = lock.release().await;
@@ -87,7 +87,7 @@ async fn a_node_first_met_after_an_empty_restart_is_not_trusted_for_its_fsync_po
         .restart_guard(RestartGuard::Strict)
         .build()
         .unwrap();
-    let second = strict.try_acquire(KEY, TTL).await;
+    let second = strict.try_acquire(KEY, LONG_TTL).await;
     assert_no_second_holder(second, &lock);
     assert_only_the_emptied_node_is_held_out(&mut cluster, &strict).await;
     let _ = lock.release().await;

@@ -8,9 +8,7 @@ use std::time::Duration;
 use quorumlock::Redlock;
 use quorumlock::testkit::{LocalCluster, ServerOptions};
 
-use crate::support::{NODE_TIMEOUT, init_tracing};
-
-const TTL: Duration = Duration::from_secs(10);
+use crate::support::{NODE_TIMEOUT, TTL, init_tracing};
 
 /// Nodes `[a, b, c]` where `a` and `b` reach the same server and `c`'s server is dead: no
 /// acquisition may succeed (two votes of one server are one vote, one of three needs two), and

@@ -11,7 +11,8 @@ use quorumlock::{EvictionGuard, EvictionRisk};
 use crate::support::{Captured, builder, conn, init_tracing, value_on, warm};
 
 const KEY: &str = "evicted";
-const TTL: Duration = Duration::from_secs(60);
+/// Far longer than the test: only an eviction (or the test) removes a holder's key.
+const HELD_TTL: Duration = Duration::from_secs(60);
 /// Small enough to fill in a moment, above what an idle server uses (about 1 MB).
 const MAXMEMORY: u64 = 4 << 20;
 
@@ -67,12 +68,12 @@ async fn a_node_that_can_evict_lock_keys_is_reported_in_status() {
             node.node
         );
     }
-    let lock = first.try_acquire(KEY, TTL).await.expect("acquire");
+    let lock = first.try_acquire(KEY, HELD_TTL).await.expect("acquire");
     fill_until_evicted(&urls[0]);
     fill_until_evicted(&urls[1]);
     // What the warning is about: a second holder beside a valid lock, no restart involved.
     let second = builder(&cluster).build().unwrap();
-    let overlap = second.try_acquire(KEY, TTL).await;
+    let overlap = second.try_acquire(KEY, HELD_TTL).await;
     assert!(
         overlap.is_ok(),
         "the evicted keys let a second client acquire: {:?}",
@@ -92,7 +93,7 @@ async fn strict_mode_holds_out_a_node_that_can_evict_lock_keys() {
         .unwrap();
     warm(&strict).await;
     let e = strict
-        .try_acquire(KEY, TTL)
+        .try_acquire(KEY, HELD_TTL)
         .await
         .expect_err("no node counts toward a quorum");
     assert!(e.is_no_quorum(), "{e}");
@@ -118,7 +119,7 @@ async fn strict_mode_keeps_nodes_that_cannot_evict() {
         .eviction_guard(EvictionGuard::Strict)
         .build()
         .unwrap();
-    let lock = strict.try_acquire(KEY, TTL).await.expect("acquire");
+    let lock = strict.try_acquire(KEY, HELD_TTL).await.expect("acquire");
     let status = strict.status(KEY).await.unwrap();
     assert_every_node(&status, EvictionRisk::None);
     lock.release().await.unwrap();
@@ -135,7 +136,7 @@ async fn a_node_without_config_get_reports_an_unknown_risk_and_still_counts() {
         .eviction_guard(EvictionGuard::Strict)
         .build()
         .unwrap();
-    let lock = strict.try_acquire(KEY, TTL).await.expect("acquire");
+    let lock = strict.try_acquire(KEY, HELD_TTL).await.expect("acquire");
     let status = strict.status(KEY).await.unwrap();
     assert_eq!(status.answered(), 3, "{status:?}");
     assert_every_node(&status, EvictionRisk::Unknown);

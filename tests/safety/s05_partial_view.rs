@@ -10,9 +10,7 @@ use futures::StreamExt;
 use quorumlock::{Election, Health, Observation, Redlock};
 
 use crate::proxy::ProxyNet;
-use crate::support::{NODE_TIMEOUT, WAIT, cluster, wait_until};
-
-const TTL: Duration = Duration::from_secs(10);
+use crate::support::{NODE_TIMEOUT, TTL, WAIT, cluster, wait_until};
 
 fn election(urls: Vec<String>, id: &str) -> (Redlock, Election) {
     let locks = Redlock::builder(urls)

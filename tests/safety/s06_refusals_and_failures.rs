@@ -3,13 +3,9 @@
 //! nodes failed, with a refusal or two among the answers, is `NoQuorum`, naming the failed nodes
 //! and the refusals, and a lock that is still valid stays held.
 
-use std::time::Duration;
-
 use quorumlock::{Error, NodeError};
 
-use crate::support::{builder, client, cluster, set_foreign, spread, warm};
-
-const TTL: Duration = Duration::from_secs(10);
+use crate::support::{TTL, builder, client, cluster, set_foreign, spread, warm};
 
 #[tokio::test]
 async fn one_refusal_and_two_dead_nodes_is_no_quorum_not_held() {

@@ -11,9 +11,8 @@ use std::time::Duration;
 use quorumlock::{Error, Redlock};
 use tokio::sync::Barrier;
 
-use crate::support::{builder, cluster};
+use crate::support::{TTL, builder, cluster};
 
-const TTL: Duration = Duration::from_secs(10);
 const TRIALS: usize = 200;
 const CONTENDERS: usize = 3;
 

@@ -2,7 +2,7 @@
 //! election's records and the scheduler's markers since issue 14, and the election's pub/sub
 //! subscriptions) is made by one path with the client's TLS and TCP settings. Here the TCP
 //! part: each of them has keepalive armed, so a silently dead peer breaks it (TLS is pinned in
-//! `tests/tls.rs`, t12 and t13).
+//! `tests/deployments/tls.rs`, t12 and t13).
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -66,10 +66,7 @@ async fn side_connections_carry_the_clients_tcp_keepalive() {
         .candidate("a")
         .build()
         .unwrap();
-    let leadership = tokio::time::timeout(WAIT, election.campaign())
-        .await
-        .expect("leads within the wait")
-        .expect("campaign");
+    let leadership = lead(&election).await;
     // The lock's 3 connections (which the job's markers and the election's records share:
     // there are no side connections since issue 14) and the election's 3 subscriptions; each
     // with its keepalive timer armed once idle (a connection with data in flight shows its

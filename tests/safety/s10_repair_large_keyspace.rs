@@ -108,21 +108,6 @@ fn dbsize(url: &str) -> u64 {
     redis::cmd("DBSIZE").query(&mut conn(url)).expect("DBSIZE")
 }
 
-/// One field (`calls`, `usec_per_call`, ...) of `cmdstat_<command>` in a node's
-/// `INFO commandstats`; `None` before the command first ran.
-fn commandstat(url: &str, command: &str, field: &str) -> Option<String> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut conn(url))
-        .expect("INFO");
-    let prefix = format!("cmdstat_{command}:");
-    let field = format!("{field}=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').find_map(|f| f.strip_prefix(&field)))
-        .map(str::to_owned)
-}
-
 /// `cmdstat_<command>` calls on one node.
 fn calls(url: &str, command: &str) -> u64 {
     commandstat(url, command, "calls")

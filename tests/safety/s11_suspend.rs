@@ -10,11 +10,12 @@
 
 use std::time::Duration;
 
-use quorumlock::{Error, LostReason};
+use quorumlock::LostReason;
 
-use crate::support::{client, cluster, warm};
+use crate::support::{client, cluster, is_expired, warm};
 
-const TTL: Duration = Duration::from_millis(1500);
+/// Shorter than the suspend: the lock's deadline passes during it.
+const SHORT_TTL: Duration = Duration::from_millis(1500);
 /// Longer than the lock's validity.
 const SUSPEND: Duration = Duration::from_millis(2500);
 
@@ -23,7 +24,10 @@ async fn a_lock_whose_deadline_passed_while_the_monotonic_clock_stood_still_is_l
     let c = cluster(3);
     let locks = client(&c);
     warm(&locks).await;
-    let lock = locks.try_acquire("suspend", TTL).await.expect("acquire");
+    let lock = locks
+        .try_acquire("suspend", SHORT_TTL)
+        .await
+        .expect("acquire");
     lock.keep_alive();
     let watched = lock.lost();
     // The "suspend": the runtime's clock stands still and nothing runs, while real time passes.
@@ -45,19 +49,10 @@ async fn a_lock_whose_deadline_passed_while_the_monotonic_clock_stood_still_is_l
         .await
         .expect("lost() fires soon after the resume");
     let err = lock
-        .extend(TTL)
+        .extend(SHORT_TTL)
         .await
         .expect_err("no extension after the deadline");
-    assert!(
-        matches!(
-            err,
-            Error::Lost {
-                reason: LostReason::Expired,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(is_expired(&err), "{err}");
     assert!(
         matches!(lock.lost_reason(), Some(LostReason::Expired)),
         "{:?}",

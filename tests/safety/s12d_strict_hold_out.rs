@@ -3,14 +3,11 @@
 //! connected: a client that connected first (a `status()`, a short ttl) and acquires with a
 //! longer ttl later still holds the node out for that longer ttl.
 
-use std::time::Duration;
-
 use quorumlock::RestartGuard;
 
-use crate::support::{WAIT, builder, cluster, conn, holders, wait_until};
+use crate::support::{LONG_TTL, WAIT, builder, cluster, conn, holders, wait_until};
 
 const KEY: &str = "strict";
-const TTL: Duration = Duration::from_secs(30);
 
 fn uptime(url: &str) -> u64 {
     let info: String = redis::cmd("INFO")
@@ -33,7 +30,10 @@ async fn a_strict_hold_out_uses_the_max_ttl_in_use_when_checked() {
     let urls = cluster.urls();
     let holder = builder(&cluster).build().unwrap();
     cluster.kill(2).unwrap();
-    let lock = holder.try_acquire(KEY, TTL).await.expect("holder acquires");
+    let lock = holder
+        .try_acquire(KEY, LONG_TTL)
+        .await
+        .expect("holder acquires");
     assert_eq!(
         holders(&urls[..2], KEY),
         2,
@@ -52,7 +52,7 @@ async fn a_strict_hold_out_uses_the_max_ttl_in_use_when_checked() {
         .unwrap();
     let status = strict.status(KEY).await.unwrap();
     assert_eq!(status.answered(), 3, "connected to every node: {status:?}");
-    let second = strict.try_acquire(KEY, TTL).await;
+    let second = strict.try_acquire(KEY, LONG_TTL).await;
     if let Ok(second) = &second {
         panic!(
             "a second holder acquired {KEY:?} beside a valid lock (tokens {} and {})",

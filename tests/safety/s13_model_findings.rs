@@ -13,7 +13,8 @@ use crate::support::{cluster, warm};
 
 /// Added each way on every link: a round trip of about 600 ms against a 1 s ttl.
 const LATENCY: Duration = Duration::from_millis(300);
-const TTL: Duration = Duration::from_secs(1);
+/// The ttl of the scenarios: the latency makes a round take more than half of it.
+const SHORT_TTL: Duration = Duration::from_secs(1);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_round_counts_its_validity_from_its_end() {
@@ -23,15 +24,18 @@ async fn a_slow_round_counts_its_validity_from_its_end() {
     }
 
     let before = Instant::now();
-    let lock = locks.try_acquire("slow", TTL).await.expect("acquired");
+    let lock = locks
+        .try_acquire("slow", SHORT_TTL)
+        .await
+        .expect("acquired");
     let acquired = Instant::now();
     let round = acquired - before;
     assert!(
-        round > TTL / 2,
+        round > SHORT_TTL / 2,
         "the round ({round:?}) must take more than half the ttl for this test to mean anything"
     );
     // Safety: never more than what the nodes still hold, counted from before the round.
-    let left_on_nodes = (before + TTL).saturating_duration_since(acquired);
+    let left_on_nodes = (before + SHORT_TTL).saturating_duration_since(acquired);
     assert!(
         lock.validity() <= left_on_nodes,
         "validity {:?} outlives the keys ({left_on_nodes:?} left)",
@@ -41,7 +45,7 @@ async fn a_slow_round_counts_its_validity_from_its_end() {
     let floor = left_on_nodes.saturating_sub(Duration::from_millis(12 + 50));
     assert!(
         !lock.is_lost() && lock.validity() >= floor,
-        "a lock acquired in a {round:?} round with a {TTL:?} ttl is valid for only {:?} \
+        "a lock acquired in a {round:?} round with a {SHORT_TTL:?} ttl is valid for only {:?} \
          (at least {floor:?} expected: elapsed was subtracted twice)",
         lock.validity()
     );
@@ -58,20 +62,20 @@ async fn a_slow_round_counts_its_validity_from_its_end() {
 async fn a_slow_extension_counts_its_validity_from_its_end() {
     let (_cluster, proxies, locks) = behind_proxies().await;
     let lock = locks
-        .try_acquire("slow-extend", 3 * TTL)
+        .try_acquire("slow-extend", 3 * SHORT_TTL)
         .await
         .expect("acquired");
     for p in &proxies {
         p.set_latency(LATENCY);
     }
     let before = Instant::now();
-    let extended = lock.extend(TTL).await.expect("extended");
+    let extended = lock.extend(SHORT_TTL).await.expect("extended");
     let round = before.elapsed();
     assert!(
-        round > TTL / 2,
+        round > SHORT_TTL / 2,
         "the round ({round:?}) must take more than half the ttl"
     );
-    let left_on_nodes = (before + TTL).saturating_duration_since(Instant::now());
+    let left_on_nodes = (before + SHORT_TTL).saturating_duration_since(Instant::now());
     assert!(
         lock.validity() <= left_on_nodes && extended <= left_on_nodes + round,
         "extension validity {:?} outlives the keys ({left_on_nodes:?} left)",

@@ -27,7 +27,7 @@ const KEY: &str = "s14";
 /// A name in another counter bucket, to learn when n0 counts again.
 const PROBE: &str = "s14-probe";
 /// The lock's ttl and both clients' max ttl: the restarted node's hold-out.
-const TTL: Duration = Duration::from_secs(6);
+const HOLD_OUT_TTL: Duration = Duration::from_secs(6);
 /// Added each way on `c1`'s link to `n2`: `c1`'s acquire reaches `n2` about 2 s after it
 /// reached `n0`, the window in which `n0` is restarted and `c0` repairs it.
 const LATENCY: Duration = Duration::from_secs(2);
@@ -43,7 +43,7 @@ async fn a_repair_waits_for_rounds_that_counted_the_node_before_its_restart() {
         (0..3)
             .fold(Redlock::builder(nodes), |b, i| b.testkit_script_acquire(i))
             .node_timeout(Duration::from_secs(5))
-            .max_ttl(TTL)
+            .max_ttl(HOLD_OUT_TTL)
             .build()
             .expect("valid config")
     };
@@ -62,7 +62,7 @@ async fn a_repair_waits_for_rounds_that_counted_the_node_before_its_restart() {
 
     to_n2.set_latency(LATENCY);
     let round = tokio::spawn(async move {
-        let lock = c1.try_acquire(KEY, TTL).await;
+        let lock = c1.try_acquire(KEY, HOLD_OUT_TTL).await;
         (c1, lock)
     });
     // n0 has answered c1 (yes, counter 11) while c1's call to n2 is on its way.
@@ -82,7 +82,10 @@ async fn a_repair_waits_for_rounds_that_counted_the_node_before_its_restart() {
         c0.status(KEY).await.is_ok_and(|s| s.nodes[0].state.is_ok())
     })
     .await;
-    assert!(c0.try_acquire(PROBE, TTL).await.is_err(), "n0 is held out");
+    assert!(
+        c0.try_acquire(PROBE, HOLD_OUT_TTL).await.is_err(),
+        "n0 is held out"
+    );
 
     let (_c1, granted) = round.await.unwrap();
     let held = granted.expect("c1's round: yes from n0 (before its restart) and n2");
@@ -95,8 +98,8 @@ async fn a_repair_waits_for_rounds_that_counted_the_node_before_its_restart() {
     // it is acquired on n0 and n2. c1's key still holds n2 (set 2 s after n0
     // restarted, it outlives the hold-out by that), so c0 then takes KEY on n0 and n1.
     let probe = Mutex::new(None);
-    wait_until(TTL * 3, "n0 counts again for c0", || async {
-        let got = c0.try_acquire(PROBE, TTL).await.ok();
+    wait_until(HOLD_OUT_TTL * 3, "n0 counts again for c0", || async {
+        let got = c0.try_acquire(PROBE, HOLD_OUT_TTL).await.ok();
         let done = got.is_some();
         *probe.lock().unwrap() = got;
         done
@@ -106,7 +109,7 @@ async fn a_repair_waits_for_rounds_that_counted_the_node_before_its_restart() {
     probe.release().await.unwrap();
     del_lock(&urls[1], KEY);
     let after = c0
-        .try_acquire(KEY, TTL)
+        .try_acquire(KEY, HOLD_OUT_TTL)
         .await
         .expect("n0 and n1 are free for c0");
     assert!(

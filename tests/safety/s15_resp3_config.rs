@@ -9,9 +9,7 @@ use std::time::Duration;
 use quorumlock::testkit::{LocalCluster, ServerOptions};
 use quorumlock::{Error, EvictionGuard, EvictionRisk, NodeError, Redlock};
 
-use crate::support::{NODE_TIMEOUT, init_tracing, warm};
-
-const TTL: Duration = Duration::from_secs(10);
+use crate::support::{NODE_TIMEOUT, TTL, init_tracing, warm};
 
 /// The cluster's node URLs, asking for RESP3.
 fn resp3_urls(cluster: &LocalCluster) -> Vec<String> {

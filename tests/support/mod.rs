@@ -222,3 +222,82 @@ impl std::io::Write for Captured {
         Ok(())
     }
 }
+
+/// The ttl of the locks a test takes when its value does not matter: far longer than any step
+/// of a test, so that no lock expires by accident. A test whose scenario needs another ttl names
+/// its own.
+pub const TTL: Duration = Duration::from_secs(10);
+/// The ttl of a lock that must outlast a slower test's steps (TLS handshakes, a hand-over
+/// between clients, a name read back by several readers).
+pub const LONG_TTL: Duration = Duration::from_secs(30);
+
+/// Campaigns until `election` leads, for at most [`WAIT`].
+pub async fn lead(election: &quorumlock::Election) -> quorumlock::Leadership {
+    tokio::time::timeout(WAIT, election.campaign())
+        .await
+        .expect("leads within the wait")
+        .expect("campaign")
+}
+
+/// One field (`calls`, `usec_per_call`, ...) of `cmdstat_<command>` in a node's
+/// `INFO commandstats` (the commands scripts call count too); `None` before the command first
+/// ran.
+pub fn commandstat(url: &str, command: &str, field: &str) -> Option<String> {
+    let prefix = format!("cmdstat_{command}:");
+    let field = format!("{field}=");
+    commandstats(url)
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').find_map(|f| f.strip_prefix(&field)))
+        .map(str::to_owned)
+}
+
+/// A node's `INFO commandstats`.
+fn commandstats(url: &str) -> String {
+    redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn(url))
+        .expect("INFO")
+}
+
+/// `calls` of one command on one node (0 when never called).
+pub fn calls(url: &str, command: &str) -> u64 {
+    commandstat(url, command, "calls").map_or(0, |n| n.parse().expect("a count"))
+}
+
+/// `SET` calls per node: every acquire round sends one to each node it reaches, refused or not,
+/// in either form (the pipelined `SET NX PX GET` + `INCR`, or the script's `SET NX`).
+pub fn sets(urls: &[String]) -> Vec<u64> {
+    urls.iter().map(|u| calls(u, "set")).collect()
+}
+
+/// Every command a node has run (the commands scripts call included).
+pub fn commands(url: &str) -> u64 {
+    commandstats(url)
+        .lines()
+        .filter_map(|l| l.split("calls=").nth(1))
+        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Whether `err` is a loss because a quorum no longer holds our value (another owner, or none).
+pub fn is_not_owner(err: &quorumlock::Error) -> bool {
+    matches!(
+        err,
+        quorumlock::Error::Lost {
+            reason: quorumlock::LostReason::NotOwner { .. },
+            ..
+        }
+    )
+}
+
+/// Whether `err` is a loss because the lock's deadline passed.
+pub fn is_expired(err: &quorumlock::Error) -> bool {
+    matches!(
+        err,
+        quorumlock::Error::Lost {
+            reason: quorumlock::LostReason::Expired,
+            ..
+        }
+    )
+}

@@ -3,16 +3,14 @@
 //! skipping when too few nodes answer or the lock is lost; what a failed job means under each
 //! run policy.
 
-mod support;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::*;
 use quorumlock::testkit::LocalCluster;
 use quorumlock::{Error, FencingToken, Outcome, RunOnce, RunPolicy, SkipReason, TickContext};
-use support::*;
 use tokio::sync::Barrier;
 
 fn instance(cluster: &LocalCluster, job: &str, id: &str) -> RunOnce {
@@ -260,6 +258,22 @@ async fn t50_too_few_nodes_skips_as_unavailable() {
     }
 }
 
+/// Kills nodes 0..3 of five (a quorum) while `run` runs, and waits for its outcome: bounded by
+/// the lease's ttl and the wait.
+async fn after_a_quorum_dies<T>(
+    cluster: &mut LocalCluster,
+    run: tokio::task::JoinHandle<T>,
+    ttl: Duration,
+) -> T {
+    for i in 0..3 {
+        cluster.kill(i).unwrap();
+    }
+    tokio::time::timeout(ttl + WAIT, run)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 /// A job whose lock is lost (a quorum of nodes dies mid-run) is stopped: its future is dropped,
 /// the outcome says lost, and no marker is written for the tick.
 #[tokio::test]
@@ -287,13 +301,7 @@ async fn t60_lost_lock_stops_the_job_and_leaves_no_marker() {
         }
     });
     started(started_rx).await;
-    for i in 0..3 {
-        cluster.kill(i).unwrap();
-    }
-    let outcome = tokio::time::timeout(ttl + WAIT, run)
-        .await
-        .unwrap()
-        .unwrap();
+    let outcome = after_a_quorum_dies(&mut cluster, run, ttl).await;
     assert!(
         matches!(outcome, Outcome::Lost { output: None, .. }),
         "{outcome:?}"
@@ -327,13 +335,7 @@ async fn t61_job_completing_as_the_lock_is_lost_keeps_its_output() {
         .unwrap()
     });
     started(started_rx).await;
-    for i in 0..3 {
-        cluster.kill(i).unwrap();
-    }
-    let outcome = tokio::time::timeout(ttl + WAIT, run)
-        .await
-        .unwrap()
-        .unwrap();
+    let outcome = after_a_quorum_dies(&mut cluster, run, ttl).await;
     match &outcome {
         Outcome::Lost { output, .. } => assert_eq!(*output, Some("finished on loss")),
         other => panic!("{other:?}"),
@@ -467,7 +469,7 @@ async fn marker_on(url: &str, job: &str, tick: &str) -> Option<String> {
     let client = redis::Client::open(url).expect("url");
     let mut conn = tokio::time::timeout(
         WAIT,
-        client.get_multiplexed_async_connection_with_config(&support::direct_config()),
+        client.get_multiplexed_async_connection_with_config(&crate::support::direct_config()),
     )
     .await
     .expect("connected within the wait")

@@ -5,15 +5,13 @@
 //! Each test installs a recording subscriber for its own thread (`set_default`) and runs on the
 //! current-thread runtime, so the subscriber sees the tasks the library spawns too.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::*;
 use quorumlock::{Election, Outcome, RunOnce};
-use support::*;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Instrument, Subscriber};

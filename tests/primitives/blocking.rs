@@ -2,14 +2,13 @@
 //! redis-server processes: no tokio runtime on the calling thread.
 #![cfg(feature = "blocking")]
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use quorumlock::{ConfigError, Error, blocking};
-use support::*;
 
-const TTL: Duration = Duration::from_secs(60);
+/// Far longer than any test here: a key that goes early was released, not expired.
+const FACADE_TTL: Duration = Duration::from_secs(60);
 
 /// Polls `pred` on this thread until it holds, for at most `within`.
 fn wait_blocking(within: Duration, what: &str, mut pred: impl FnMut() -> bool) {
@@ -26,16 +25,19 @@ fn b10_a_program_without_a_runtime_acquires_extends_and_releases() {
     let urls = cluster.urls();
     let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
 
-    let lock = locks.try_acquire("job", TTL).expect("acquire");
+    let lock = locks.try_acquire("job", FACADE_TTL).expect("acquire");
     assert!(lock.token().get() >= 1);
     assert!(holders(&urls, "job") >= 2, "a quorum holds the key");
-    let other = locks.try_acquire("job", TTL).unwrap_err();
+    let other = locks.try_acquire("job", FACADE_TTL).unwrap_err();
     assert!(other.is_held(), "{other}");
 
-    let validity = lock.extend(TTL).expect("extend");
+    let validity = lock.extend(FACADE_TTL).expect("extend");
     // The new validity: the ttl less the round and the drift (0.6 s of a 60 s ttl); the rest
     // of the margin covers a loaded box's slow round.
-    assert!(validity > TTL - Duration::from_secs(5), "{validity:?}");
+    assert!(
+        validity > FACADE_TTL - Duration::from_secs(5),
+        "{validity:?}"
+    );
     lock.keep_alive();
     assert!(!lock.is_lost());
 
@@ -54,11 +56,11 @@ fn b11_a_dropped_guard_is_released_before_drop_returns() {
     let cluster = cluster(3);
     let urls = cluster.urls();
     let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
-    let lock = locks.try_acquire("dropped", TTL).expect("acquire");
+    let lock = locks.try_acquire("dropped", FACADE_TTL).expect("acquire");
     assert!(holders(&urls, "dropped") >= 2);
     drop(lock);
     let again = locks
-        .try_acquire("dropped", TTL)
+        .try_acquire("dropped", FACADE_TTL)
         .expect("the dropped guard was released before drop returned");
     again.release().expect("release");
     // Everything left reaches every node, well before the 60 s ttl could remove the key.
@@ -75,10 +77,10 @@ fn b14_forget_leaves_the_lock_to_expire() {
     let cluster = cluster(3);
     let urls = cluster.urls();
     let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
-    let lock = locks.try_acquire("forgotten", TTL).expect("acquire");
+    let lock = locks.try_acquire("forgotten", FACADE_TTL).expect("acquire");
     lock.forget();
     assert!(holders(&urls, "forgotten") >= 2, "still held after forget");
-    let err = locks.try_acquire("forgotten", TTL).unwrap_err();
+    let err = locks.try_acquire("forgotten", FACADE_TTL).unwrap_err();
     assert!(err.is_held(), "{err}");
 }
 
@@ -91,7 +93,7 @@ fn b15_with_lock_runs_releases_and_reports_a_loss() {
     let urls = cluster.urls();
     let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
     let out = locks
-        .with_lock("scoped", TTL, |lock| {
+        .with_lock("scoped", FACADE_TTL, |lock| {
             assert!(holders(&urls, "scoped") >= 2, "held while the work runs");
             lock.token().get()
         })
@@ -130,7 +132,7 @@ fn b12_a_blocking_call_from_inside_an_async_runtime_is_an_error_not_a_panic() {
         .build()
         .unwrap();
     let err = runtime
-        .block_on(async { locks.try_acquire("inside", TTL).map(|_| ()) })
+        .block_on(async { locks.try_acquire("inside", FACADE_TTL).map(|_| ()) })
         .unwrap_err();
     assert!(
         matches!(err, Error::Config(ConfigError::Runtime(_))),
@@ -138,7 +140,7 @@ fn b12_a_blocking_call_from_inside_an_async_runtime_is_an_error_not_a_panic() {
     );
     // The client still works from a plain thread afterwards.
     locks
-        .try_acquire("inside", TTL)
+        .try_acquire("inside", FACADE_TTL)
         .expect("acquire")
         .release()
         .unwrap();
@@ -155,7 +157,7 @@ fn b13_an_async_guard_dropped_outside_any_runtime_is_released_on_the_one_it_came
         .unwrap();
     let locks = client(&cluster);
     let lock = runtime
-        .block_on(locks.try_acquire("plain-thread", TTL))
+        .block_on(locks.try_acquire("plain-thread", FACADE_TTL))
         .expect("acquire");
     assert!(holders(&urls, "plain-thread") >= 2);
     // Dropped on a thread with no runtime at all, while the acquiring runtime still runs.
@@ -172,7 +174,7 @@ fn b16_acquire_all_takes_every_key_or_none() {
     let cluster = cluster(3);
     let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
     let both = locks
-        .acquire_all(["account:4", "account:17"], TTL)
+        .acquire_all(["account:4", "account:17"], FACADE_TTL)
         .expect("acquire_all");
     assert_eq!(
         both.keys().collect::<Vec<_>>(),
@@ -180,22 +182,22 @@ fn b16_acquire_all_takes_every_key_or_none() {
         "sorted"
     );
     assert!(both.token("account:4").is_some_and(|t| t.get() >= 1));
-    assert!(both.extend(TTL).expect("extend") > Duration::ZERO);
+    assert!(both.extend(FACADE_TTL).expect("extend") > Duration::ZERO);
     // One of them held: the other is not taken either.
-    let err = locks.try_acquire("account:4", TTL).unwrap_err();
+    let err = locks.try_acquire("account:4", FACADE_TTL).unwrap_err();
     assert!(err.is_held(), "{err}");
     drop(both);
     let again = locks
-        .acquire_all(["account:17", "account:4"], TTL)
+        .acquire_all(["account:17", "account:4"], FACADE_TTL)
         .expect("free at once after the drop");
-    let held = locks.try_acquire("account:99", TTL).unwrap();
+    let held = locks.try_acquire("account:99", FACADE_TTL).unwrap();
     let err = locks
-        .acquire_all(["account:99", "account:100"], TTL)
+        .acquire_all(["account:99", "account:100"], FACADE_TTL)
         .unwrap_err();
     assert!(err.is_held(), "{err}");
     assert!(
         locks
-            .try_acquire("account:100", TTL)
+            .try_acquire("account:100", FACADE_TTL)
             .is_ok_and(|l| l.release().is_ok()),
         "all or nothing: account:100 was given back"
     );
@@ -211,22 +213,24 @@ fn b17_a_semaphore_admits_its_permits() {
     let locks = blocking::Redlock::new(client(&cluster)).expect("runtime");
     let exports = locks.semaphore("exports", 2).expect("semaphore");
     assert_eq!((exports.name(), exports.permits()), ("exports", 2));
-    let a = exports.try_acquire(TTL).expect("first permit");
-    let b = exports.acquire(TTL).expect("second permit");
+    let a = exports.try_acquire(FACADE_TTL).expect("first permit");
+    let b = exports.acquire(FACADE_TTL).expect("second permit");
     assert_ne!(a.index(), b.index());
     assert!(b.token().get() >= 1);
     b.keep_alive();
-    let err = exports.try_acquire(TTL).unwrap_err();
+    let err = exports.try_acquire(FACADE_TTL).unwrap_err();
     assert!(err.is_held(), "{err}");
     let index = a.index();
     a.release().expect("release");
     let c = exports
-        .acquire_timeout(TTL, Duration::from_secs(5))
+        .acquire_timeout(FACADE_TTL, Duration::from_secs(5))
         .expect("the released permit");
     assert_eq!(c.index(), index);
     drop(c);
     drop(b);
-    let again = exports.try_acquire(TTL).expect("free after the drops");
+    let again = exports
+        .try_acquire(FACADE_TTL)
+        .expect("free after the drops");
     again.release().unwrap();
 }
 

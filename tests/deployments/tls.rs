@@ -1,18 +1,13 @@
 //! `rediss://` nodes end to end: real `redis-server` processes listening for TLS, with
 //! certificates from a private CA made for the test.
 
-#[path = "support/pki.rs"]
-mod pki;
-mod support;
-
 use std::time::Duration;
 
-use pki::Pki;
+use crate::pki::Pki;
+use crate::support::*;
 use quorumlock::testkit::RedisServer;
 use quorumlock::{Election, Error, Outcome, Redlock, RunOnce, SkipReason};
-use support::*;
 
-const TTL: Duration = Duration::from_secs(30);
 /// Room for TLS handshakes (mutual ones included) on a busy machine: a debug build's handshake
 /// can take longer than the plain tests' [`NODE_TIMEOUT`]. These tests pin certificates, not
 /// speed.
@@ -68,7 +63,7 @@ async fn t10_rediss_nodes_signed_by_a_private_ca() {
             .all(|n| n.starts_with("rediss://"))
     );
     let lock = locks
-        .try_acquire("job", TTL)
+        .try_acquire("job", LONG_TTL)
         .await
         .expect("acquire over TLS");
     let plain: Vec<String> = servers.iter().map(RedisServer::url).collect();
@@ -80,7 +75,7 @@ async fn t10_rediss_nodes_signed_by_a_private_ca() {
         .connect_timeout(TLS_CONNECT_TIMEOUT)
         .build()
         .unwrap();
-    let err = untrusting.try_acquire("job", TTL).await.unwrap_err();
+    let err = untrusting.try_acquire("job", LONG_TTL).await.unwrap_err();
     let Error::NoQuorum { failures, .. } = &err else {
         panic!("expected NoQuorum, got {err}")
     };
@@ -107,7 +102,7 @@ async fn t11_mutual_tls() {
             .tls_root_certificate(pki.pem("ca.crt").as_bytes())
     };
     let anonymous = builder().build().unwrap();
-    let err = anonymous.try_acquire("job", TTL).await.unwrap_err();
+    let err = anonymous.try_acquire("job", LONG_TTL).await.unwrap_err();
     assert!(err.is_no_quorum(), "{err}");
 
     let locks = builder()
@@ -118,7 +113,7 @@ async fn t11_mutual_tls() {
         .build()
         .unwrap();
     let lock = locks
-        .try_acquire("job", TTL)
+        .try_acquire("job", LONG_TTL)
         .await
         .expect("acquire with a client certificate");
     lock.release().await.expect("release");
@@ -135,14 +130,11 @@ async fn t12_election_writes_its_leader_record_over_mutual_tls() {
     let plain: Vec<String> = servers.iter().map(RedisServer::url).collect();
 
     let election = Election::builder(locks.clone(), "tls-e")
-        .ttl(TTL)
+        .ttl(LONG_TTL)
         .candidate("alpha")
         .build()
         .unwrap();
-    let leadership = tokio::time::timeout(WAIT, election.campaign())
-        .await
-        .expect("leads within the wait")
-        .expect("campaign");
+    let leadership = lead(&election).await;
     let record = "quorumlock:{tls-e}:leader";
     let written = plain
         .iter()
@@ -172,7 +164,7 @@ async fn t13_run_once_ticks_over_mutual_tls() {
     let servers = servers(&pki, 3, true);
     let locks = client(&pki, &servers);
     let job = RunOnce::builder(locks, "tls-job")
-        .ttl(TTL)
+        .ttl(LONG_TTL)
         .marker_ttl(Duration::from_secs(60))
         .build()
         .unwrap();

@@ -3,18 +3,15 @@
 //! password the member URLs never carry.
 
 #[cfg(feature = "tls")]
-#[path = "support/pki.rs"]
-mod pki;
-mod support;
+use crate::pki;
 
 use std::time::Duration;
 
+use crate::support::*;
 use quorumlock::testkit::{LocalCluster, RedisClusterMember, RedisServer, ServerOptions};
 use quorumlock::{ConfigError, Error, NodeError, RedlockBuilder};
 use redis::{ConnectionAddr, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo};
-use support::*;
 
-const TTL: Duration = Duration::from_secs(10);
 const PASSWORD: &str = "byo-s3cret";
 
 fn protected(n: usize) -> LocalCluster {
@@ -41,6 +38,27 @@ fn port(cluster: &LocalCluster, i: usize) -> u16 {
     cluster.get(i).expect("node").port()
 }
 
+/// Members 0..3 of `cluster` as user clients (the second speaking RESP3), the first with
+/// `first_password`, the others with the right one.
+fn user_clients(cluster: &LocalCluster, first_password: &str) -> RedlockBuilder {
+    RedlockBuilder::default()
+        .client(user_client(
+            port(cluster, 0),
+            first_password,
+            ProtocolVersion::RESP2,
+        ))
+        .client(user_client(
+            port(cluster, 1),
+            PASSWORD,
+            ProtocolVersion::RESP3,
+        ))
+        .client(user_client(
+            port(cluster, 2),
+            PASSWORD,
+            ProtocolVersion::RESP2,
+        ))
+}
+
 fn tuned(builder: RedlockBuilder) -> RedlockBuilder {
     builder
         .node_timeout(NODE_TIMEOUT)
@@ -53,26 +71,9 @@ fn tuned(builder: RedlockBuilder) -> RedlockBuilder {
 #[tokio::test]
 async fn b10_password_nodes_through_user_clients() {
     let cluster = protected(3);
-    let locks = tuned(
-        RedlockBuilder::default()
-            .client(user_client(
-                port(&cluster, 0),
-                PASSWORD,
-                ProtocolVersion::RESP2,
-            ))
-            .client(user_client(
-                port(&cluster, 1),
-                PASSWORD,
-                ProtocolVersion::RESP3,
-            ))
-            .client(user_client(
-                port(&cluster, 2),
-                PASSWORD,
-                ProtocolVersion::RESP2,
-            )),
-    )
-    .build()
-    .expect("valid config");
+    let locks = tuned(user_clients(&cluster, PASSWORD))
+        .build()
+        .expect("valid config");
     assert_eq!(
         locks.node_names(),
         (0..3)
@@ -224,26 +225,7 @@ async fn b13_a_client_with_wrong_credentials_gives_a_typed_error() {
     );
 
     // With the two good members the third's failure does not matter.
-    let good = tuned(
-        RedlockBuilder::default()
-            .client(user_client(
-                port(&cluster, 0),
-                "wrong",
-                ProtocolVersion::RESP2,
-            ))
-            .client(user_client(
-                port(&cluster, 1),
-                PASSWORD,
-                ProtocolVersion::RESP3,
-            ))
-            .client(user_client(
-                port(&cluster, 2),
-                PASSWORD,
-                ProtocolVersion::RESP2,
-            )),
-    )
-    .build()
-    .unwrap();
+    let good = tuned(user_clients(&cluster, "wrong")).build().unwrap();
     good.try_acquire("auth", TTL)
         .await
         .expect("two of three")
@@ -419,10 +401,7 @@ async fn b17_elections_and_waiting_through_user_clients() {
         .candidate("alpha")
         .build()
         .unwrap();
-    let leadership = tokio::time::timeout(WAIT, election.campaign())
-        .await
-        .expect("leads within the wait")
-        .expect("campaign");
+    let leadership = lead(&election).await;
     let leader = election.leader().await.expect("leader read");
     assert_eq!(
         leader.and_then(|l| l.candidate).as_deref(),

@@ -2,27 +2,8 @@
 //! `INCR`, no `EVALSHA`), and nodes kept on the acquire
 //! script beside pipelined ones in one client, against another client.
 
-mod support;
-
-use std::time::Duration;
-
+use crate::support::*;
 use quorumlock::Error;
-use support::*;
-
-const TTL: Duration = Duration::from_secs(10);
-
-/// `calls` of one command in a node's `INFO commandstats` (0 when never called).
-fn calls(url: &str, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut conn(url))
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
 
 /// On Redis 7, an acquisition costs each node one `SET` and one `INCR` and no script: after
 /// `N` acquire+release, every node counts `N` `EVALSHA` (the releases), `N` `SET`s and `N`

@@ -1,12 +1,10 @@
 //! Leases against real servers: auto-extension, the lost signal (quorum gone, nodes hung,
 //! deadline passed), the scoped form, and cleanup when the guard goes away.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use quorumlock::{Error, LostReason};
-use support::*;
 use tokio::time::Instant;
 
 /// A kept-alive lock outlives its ttl many times over, and the nodes keep holding it.

@@ -2,15 +2,12 @@
 //! the lock's value, and `status`, the guard and an election's leader show it. Against real
 //! redis-server processes.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use futures::StreamExt;
 use quorumlock::{ConfigError, Election, Error, Observation, Redlock};
-use support::*;
 
-const TTL: Duration = Duration::from_secs(30);
 const OWNER: &str = "host-a/pid 4711";
 
 /// The name is stored with the value on every node that holds the lock and read back by
@@ -21,7 +18,7 @@ async fn o1_status_shows_the_name_the_holder_gave_itself() {
     let urls = cluster.urls();
     let named = builder(&cluster).owner(OWNER).build().unwrap();
     assert_eq!(named.owner(), Some(OWNER));
-    let lock = named.try_acquire("report", TTL).await.unwrap();
+    let lock = named.try_acquire("report", LONG_TTL).await.unwrap();
     assert_eq!(lock.owner().as_deref(), Some(OWNER));
     let (random, suffix) = lock.value().split_at(32);
     assert!(random.bytes().all(|b| b.is_ascii_hexdigit()), "{random}");
@@ -42,7 +39,7 @@ async fn o1_status_shows_the_name_the_holder_gave_itself() {
     lock.release().await.unwrap();
 
     // No name: none shown, and the value is the 32 hex digits alone.
-    let unnamed = reader.try_acquire("report", TTL).await.unwrap();
+    let unnamed = reader.try_acquire("report", LONG_TTL).await.unwrap();
     assert_eq!(unnamed.value().len(), 32);
     assert_eq!(unnamed.owner(), None);
     let status = reader.status("report").await.unwrap();
@@ -70,13 +67,13 @@ async fn o2_a_shared_name_is_no_shared_ownership_and_releases_still_wake_waiters
         .try_acquire("job", Duration::from_secs(120))
         .await
         .unwrap();
-    let err = b.try_acquire("job", TTL).await.unwrap_err();
+    let err = b.try_acquire("job", LONG_TTL).await.unwrap_err();
     assert!(err.is_held(), "{err}");
 
     let waiter = tokio::spawn({
         let b = b.clone();
         async move {
-            b.acquire_timeout("job", TTL, Duration::from_secs(3600))
+            b.acquire_timeout("job", LONG_TTL, Duration::from_secs(3600))
                 .await
         }
     });
@@ -149,10 +146,7 @@ async fn o4_the_leader_shows_its_owner_name() {
     let observer = Election::builder(client(&cluster), "cron")
         .observer()
         .unwrap();
-    let leadership = tokio::time::timeout(WAIT, election.campaign())
-        .await
-        .expect("leads within the wait")
-        .unwrap();
+    let leadership = lead(&election).await;
     let mut changes = Box::pin(observer.observe());
     let leader = tokio::time::timeout(WAIT, async {
         loop {
@@ -175,30 +169,30 @@ async fn o4_the_leader_shows_its_owner_name() {
 
 /// Compat mode: the name rides in the plain key's value, which other Redlock clients only
 /// compare with their own; rslock is still excluded while we hold the key and gets it after
-/// our release (`tests/compat.rs` c8 runs it with a user limited to the key).
+/// our release (`tests/deployments/compat.rs` c8 runs it with a user limited to the key).
 #[tokio::test]
 async fn o5_compat_mode_carries_the_name_and_still_excludes_rslock() {
     let cluster = cluster(3);
     let locks = builder(&cluster).compat(true).owner(OWNER).build().unwrap();
     let mut rs = rslock::LockManager::new(cluster.urls());
     rs.set_retry(1, Duration::from_millis(1));
-    let ours = locks.try_acquire("shared", TTL).await.unwrap();
+    let ours = locks.try_acquire("shared", LONG_TTL).await.unwrap();
     let status = locks.status("shared").await.unwrap();
     assert_eq!(status.owner().as_deref(), Some(OWNER));
     assert!(matches!(
-        rs.lock("shared", TTL).await,
+        rs.lock("shared", LONG_TTL).await,
         Err(rslock::LockError::Unavailable)
     ));
-    ours.extend(TTL).await.unwrap();
+    ours.extend(LONG_TTL).await.unwrap();
     ours.release().await.unwrap();
     let theirs = rs
-        .lock("shared", TTL)
+        .lock("shared", LONG_TTL)
         .await
         .expect("free after our release");
     // rslock's value carries no name of ours.
     assert_eq!(locks.status("shared").await.unwrap().owner(), None);
     assert!(matches!(
-        locks.try_acquire("shared", TTL).await,
+        locks.try_acquire("shared", LONG_TTL).await,
         Err(Error::Held { .. })
     ));
     rs.unlock(&theirs).await;

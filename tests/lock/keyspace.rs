@@ -2,16 +2,12 @@
 //! Redis Cluster hash slot (at most 16384 per node, however many names are locked), tokens that
 //! still strictly increase per name, the repair of the buckets, and the key prefix.
 
-mod support;
-
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use crate::support::*;
 use futures::StreamExt;
 use quorumlock::{ConfigError, Redlock, RestartGuard};
-use support::*;
-
-const TTL: Duration = Duration::from_secs(10);
 
 /// Every key on one node.
 fn all_keys(url: &str) -> Vec<String> {
@@ -256,7 +252,7 @@ async fn k7_the_durability_marker_is_under_the_key_prefix() {
 
 /// The keyspace measurement of issue 15: keys per node after `QUORUMLOCK_NAMES` (default one
 /// million) distinct lock names, each acquired and released once.
-/// `cargo test --release --features testkit --test keyspace measure_keys -- --ignored --nocapture`.
+/// `cargo test --release --features testkit --test lock measure_keys -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement (minutes: one million acquisitions), not a test"]
 async fn measure_keys_per_node_after_many_names() {

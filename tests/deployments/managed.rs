@@ -4,17 +4,16 @@
 //! configuration file it writes; an `admin` user lets the test read keys and change the lock
 //! user's rules while the client runs.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{
+    Captured, NODE_TIMEOUT, TTL, WAIT, fence_key, init_tracing, lead, wait_until, warm,
+};
 use quorumlock::testkit::{LocalCluster, ServerOptions};
 use quorumlock::{Election, Error, NodeError, Redlock, RunOnce};
-use support::{Captured, NODE_TIMEOUT, WAIT, fence_key, init_tracing, wait_until, warm};
 
 const USER: &str = "quorumlock";
 const PASSWORD: &str = "lock-pw";
-const TTL: Duration = Duration::from_secs(10);
 /// Short, so a restarted node counts again soon.
 const MAX_TTL: Duration = Duration::from_secs(2);
 
@@ -156,7 +155,7 @@ async fn m1_a_user_with_exactly_the_documented_acl_runs_every_feature() {
         };
         let on_node_0 = {
             let v: Option<String> = redis::cmd("GET")
-                .arg(support::lock_key("m1"))
+                .arg(crate::support::lock_key("m1"))
                 .query(&mut admin(&cluster, 0))
                 .unwrap();
             v.is_some()
@@ -172,10 +171,7 @@ async fn m1_a_user_with_exactly_the_documented_acl_runs_every_feature() {
         .candidate("alpha")
         .build()
         .unwrap();
-    let leadership = tokio::time::timeout(WAIT, election.campaign())
-        .await
-        .expect("leads within the wait")
-        .expect("campaign");
+    let leadership = lead(&election).await;
     let leader = election.leader().await.unwrap().expect("a leader");
     assert_eq!(leader.candidate.as_deref(), Some("alpha"));
     leadership.resign().await.expect("resign");

@@ -3,14 +3,10 @@
 //! extension round), and then extends, keeps alive and releases it. Against real redis-server
 //! processes, with fresh clients for each side.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use quorumlock::{ArgumentError, Error, FencingToken, LostReason, Redlock};
-use support::*;
-
-const TTL: Duration = Duration::from_secs(30);
 
 /// What a dispatcher passes on: key, value and token of a lock it acquired and then forgot.
 async fn dispatch(dispatcher: &Redlock, key: &str, ttl: Duration) -> (String, FencingToken) {
@@ -28,7 +24,7 @@ async fn h1_a_worker_resumes_extends_keeps_alive_and_releases_a_dispatched_lock(
     let cluster = cluster(5);
     let urls = cluster.urls();
     let dispatcher = client(&cluster);
-    let (value, token) = dispatch(&dispatcher, "job-42", TTL).await;
+    let (value, token) = dispatch(&dispatcher, "job-42", LONG_TTL).await;
     assert!(token.get() >= 1);
 
     let worker = client(&cluster);
@@ -60,7 +56,7 @@ async fn h1_a_worker_resumes_extends_keeps_alive_and_releases_a_dispatched_lock(
     assert!(!lock.is_lost());
     assert!(
         matches!(
-            client(&cluster).try_acquire("job-42", TTL).await,
+            client(&cluster).try_acquire("job-42", LONG_TTL).await,
             Err(Error::Held { .. })
         ),
         "held for the worker"
@@ -71,7 +67,7 @@ async fn h1_a_worker_resumes_extends_keeps_alive_and_releases_a_dispatched_lock(
     })
     .await;
     let next = client(&cluster)
-        .try_acquire("job-42", TTL)
+        .try_acquire("job-42", LONG_TTL)
         .await
         .expect("free after the worker's release");
     assert!(next.token() > token, "{} after {token}", next.token());
@@ -90,10 +86,10 @@ async fn h2_a_wrong_released_or_expired_value_is_not_ours() {
     warm(&worker).await;
 
     // A wrong value while the real lock is held.
-    let (value, token) = dispatch(&dispatcher, "wrong", TTL).await;
+    let (value, token) = dispatch(&dispatcher, "wrong", LONG_TTL).await;
     let wrong = format!("{:032x}", 7u128);
     let err = worker
-        .resume("wrong", &wrong, token, TTL)
+        .resume("wrong", &wrong, token, LONG_TTL)
         .await
         .unwrap_err();
     assert!(
@@ -112,26 +108,17 @@ async fn h2_a_wrong_released_or_expired_value_is_not_ours() {
             .all(|u| value_on(u, "wrong").as_deref() != Some(wrong.as_str()))
     );
     let held = worker
-        .resume("wrong", &value, token, TTL)
+        .resume("wrong", &value, token, LONG_TTL)
         .await
         .expect("the right one");
     held.release().await.unwrap();
 
     // Released: the value stands nowhere.
     let err = worker
-        .resume("wrong", &value, token, TTL)
+        .resume("wrong", &value, token, LONG_TTL)
         .await
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Lost {
-                reason: LostReason::NotOwner { .. },
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(is_not_owner(&err), "{err}");
     assert_eq!(holders(&urls, "wrong"), 0, "an absent key is never re-set");
 
     // Expired: a 300 ms lock, resumed after its key is gone from every node.
@@ -141,19 +128,10 @@ async fn h2_a_wrong_released_or_expired_value_is_not_ours() {
     })
     .await;
     let err = worker
-        .resume("short", &value, token, TTL)
+        .resume("short", &value, token, LONG_TTL)
         .await
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Lost {
-                reason: LostReason::NotOwner { .. },
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(is_not_owner(&err), "{err}");
     assert_eq!(holders(&urls, "short"), 0);
 }
 
@@ -167,22 +145,13 @@ async fn h3_a_value_on_a_minority_does_not_resume_and_is_not_spread() {
     warm(&worker).await;
     let value = "0123456789abcdef0123456789abcdef@dispatcher";
     for url in &urls[..2] {
-        set_foreign(url, "minority", value, TTL);
+        set_foreign(url, "minority", value, LONG_TTL);
     }
     let err = worker
-        .resume("minority", value, FencingToken::new(1), TTL)
+        .resume("minority", value, FencingToken::new(1), LONG_TTL)
         .await
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Lost {
-                reason: LostReason::NotOwner { .. },
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(is_not_owner(&err), "{err}");
     for url in &urls[2..] {
         assert_eq!(value_on(url, "minority"), None, "{url}");
     }
@@ -195,7 +164,7 @@ async fn h4_too_few_nodes_reachable_is_no_quorum_not_a_loss() {
     let mut cluster = cluster(5);
     let urls = cluster.urls();
     let dispatcher = client(&cluster);
-    let lock = dispatcher.try_acquire("job", TTL).await.unwrap();
+    let lock = dispatcher.try_acquire("job", LONG_TTL).await.unwrap();
     spread(&lock, &urls).await;
     let (value, token) = (lock.value().to_owned(), lock.token());
     lock.forget();
@@ -203,7 +172,10 @@ async fn h4_too_few_nodes_reachable_is_no_quorum_not_a_loss() {
         cluster.pause(i).unwrap();
     }
     let worker = client(&cluster);
-    let err = worker.resume("job", &value, token, TTL).await.unwrap_err();
+    let err = worker
+        .resume("job", &value, token, LONG_TTL)
+        .await
+        .unwrap_err();
     assert!(err.is_no_quorum(), "{err}");
     assert!(err.is_retryable(), "{err}");
     match &err {
@@ -216,7 +188,7 @@ async fn h4_too_few_nodes_reachable_is_no_quorum_not_a_loss() {
     // Reconnecting takes a moment: retried (bounded) while it is still too few nodes.
     let deadline = tokio::time::Instant::now() + WAIT;
     let lock = loop {
-        match worker.resume("job", &value, token, TTL).await {
+        match worker.resume("job", &value, token, LONG_TTL).await {
             Ok(lock) => break lock,
             Err(e) if e.is_no_quorum() && tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -234,13 +206,16 @@ async fn h5_invalid_values_are_argument_errors() {
     let cluster = cluster(3);
     let worker = client(&cluster);
     for bad in ["", "with space", "line\nbreak", &"x".repeat(1025)] {
-        match worker.resume("k", bad, FencingToken::new(1), TTL).await {
+        match worker
+            .resume("k", bad, FencingToken::new(1), LONG_TTL)
+            .await
+        {
             Err(Error::InvalidArgument(ArgumentError::InvalidValue { .. })) => {}
             other => panic!("{bad:?}: {other:?}"),
         }
     }
     assert!(matches!(
-        worker.resume("", "v", FencingToken::new(1), TTL).await,
+        worker.resume("", "v", FencingToken::new(1), LONG_TTL).await,
         Err(Error::InvalidArgument(ArgumentError::InvalidKey { .. }))
     ));
 }

@@ -4,15 +4,12 @@
 //! outside any runtime, a cancelled acquisition; the thread ends once the last handle on the
 //! client is dropped; the default (`IoThread::Never`) starts none.
 
-mod support;
-
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::support::*;
+use quorumlock::testkit::LocalCluster;
 use quorumlock::{IoThread, Redlock};
-use support::*;
-
-const TTL: Duration = Duration::from_secs(10);
 
 /// This process's threads named as the client's I/O thread.
 fn io_threads() -> usize {
@@ -42,7 +39,23 @@ fn until_io_threads(n: usize, what: &str) {
     }
 }
 
-/// The tests of this binary count the process's threads: one at a time.
+/// A multi-thread runtime (two workers) and a client of `cluster` whose connections and rounds
+/// run on an I/O thread of its own.
+fn on_io_thread(cluster: &LocalCluster) -> (tokio::runtime::Runtime, Redlock) {
+    let mt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let locks = builder(cluster)
+        .io_thread(IoThread::Always)
+        .build()
+        .unwrap();
+    (mt, locks)
+}
+
+/// The tests of this module count the process's threads: one at a time (no other module of
+/// this binary starts an I/O thread: only `IoThread::Always` does).
 static SERIAL: Mutex<()> = Mutex::new(());
 
 #[test]
@@ -51,15 +64,7 @@ fn io1_an_io_thread_serves_every_operation_and_ends_with_the_client() {
     let cluster = cluster(3);
     let urls = cluster.urls();
     assert_eq!(io_threads(), 0);
-    let mt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let locks = builder(&cluster)
-        .io_thread(IoThread::Always)
-        .build()
-        .unwrap();
+    let (mt, locks) = on_io_thread(&cluster);
     let dropped_outside = mt.block_on(async {
         warm(&locks).await;
         assert_eq!(io_threads(), 1, "the first operation starts the I/O thread");
@@ -173,15 +178,7 @@ fn io1_an_io_thread_serves_every_operation_and_ends_with_the_client() {
 fn io2_a_cancelled_acquisition_leaves_no_lock_behind() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = cluster(3);
-    let mt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let locks = builder(&cluster)
-        .io_thread(IoThread::Always)
-        .build()
-        .unwrap();
+    let (mt, locks) = on_io_thread(&cluster);
     mt.block_on(async {
         warm(&locks).await;
         for i in 0..20 {

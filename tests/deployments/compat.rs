@@ -2,16 +2,12 @@
 //! Redlock clients write it, so this client and `rslock` (standing in for redsync, node-redlock
 //! and pottery, which use the same `SET NX PX` / compare-and-delete protocol) exclude each other.
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
+use crate::support::*;
 use quorumlock::{ConfigError, Election, Error, Redlock, RunOnce};
-use support::*;
-
-const TTL: Duration = Duration::from_secs(10);
 
 fn compat_client(cluster: &quorumlock::testkit::LocalCluster) -> Redlock {
     builder(cluster).compat(true).build().unwrap()
@@ -191,21 +187,38 @@ const LIMITED_USER: &str = "user locker on >locker-pw resetkeys ~orders ~redlock
                             resetchannels -@all +info +ping +eval +evalsha +script|load \
                             +get +set +del +pexpire +pttl";
 
-/// Issue 26, item 5 (b): compat mode sends only the resource key, as the other clients do, so
-/// a Redis user limited to that key is enough for acquire, extend and release; and the
-/// servers' ACL log shows no refusal.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c4_a_user_limited_to_the_resource_key_is_enough_in_compat_mode() {
+/// Three servers whose clients log in as `locker` ([`LIMITED_USER`]), the `default` user off,
+/// and an `admin` user for the test's own reads.
+fn limited_cluster() -> quorumlock::testkit::LocalCluster {
     init_tracing();
     let options = quorumlock::testkit::ServerOptions::new()
         .config_line("user default off")
         .config_line("user admin on >admin-pw ~* &* +@all")
         .config_line(LIMITED_USER)
         .user("locker", "locker-pw");
-    let cluster = quorumlock::testkit::LocalCluster::start_with(3, &options)
-        .unwrap_or_else(|e| panic!("{e}"));
+    quorumlock::testkit::LocalCluster::start_with(3, &options).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Issue 26, item 5 (b): compat mode sends only the resource key, as the other clients do, so
+/// a Redis user limited to that key is enough for acquire, extend and release; and the
+/// servers' ACL log shows no refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c4_a_user_limited_to_the_resource_key_is_enough_in_compat_mode() {
+    let cluster = limited_cluster();
     let locks = builder(&cluster).compat(true).build().unwrap();
     // A status read names the resource key only too.
+    warm_on_orders(&locks).await;
+    let lock = locks.try_acquire("orders", TTL).await.expect("acquire");
+    let extended = lock.extend(TTL).await;
+    assert!(extended.is_ok(), "extend: {extended:?}");
+    let released = lock.release().await;
+    assert!(released.is_ok(), "release: {released:?}");
+    released_everywhere_with_no_key_refused(&cluster).await;
+}
+
+/// Waits until every node answers `locks` a status read of `orders` (the only key the limited
+/// user may read).
+async fn warm_on_orders(locks: &Redlock) {
     wait_until(WAIT, "every node answers a status read", || async {
         locks
             .status("orders")
@@ -213,11 +226,11 @@ async fn c4_a_user_limited_to_the_resource_key_is_enough_in_compat_mode() {
             .is_ok_and(|s| s.answered() == 3)
     })
     .await;
-    let lock = locks.try_acquire("orders", TTL).await.expect("acquire");
-    let extended = lock.extend(TTL).await;
-    assert!(extended.is_ok(), "extend: {extended:?}");
-    let released = lock.release().await;
-    assert!(released.is_ok(), "release: {released:?}");
+}
+
+/// Waits until the release of `orders` reached each of the three nodes, then checks that the
+/// nodes' ACL logs refused commands only (no key, no channel).
+async fn released_everywhere_with_no_key_refused(cluster: &quorumlock::testkit::LocalCluster) {
     for i in 0..3 {
         let port = cluster.get(i).expect("server").port();
         let admin_url = format!("redis://admin:admin-pw@127.0.0.1:{port}");
@@ -401,24 +414,11 @@ async fn c7_a_refused_extension_is_named_in_the_loss() {
 /// extension). Same user and checks as c4.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c8_owner_names_and_hand_off_work_with_a_user_limited_to_the_resource_key() {
-    init_tracing();
-    let options = quorumlock::testkit::ServerOptions::new()
-        .config_line("user default off")
-        .config_line("user admin on >admin-pw ~* &* +@all")
-        .config_line(LIMITED_USER)
-        .user("locker", "locker-pw");
-    let cluster = quorumlock::testkit::LocalCluster::start_with(3, &options)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let cluster = limited_cluster();
     let named = |name: &str| builder(&cluster).compat(true).owner(name).build().unwrap();
     let (dispatcher, worker) = (named("dispatcher 1"), named("worker 2"));
     for locks in [&dispatcher, &worker] {
-        wait_until(WAIT, "every node answers a status read", || async {
-            locks
-                .status("orders")
-                .await
-                .is_ok_and(|s| s.answered() == 3)
-        })
-        .await;
+        warm_on_orders(locks).await;
     }
     let lock = dispatcher
         .try_acquire("orders", TTL)
@@ -436,22 +436,5 @@ async fn c8_owner_names_and_hand_off_work_with_a_user_limited_to_the_resource_ke
     assert!(extended.is_ok(), "extend: {extended:?}");
     let released = resumed.release().await;
     assert!(released.is_ok(), "release: {released:?}");
-    for i in 0..3 {
-        let port = cluster.get(i).expect("server").port();
-        let mut admin = conn(&format!("redis://admin:admin-pw@127.0.0.1:{port}"));
-        let log: Vec<Vec<String>> = redis::cmd("ACL").arg("LOG").query(&mut admin).unwrap();
-        let held: Option<String> = redis::cmd("GET").arg("orders").query(&mut admin).unwrap();
-        assert!(held.is_none(), "node {i}: the release deleted the key");
-        let reasons: Vec<&str> = log
-            .iter()
-            .filter_map(|entry| {
-                let at = entry.iter().position(|f| f == "reason")?;
-                entry.get(at + 1).map(String::as_str)
-            })
-            .collect();
-        assert!(
-            reasons.iter().all(|r| *r == "command"),
-            "node {i}: ACL LOG reasons {reasons:?}: {log:?}"
-        );
-    }
+    released_everywhere_with_no_key_refused(&cluster).await;
 }

@@ -1,24 +1,27 @@
 //! Fencing tokens against real servers: monotonic across different majorities and empty
 //! restarts, counters raised to a quorum, the resource-side checks, and the restart guard.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
+use quorumlock::Redlock;
+use quorumlock::testkit::LocalCluster;
 use quorumlock::{Error, FenceGate, FencedWrite, NodeError, RestartGuard, fenced_set};
-use support::*;
 
-const TTL: Duration = Duration::from_secs(10);
+/// A client with the restart guard off: these tests restart nodes empty on purpose.
+fn unguarded(cluster: &LocalCluster) -> Redlock {
+    builder(cluster)
+        .restart_guard(RestartGuard::Off)
+        .build()
+        .unwrap()
+}
 
 /// Tokens strictly increase over many acquisitions while different minorities are paused or
 /// killed between them, so that different majorities win different rounds.
 #[tokio::test]
 async fn t10_tokens_grow_across_different_majorities() {
     let mut cluster = cluster(5);
-    let locks = builder(&cluster)
-        .restart_guard(RestartGuard::Off)
-        .build()
-        .unwrap();
+    let locks = unguarded(&cluster);
     let mut last = 0;
     // (paused, killed) per round: every pair of nodes sits out at some point.
     let faults: &[(&[usize], &[usize])] = &[
@@ -63,10 +66,7 @@ async fn t10_tokens_grow_across_different_majorities() {
 async fn t11_counters_are_raised_to_a_quorum() {
     let mut cluster = cluster(5);
     let urls = cluster.urls();
-    let locks = builder(&cluster)
-        .restart_guard(RestartGuard::Off)
-        .build()
-        .unwrap();
+    let locks = unguarded(&cluster);
     // Node 0 saw many earlier terms the others missed; with nodes 3 and 4 down, every quorum
     // is {0, 1, 2} and node 0's counter is the maximum.
     set_fence(&urls[0], "k", 100);
@@ -142,10 +142,7 @@ async fn t13_tokens_grow_when_locks_expire_under_different_majorities() {
 #[tokio::test]
 async fn t12_tokens_survive_a_minority_restarted_empty() {
     let mut cluster = cluster(5);
-    let locks = builder(&cluster)
-        .restart_guard(RestartGuard::Off)
-        .build()
-        .unwrap();
+    let locks = unguarded(&cluster);
     let mut last = 0;
     for _ in 0..5 {
         let lock = locks.acquire("k", TTL).await.unwrap();
@@ -191,7 +188,7 @@ async fn t20_a_stalled_holder_is_fenced_off() {
             lock.keep_alive();
             let mut store = redis::Client::open(store_url.as_str())
                 .unwrap()
-                .get_multiplexed_async_connection_with_config(&support::direct_config())
+                .get_multiplexed_async_connection_with_config(&crate::support::direct_config())
                 .await
                 .unwrap();
             let first = fenced_set(&mut store, "payout:42", lock.token(), "started-by-a")
@@ -223,7 +220,7 @@ async fn t20_a_stalled_holder_is_fenced_off() {
     assert!(worker_b.token().get() > token_a);
     let mut store = redis::Client::open(urls[0].as_str())
         .unwrap()
-        .get_multiplexed_async_connection_with_config(&support::direct_config())
+        .get_multiplexed_async_connection_with_config(&crate::support::direct_config())
         .await
         .unwrap();
     assert_eq!(
@@ -271,18 +268,11 @@ async fn t20_a_stalled_holder_is_fenced_off() {
     worker_b.release().await.unwrap();
 }
 
-/// The delayed-restart rule (default guard): a node this client saw restart empty counts
-/// toward no quorum until the max ttl has passed, and errors say so.
-#[tokio::test]
-async fn t30_a_node_seen_restarting_is_held_out() {
-    let mut cluster = cluster(5);
-    let urls = cluster.urls();
-    let locks = builder(&cluster)
-        .max_ttl(Duration::from_secs(60))
-        .build()
-        .unwrap();
-    // Connected to every node first: a restart is only seen by a client that knew the node
-    // before it (a round returns at its quorum, so an acquire does not prove that).
+/// A client with `max_ttl` that has held "k" once, connected to every node first: a restart is
+/// only seen by a client that knew the node before it (a round returns at its quorum, so an
+/// acquire does not prove that).
+async fn knowing(cluster: &LocalCluster, max_ttl: Duration) -> Redlock {
+    let locks = builder(cluster).max_ttl(max_ttl).build().unwrap();
     warm(&locks).await;
     locks
         .acquire("k", TTL)
@@ -291,6 +281,16 @@ async fn t30_a_node_seen_restarting_is_held_out() {
         .release()
         .await
         .unwrap();
+    locks
+}
+
+/// The delayed-restart rule (default guard): a node this client saw restart empty counts
+/// toward no quorum until the max ttl has passed, and errors say so.
+#[tokio::test]
+async fn t30_a_node_seen_restarting_is_held_out() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let locks = knowing(&cluster, Duration::from_secs(60)).await;
     cluster.restart_empty(0).unwrap();
     // The broken connection is replaced on the next call, which reads the new run id.
     wait_until(WAIT, "node 0 reconnected", || async {
@@ -496,20 +496,7 @@ async fn t32_counters_are_restored_on_restarted_nodes() {
 async fn t33_an_unrepaired_node_stays_out() {
     let mut cluster = cluster(3);
     let urls = cluster.urls();
-    let locks = builder(&cluster)
-        .max_ttl(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    // Connected to every node first: a restart is only seen by a client that knew the node
-    // before it (a round returns at its quorum, so an acquire does not prove that).
-    warm(&locks).await;
-    locks
-        .acquire("k", TTL)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let locks = knowing(&cluster, Duration::from_millis(200)).await;
     cluster.pause(2).unwrap(); // one of the two sources hangs
     cluster.restart_empty(0).unwrap();
     wait_until(WAIT, "node 0 reported as repairing", || async {

@@ -1,0 +1,217 @@
+//! Failovers inside a member (issue 26, items 1 and 2): a Redis Cluster master that fails over
+//! to a replica that missed writes, and a failback to a server that kept its run id, are held
+//! out like a restart.
+
+use std::time::Duration;
+
+use crate::members::{
+    MAX_TTL, client_for, cluster_member, first_counted, sentinel_group, shard_url,
+};
+use crate::support::*;
+use quorumlock::testkit::RedisClusterMember;
+use quorumlock::{Error, NodeError, Redlock};
+use tokio::time::Instant;
+
+/// The ttl of d8's locks, and its clients' max ttl.
+const D8_TTL: Duration = Duration::from_secs(8);
+
+/// One `INFO` field of a server.
+fn info_field(url: &str, section: &str, field: &str) -> Option<String> {
+    let info: String = redis::cmd("INFO").arg(section).query(&mut conn(url)).ok()?;
+    let prefix = format!("{field}:");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().to_owned())
+}
+
+/// Issue 26, item 1: a Cluster member whose master fails over to a replica that missed the
+/// master's last writes. C1 holds the lock on standalone A and on the member (B unreachable to
+/// it); the replica's replication link is cut before C1's write (a wrong `masterauth` makes it
+/// fail to reconnect), the master is killed and the replica takes over (`CLUSTER FAILOVER
+/// TAKEOVER`): the member now lacks C1's key and counter. C2, which met the member before,
+/// sees a run id it has not met: the member must be held out for the max ttl from then (the
+/// promoted replica's uptime says nothing about when it was promoted) and repaired, so C2 never
+/// takes B plus the member while C1's lock is valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d8_a_cluster_failover_to_a_replica_that_missed_writes_is_held_out() {
+    let standalone = cluster(2);
+    let mut member = cluster_member();
+    let shard = member.shard_of(&lock_key("job")).expect("shard");
+    let replica = member.add_replica(shard).expect("replica");
+    let master_url = shard_url(&mut member, "job");
+    let replica_url = member.replica(replica).expect("replica").url();
+    let urls = vec![
+        standalone.urls()[0].clone(),
+        standalone.urls()[1].clone(),
+        member.url(),
+    ];
+    let client = |urls: Vec<String>| {
+        Redlock::builder(urls)
+            .node_timeout(NODE_TIMEOUT)
+            .connect_timeout(Duration::from_secs(2))
+            .retry_delay(Duration::from_millis(5), Duration::from_millis(20))
+            .max_ttl(D8_TTL)
+            .build()
+            .expect("valid config")
+    };
+    // B is unreachable to C1 (nothing listens on port 1).
+    let c1 = client(vec![
+        urls[0].clone(),
+        "redis://127.0.0.1:1".to_owned(),
+        urls[2].clone(),
+    ]);
+    let c2 = client(urls.clone());
+    warm(&c2).await;
+
+    // The replica stops receiving its master's writes, for good.
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("masterauth")
+        .arg("not-the-password")
+        .query(&mut conn(&replica_url))
+        .expect("CONFIG SET masterauth");
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut conn(&master_url))
+        .expect("CLIENT KILL TYPE replica");
+    wait_until(WAIT, "the replica's link is down", || async {
+        info_field(&replica_url, "replication", "master_link_status").as_deref() == Some("down")
+    })
+    .await;
+    // Older than the max ttl: its uptime must not excuse it from the hold-out.
+    wait_until(
+        WAIT + D8_TTL,
+        "the replica is older than the max ttl",
+        || async {
+            info_field(&replica_url, "server", "uptime_in_seconds")
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|s| s > D8_TTL.as_secs() + 1)
+        },
+    )
+    .await;
+
+    let lock = c1.try_acquire("job", D8_TTL).await.expect("C1 acquires");
+    let t1 = lock.token().get();
+    assert!(
+        value_on(&master_url, "job").is_some(),
+        "C1 holds on the member"
+    );
+    let mut on_replica = conn(&replica_url);
+    let () = redis::cmd("READONLY")
+        .query(&mut on_replica)
+        .expect("READONLY");
+    let replicated: Option<String> = redis::cmd("GET")
+        .arg(lock_key("job"))
+        .query(&mut on_replica)
+        .expect("GET on the replica");
+    assert!(replicated.is_none(), "the replica missed C1's write");
+
+    // The master dies; the replica takes over at once.
+    member.kill_shard(shard).expect("kill the master");
+    let () = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .arg("TAKEOVER")
+        .query(&mut conn(&replica_url))
+        .expect("CLUSTER FAILOVER TAKEOVER");
+    let other = (shard + 1) % RedisClusterMember::SHARDS;
+    let other_url = format!(
+        "redis://127.0.0.1:{}",
+        member.shard(other).expect("shard").port()
+    );
+    let replica_port = member.replica(replica).expect("replica").port();
+    wait_until(
+        WAIT,
+        "the cluster routes the key to the promoted replica",
+        || async {
+            let nodes: String = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query(&mut conn(&other_url))
+                .unwrap_or_default();
+            nodes.lines().any(|l| {
+                l.contains(&format!("127.0.0.1:{replica_port}@"))
+                    && l.contains("master")
+                    && !l.contains("fail")
+                    && l.split_whitespace().count() > 8
+            })
+        },
+    )
+    .await;
+
+    // While C1's lock is valid, C2 never holds it too.
+    let mut held_out = false;
+    let mut attempts = 0;
+    while lock.validity() > Duration::from_millis(500) {
+        match c2.try_acquire("job", D8_TTL).await {
+            Ok(second) => panic!(
+                "two holders: C2 acquired with token {} while C1's lock (token {t1}) is valid for {:?} more",
+                second.token(),
+                lock.validity()
+            ),
+            Err(Error::NoQuorum { failures, .. }) => {
+                held_out |= failures
+                    .iter()
+                    .any(|f| matches!(f.cause, NodeError::HeldOut { .. } | NodeError::Repairing));
+            }
+            Err(e) => assert!(e.is_held(), "{e}"),
+        }
+        attempts += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(attempts > 3, "C2 tried {attempts} times only");
+    assert!(held_out, "the promoted member was held out or repairing");
+
+    // Then the member counts again, repaired: tokens never go backwards.
+    let deadline = Instant::now() + WAIT + D8_TTL;
+    let next = loop {
+        assert!(Instant::now() < deadline, "the member never counted again");
+        if let Ok(next) = c2.try_acquire("job", D8_TTL).await {
+            break next;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(next.token().get() > t1, "token {} after {t1}", next.token());
+    assert!(
+        fence_on(&replica_url, "job") >= t1,
+        "the promoted replica's counter restored"
+    );
+    next.release().await.expect("release");
+    drop(lock);
+}
+
+/// Issue 26, item 2: a failback to a server that kept its run id. The client meets primary P,
+/// then makes no call while the sentinels fail over to the replica and back to P (demoted,
+/// resynchronised from the other server, promoted again: the same process, so the same run
+/// id, but its data is now whatever replication brought, which may lack the last writes made
+/// while the other server was primary). The client must see the change (P's replication id is
+/// new: it was promoted again), hold the member out for the max ttl and repair it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d9_a_failback_to_a_server_that_kept_its_run_id_is_held_out() {
+    let standalone = cluster(2);
+    let group = sentinel_group();
+    let mut urls = standalone.urls();
+    urls.push(group.url());
+    let a = client_for(urls.clone());
+    warm(&a).await;
+
+    let first = group.primary_port().expect("primary");
+    group.failover().expect("failover");
+    let second = group.wait_for_new_primary(first).expect("new primary");
+    // No call from `a` while `second` is primary.
+    group.failover().expect("failback");
+    let back = group.wait_for_new_primary(second).expect("failback");
+    assert_eq!(back, first, "the first primary leads again");
+    let since = Instant::now();
+
+    let probes: Vec<String> = (0..20).map(|i| format!("probe-{i}")).collect();
+    let (landed, held_out) = first_counted(&a, &urls[0], &probes, since).await;
+    assert!(
+        held_out,
+        "the failback was not seen: the member counted {landed:?} after it, never held out"
+    );
+    assert!(
+        landed >= MAX_TTL,
+        "the member counted {landed:?} after the failback, before the max ttl {MAX_TTL:?}"
+    );
+}
