@@ -245,7 +245,7 @@ async fn t73_status_shows_the_owner_name_a_client_gave_itself() {
     // A node timeout that a loaded box never reaches, for the run and (inherited) its CMD: a
     // fresh `redlock run` is granted at a quorum and hands its other calls on within the node
     // timeout, and a fresh `status` that misses one of the holders' nodes reads a partial view
-    // ("unknown"). At the default 250 ms it did, once, beside three builds (`state: "unknown"`).
+    // ("unknown"). At the default 250 ms the state was not "held" once, beside three builds.
     let status_of_own_lock = |owner: Option<&str>| {
         let mut cmd = redlock(&cluster);
         cmd.env("REDLOCK_NODE_TIMEOUT", "2s");
