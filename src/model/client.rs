@@ -127,7 +127,7 @@ impl Redlock {
         t: &Tally,
         v: Verdict,
     ) {
-        // mirrors client/acquire.rs attempt(): a round not won undoes its value everywhere but
+        // mirrors client/acquire.rs held_elsewhere(): a round not won undoes its value everywhere but
         // on the nodes that refused it (another value holds the key there, ours is not).
         let skip: Vec<bool> = if t.no() > 0 && v != Verdict::Quorum {
             round
@@ -139,68 +139,7 @@ impl Redlock {
             Vec::new()
         };
         match quorum::acquisition(v, || self.refusal(&round.answers, t)) {
-            Acquisition::Won => {
-                let mut yes: Vec<(usize, u8)> = round
-                    .answers
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(n, a)| match a {
-                        Some(Ans::Yes(k)) => Some((n, *k)),
-                        _ => None,
-                    })
-                    .collect();
-                // The `missing_incr_counted` mutant: a yes without its INCR's counter is taken
-                // to stand at the token.
-                // (With no counter known at all it has no token to take: the attempt fails.)
-                let known = yes.iter().map(|&(_, k)| k).max().unwrap_or(0);
-                if known == 0 {
-                    self.fail_attempt(s, c, val, &[]);
-                    return;
-                }
-                for (_, k) in yes.iter_mut().filter(|(_, k)| *k == 0) {
-                    *k = known;
-                }
-                let counters: Vec<FencingToken> = yes
-                    .iter()
-                    .map(|&(_, k)| FencingToken::new(u64::from(k)))
-                    .collect();
-                let (max, settled) =
-                    fencing_max(&counters, self.cfg.nodes).expect("a quorum said yes");
-                let max = u8::try_from(max.get()).expect("small counters");
-                if settled {
-                    self.grant(s, c, val, max, round.elapsed);
-                    return;
-                }
-                let at_max = yes.iter().filter(|&&(_, k)| k == max).count() as u8;
-                let budget_end = timing::budget(self.cfg.ttl(), self.cfg.drift())
-                    .saturating_sub(secs(round.elapsed));
-                let deadline = secs(self.cfg.node_timeout).min(budget_end);
-                s.clients[c].rid += 1;
-                let rid = s.clients[c].rid;
-                let answers = (0..self.cfg.nodes)
-                    .map(|n| match yes.iter().find(|&&(m, _)| m == n) {
-                        Some(&(_, k)) if k < max => {
-                            (!self.send(s, c, n, rid, Op::RaiseFence(val, max), true))
-                                .then_some(Ans::Failed)
-                        }
-                        // Not asked.
-                        _ => Some(Ans::No(None)),
-                    })
-                    .collect();
-                s.clients[c].phase = Phase::Raise {
-                    val,
-                    since: round.elapsed,
-                    max,
-                    at_max,
-                    round: Round {
-                        rid,
-                        elapsed: 0,
-                        deadline,
-                        answers,
-                    },
-                };
-                self.progress(s, c, false);
-            }
+            Acquisition::Won => self.won_round(s, c, val, round),
             // Contenders split the nodes: undo and re-try (the library re-tries at once after a
             // short pause; the model retries later, which only widens the interleavings).
             Acquisition::Held { contended: true } => self.fail_attempt(s, c, val, &skip),
@@ -214,6 +153,72 @@ impl Redlock {
         }
     }
 
+    /// A won acquisition round: its token granted, or a raise round to the yes-nodes below it
+    /// (the attempt fails when no counter is known at all).
+    // mirrors client/acquire.rs seal(): the token, the raise where fewer than a quorum stand at
+    // it.
+    fn won_round(&self, s: &mut State, c: usize, val: Val, round: &Round) {
+        let mut yes: Vec<(usize, u8)> = round
+            .answers
+            .iter()
+            .enumerate()
+            .filter_map(|(n, a)| match a {
+                Some(Ans::Yes(k)) => Some((n, *k)),
+                _ => None,
+            })
+            .collect();
+        // The `missing_incr_counted` mutant: a yes without its INCR's counter is taken
+        // to stand at the token.
+        // (With no counter known at all it has no token to take: the attempt fails.)
+        let known = yes.iter().map(|&(_, k)| k).max().unwrap_or(0);
+        if known == 0 {
+            self.fail_attempt(s, c, val, &[]);
+            return;
+        }
+        for (_, k) in yes.iter_mut().filter(|(_, k)| *k == 0) {
+            *k = known;
+        }
+        let counters: Vec<FencingToken> = yes
+            .iter()
+            .map(|&(_, k)| FencingToken::new(u64::from(k)))
+            .collect();
+        let (max, settled) = fencing_max(&counters, self.cfg.nodes).expect("a quorum said yes");
+        let max = u8::try_from(max.get()).expect("small counters");
+        if settled {
+            self.grant(s, c, val, max, round.elapsed);
+            return;
+        }
+        let at_max = yes.iter().filter(|&&(_, k)| k == max).count() as u8;
+        let budget_end =
+            timing::budget(self.cfg.ttl(), self.cfg.drift()).saturating_sub(secs(round.elapsed));
+        let deadline = secs(self.cfg.node_timeout).min(budget_end);
+        s.clients[c].rid += 1;
+        let rid = s.clients[c].rid;
+        let answers = (0..self.cfg.nodes)
+            .map(|n| match yes.iter().find(|&&(m, _)| m == n) {
+                Some(&(_, k)) if k < max => {
+                    (!self.send(s, c, n, rid, Op::RaiseFence(val, max), true))
+                        .then_some(Ans::Failed)
+                }
+                // Not asked.
+                _ => Some(Ans::No(None)),
+            })
+            .collect();
+        s.clients[c].phase = Phase::Raise {
+            val,
+            since: round.elapsed,
+            max,
+            at_max,
+            round: Round {
+                rid,
+                elapsed: 0,
+                deadline,
+                answers,
+            },
+        };
+        self.progress(s, c, false);
+    }
+
     /// The undo of a failed attempt (a release of its value, token 0, but on the nodes of
     /// `skip`), then a retry later. A refused round's nodes that had not answered are sent the
     /// release at once, behind their ACQUIRE: the library waits for their answer and skips those
@@ -224,7 +229,7 @@ impl Redlock {
         self.retry_later(s, c);
     }
 
-    // mirrors redlock.rs attempt(): validity after the round, else ValidityExpired.
+    // mirrors client/acquire.rs grant(): validity after the round, else ValidityExpired.
     pub(super) fn grant(&self, s: &mut State, c: usize, val: Val, token: u8, since: u8) {
         let elapsed = secs(since);
         let Some(validity) = timing::validity(self.cfg.ttl(), elapsed, self.cfg.drift()) else {
@@ -250,7 +255,7 @@ impl Redlock {
         client.lock = Some(LockS {
             val,
             token,
-            // mirrors redlock.rs attempt(): validity counts from the end of the round
+            // mirrors client/acquire.rs grant(): validity counts from the end of the round
             deadline: validity,
             lost: false,
             ever_lost: false,

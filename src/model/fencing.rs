@@ -87,71 +87,76 @@ impl World {
         }
     }
 
+    /// An acquisition with the nodes of `reachable` answering in the order of `order`: its
+    /// token, if it won, must be above every earlier one.
+    fn acquire(&mut self, reachable: &[bool], order: &[usize]) -> Result<(), String> {
+        let n = self.nodes.len();
+        let owner = self.next_owner;
+        self.next_owner += 1;
+        let mut tally = Tally::new(n);
+        let mut yes = Vec::new();
+        let mut verdict = None;
+        for &i in order {
+            // Answers after the verdict still run on the node (the request was sent).
+            let answer = if reachable[i] && !self.nodes[i].dirty {
+                match self.acquire_on(i, owner) {
+                    Some(c) => {
+                        if verdict.is_none() {
+                            yes.push((i, c));
+                        }
+                        Answer::Yes
+                    }
+                    None => Answer::No,
+                }
+            } else {
+                Answer::Failed
+            };
+            if verdict.is_none() {
+                tally.record(answer);
+                verdict = tally.verdict();
+            }
+        }
+        let verdict = verdict.unwrap_or_else(|| tally.final_verdict());
+        let counters: Vec<FencingToken> = yes.iter().map(|&(_, c)| FencingToken::new(c)).collect();
+        let won = verdict == Verdict::Quorum
+            && match fencing_max(&counters, n) {
+                Some((_, true)) => true,
+                Some((max, false)) => {
+                    let max = max.get();
+                    // Raise the lower yes-nodes that still hold our key.
+                    for &(i, c) in &yes {
+                        if c < max && self.nodes[i].owner == Some(owner) {
+                            self.nodes[i].counter = self.nodes[i].counter.max(max);
+                        }
+                    }
+                    true
+                }
+                None => false,
+            };
+        if won {
+            let token = fencing_max(&counters, n).ok_or("no counters")?.0.get();
+            if token <= self.last_token() {
+                return Err(format!(
+                    "token {token} not above {} (history {:?})",
+                    self.last_token(),
+                    self.tokens
+                ));
+            }
+            self.tokens.push(token);
+            self.holders.push((owner, token));
+        } else {
+            // Failed round: release everywhere reachable, token unknown (0).
+            for (i, _) in reachable.iter().enumerate().filter(|(_, r)| **r) {
+                self.release_on(i, owner, 0);
+            }
+        }
+        Ok(())
+    }
+
     fn apply(&mut self, op: &Op) -> Result<(), String> {
         let n = self.nodes.len();
         match op {
-            Op::Acquire { reachable, order } => {
-                let owner = self.next_owner;
-                self.next_owner += 1;
-                let mut tally = Tally::new(n);
-                let mut yes = Vec::new();
-                let mut verdict = None;
-                for &i in order {
-                    // Answers after the verdict still run on the node (the request was sent).
-                    let answer = if reachable[i] && !self.nodes[i].dirty {
-                        match self.acquire_on(i, owner) {
-                            Some(c) => {
-                                if verdict.is_none() {
-                                    yes.push((i, c));
-                                }
-                                Answer::Yes
-                            }
-                            None => Answer::No,
-                        }
-                    } else {
-                        Answer::Failed
-                    };
-                    if verdict.is_none() {
-                        tally.record(answer);
-                        verdict = tally.verdict();
-                    }
-                }
-                let verdict = verdict.unwrap_or_else(|| tally.final_verdict());
-                let counters: Vec<FencingToken> =
-                    yes.iter().map(|&(_, c)| FencingToken::new(c)).collect();
-                let won = verdict == Verdict::Quorum
-                    && match fencing_max(&counters, n) {
-                        Some((_, true)) => true,
-                        Some((max, false)) => {
-                            let max = max.get();
-                            // Raise the lower yes-nodes that still hold our key.
-                            for &(i, c) in &yes {
-                                if c < max && self.nodes[i].owner == Some(owner) {
-                                    self.nodes[i].counter = self.nodes[i].counter.max(max);
-                                }
-                            }
-                            true
-                        }
-                        None => false,
-                    };
-                if won {
-                    let token = fencing_max(&counters, n).ok_or("no counters")?.0.get();
-                    if token <= self.last_token() {
-                        return Err(format!(
-                            "token {token} not above {} (history {:?})",
-                            self.last_token(),
-                            self.tokens
-                        ));
-                    }
-                    self.tokens.push(token);
-                    self.holders.push((owner, token));
-                } else {
-                    // Failed round: release everywhere reachable, token unknown (0).
-                    for (i, _) in reachable.iter().enumerate().filter(|(_, r)| **r) {
-                        self.release_on(i, owner, 0);
-                    }
-                }
-            }
+            Op::Acquire { reachable, order } => self.acquire(reachable, order)?,
             Op::Release { which, reachable } => {
                 if !self.holders.is_empty() {
                     let (owner, token) = self.holders.remove(which % self.holders.len());

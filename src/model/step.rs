@@ -8,6 +8,57 @@ use stateright::{Model, Property};
 use super::client::missing_incr;
 use super::{Action, Ans, ClientS, ConnS, Flags, NodeS, Op, Phase, Redlock, Seen, State};
 
+impl Redlock {
+    /// Client `c`'s oldest request to node `n` is applied; with `lose_reply` its reply is lost
+    /// with the connection. `None` when there is no such request.
+    fn deliver(&self, s: &mut State, c: usize, n: usize, lose_reply: bool) -> Option<()> {
+        let req = s.req[self.ix(c, n)].pop_front()?;
+        let reply = self.apply(s, n, req.op);
+        if lose_reply {
+            // The call in flight fails (`break_conn` marks the node down).
+            s.req[self.ix(c, n)].push_front(req);
+            s.disconnects += 1;
+            self.break_conn(s, c, n);
+        } else if let Some((int, holder)) = reply {
+            // A round call answered: the node is up again for this client.
+            s.clients[c].conns[n].down = false;
+            let ans = match (&s.clients[c].phase, req.op, int > 0) {
+                (_, Op::SetNx(_), _) => Ans::Set(holder),
+                (_, Op::Incr, _) => Ans::Yes(int as u8),
+                (Phase::Raise { .. }, _, _) if int == 1 => Ans::Yes(1),
+                (Phase::Raise { .. }, _, _) | (_, _, false) => Ans::No(holder),
+                (_, _, true) => Ans::Yes(int as u8),
+            };
+            self.record(s, c, n, req.rid, ans);
+        }
+        Some(())
+    }
+
+    /// Client `c`'s round times out: whoever has not answered failed, and is down for it.
+    fn time_out(&self, s: &mut State, c: usize) {
+        if let Phase::Acquire { round, .. } | Phase::Raise { round, .. } | Phase::Extend { round } =
+            &mut s.clients[c].phase
+        {
+            // Whoever has not answered failed, and is down for this client.
+            let missing = self.cfg.mutants.missing_incr_counted;
+            let mut down = Vec::new();
+            for (n, a) in round.answers.iter_mut().enumerate() {
+                let failed = match *a {
+                    None => Ans::Failed,
+                    Some(Ans::Set(set)) => missing_incr(set, missing),
+                    Some(_) => continue,
+                };
+                *a = Some(failed);
+                down.push(n);
+            }
+            for n in down {
+                s.clients[c].conns[n].down = true;
+            }
+        }
+        self.progress(s, c, true);
+    }
+}
+
 impl Model for Redlock {
     type State = State;
     type Action = Action;
@@ -151,52 +202,9 @@ impl Model for Redlock {
                 }
             }
             Action::Start(c) => self.start(&mut s, c.into()),
-            Action::Deliver { c, n } | Action::DeliverLoseReply { c, n } => {
-                let (c, n) = (usize::from(c), usize::from(n));
-                let req = s.req[self.ix(c, n)].pop_front()?;
-                let reply = self.apply(&mut s, n, req.op);
-                if let Action::DeliverLoseReply { .. } = action {
-                    // The call in flight fails (`break_conn` marks the node down).
-                    s.req[self.ix(c, n)].push_front(req);
-                    s.disconnects += 1;
-                    self.break_conn(&mut s, c, n);
-                } else if let Some((int, holder)) = reply {
-                    // A round call answered: the node is up again for this client.
-                    s.clients[c].conns[n].down = false;
-                    let ans = match (&s.clients[c].phase, req.op, int > 0) {
-                        (_, Op::SetNx(_), _) => Ans::Set(holder),
-                        (_, Op::Incr, _) => Ans::Yes(int as u8),
-                        (Phase::Raise { .. }, _, _) if int == 1 => Ans::Yes(1),
-                        (Phase::Raise { .. }, _, _) | (_, _, false) => Ans::No(holder),
-                        (_, _, true) => Ans::Yes(int as u8),
-                    };
-                    self.record(&mut s, c, n, req.rid, ans);
-                }
-            }
-            Action::Timeout(c) => {
-                let c = usize::from(c);
-                if let Phase::Acquire { round, .. }
-                | Phase::Raise { round, .. }
-                | Phase::Extend { round } = &mut s.clients[c].phase
-                {
-                    // Whoever has not answered failed, and is down for this client.
-                    let missing = self.cfg.mutants.missing_incr_counted;
-                    let mut down = Vec::new();
-                    for (n, a) in round.answers.iter_mut().enumerate() {
-                        let failed = match *a {
-                            None => Ans::Failed,
-                            Some(Ans::Set(set)) => missing_incr(set, missing),
-                            Some(_) => continue,
-                        };
-                        *a = Some(failed);
-                        down.push(n);
-                    }
-                    for n in down {
-                        s.clients[c].conns[n].down = true;
-                    }
-                }
-                self.progress(&mut s, c, true);
-            }
+            Action::Deliver { c, n } => self.deliver(&mut s, c.into(), n.into(), false)?,
+            Action::DeliverLoseReply { c, n } => self.deliver(&mut s, c.into(), n.into(), true)?,
+            Action::Timeout(c) => self.time_out(&mut s, c.into()),
             Action::Extend(c) => self.extend(&mut s, c.into()),
             Action::Release(c) => self.release(&mut s, c.into()),
             Action::Repair { c, n } => self.repair(&mut s, c.into(), n.into()),

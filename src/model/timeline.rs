@@ -117,36 +117,8 @@ fn step(m: &Redlock, tm: &Times, before: &State, action: Action, after: &State) 
             let c = usize::from(c);
             format!("{t} c{c} releases: RELEASE {}", sent(m, before, after, c))
         }
-        Action::Deliver { c, n } | Action::DeliverLoseReply { c, n } => {
-            let (c, n) = (usize::from(c), usize::from(n));
-            let head = before.req[m.ix(c, n)].front();
-            let req = head.map(|r| r.op.to_string());
-            let set = head.is_some_and(|r| matches!(r.op, Op::SetNx(_)));
-            let reply = head
-                .and_then(|r| m.apply(&mut before.clone(), n, r.op))
-                .map(|(int, holder)| match holder {
-                    Some(h) if set => format!(" -> {h} (held: not set)"),
-                    Some(h) => format!(" -> {int} (held by {h})"),
-                    None if set => " -> nil (set)".to_owned(),
-                    None => format!(" -> {int}"),
-                })
-                .unwrap_or_default();
-            let node = &after.nodes[n];
-            let key = match node.key {
-                Some((v, left)) => format!("key {v} for {left}s"),
-                None => "no key".to_owned(),
-            };
-            let lost = if matches!(action, Action::DeliverLoseReply { .. }) {
-                "; the connection breaks before the reply: lost"
-            } else {
-                ""
-            };
-            format!(
-                "{t} n{n} applies {} from c{c}{reply}: now {key}, counter {}{lost}",
-                req.unwrap_or_default(),
-                node.counter
-            )
-        }
+        Action::Deliver { c, n } => delivered(m, before, after, c, n, false, &t),
+        Action::DeliverLoseReply { c, n } => delivered(m, before, after, c, n, true, &t),
         Action::Timeout(c) => format!(
             "{t} c{c}'s round reaches its deadline (clock {}s): unanswered nodes count as failed",
             tm.clock(usize::from(c))
@@ -183,6 +155,47 @@ fn step(m: &Redlock, tm: &Times, before: &State, action: Action, after: &State) 
     }
 }
 
+/// Client `c`'s oldest request applied by node `n` (its reply lost with the connection when
+/// `lose_reply`), as of `t`.
+fn delivered(
+    m: &Redlock,
+    before: &State,
+    after: &State,
+    c: u8,
+    n: u8,
+    lose_reply: bool,
+    t: &str,
+) -> String {
+    let (c, n) = (usize::from(c), usize::from(n));
+    let head = before.req[m.ix(c, n)].front();
+    let req = head.map(|r| r.op.to_string());
+    let set = head.is_some_and(|r| matches!(r.op, Op::SetNx(_)));
+    let reply = head
+        .and_then(|r| m.apply(&mut before.clone(), n, r.op))
+        .map(|(int, holder)| match holder {
+            Some(h) if set => format!(" -> {h} (held: not set)"),
+            Some(h) => format!(" -> {int} (held by {h})"),
+            None if set => " -> nil (set)".to_owned(),
+            None => format!(" -> {int}"),
+        })
+        .unwrap_or_default();
+    let node = &after.nodes[n];
+    let key = match node.key {
+        Some((v, left)) => format!("key {v} for {left}s"),
+        None => "no key".to_owned(),
+    };
+    let lost = if lose_reply {
+        "; the connection breaks before the reply: lost"
+    } else {
+        ""
+    };
+    format!(
+        "{t} n{n} applies {} from c{c}{reply}: now {key}, counter {}{lost}",
+        req.unwrap_or_default(),
+        node.counter
+    )
+}
+
 /// "to n0 n1, n2 failed at once" from the request queues' growth.
 fn sent(m: &Redlock, before: &State, after: &State, c: usize) -> String {
     let mut to = Vec::new();
@@ -204,6 +217,29 @@ fn sent(m: &Redlock, before: &State, after: &State, c: usize) -> String {
         let _ = write!(s, " (not sent: {})", failed.join(" "));
     }
     s
+}
+
+/// The properties a step broke, each as a `VIOLATION` line.
+fn violations(m: &Redlock, before: &State, after: &State, ev: &mut Vec<String>) {
+    let (fb, fa) = (&before.flags, &after.flags);
+    if !fb.token_not_increasing && fa.token_not_increasing {
+        ev.push("VIOLATION: a token not greater than an earlier one".to_owned());
+    }
+    if !fb.ok_after_gap && fa.ok_after_gap {
+        ev.push("VIOLATION: extension Ok after a gap".to_owned());
+    }
+    if !fb.held_with_too_few_refusals && fa.held_with_too_few_refusals {
+        ev.push("VIOLATION: Held/NotOwner while the refusals alone allow a quorum".to_owned());
+    }
+    if !fb.held_on_split_vote && fa.held_on_split_vote {
+        ev.push(
+            "VIOLATION: Held on a split vote (no value on a quorum, nothing failed)".to_owned(),
+        );
+    }
+    let holders = |s: &State| (0..m.cfg.clients).filter(|&c| m.valid(s, c)).count();
+    if holders(before) <= 1 && holders(after) > 1 {
+        ev.push("VIOLATION: two clients believe they hold the lock".to_owned());
+    }
 }
 
 fn events(m: &Redlock, tm: &Times, before: &State, action: Action, after: &State) -> Vec<String> {
@@ -276,24 +312,6 @@ fn events(m: &Redlock, tm: &Times, before: &State, action: Action, after: &State
             ev.push(format!("c{c}: fewer than a quorum at the token: raising"));
         }
     }
-    let (fb, fa) = (&before.flags, &after.flags);
-    if !fb.token_not_increasing && fa.token_not_increasing {
-        ev.push("VIOLATION: a token not greater than an earlier one".to_owned());
-    }
-    if !fb.ok_after_gap && fa.ok_after_gap {
-        ev.push("VIOLATION: extension Ok after a gap".to_owned());
-    }
-    if !fb.held_with_too_few_refusals && fa.held_with_too_few_refusals {
-        ev.push("VIOLATION: Held/NotOwner while the refusals alone allow a quorum".to_owned());
-    }
-    if !fb.held_on_split_vote && fa.held_on_split_vote {
-        ev.push(
-            "VIOLATION: Held on a split vote (no value on a quorum, nothing failed)".to_owned(),
-        );
-    }
-    let holders = |s: &State| (0..m.cfg.clients).filter(|&c| m.valid(s, c)).count();
-    if holders(before) <= 1 && holders(after) > 1 {
-        ev.push("VIOLATION: two clients believe they hold the lock".to_owned());
-    }
+    violations(m, before, after, &mut ev);
     ev
 }
