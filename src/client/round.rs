@@ -286,26 +286,8 @@ impl Redlock {
         }
         // A connection made during the round may have revealed a restart.
         self.schedule_repairs();
-        let Answers {
-            tally,
-            yes: yeses,
-            refusals,
-            failures,
-            answered,
-        } = answers;
-        Round {
-            verdict,
-            tally,
-            yes: yeses,
-            refusals,
-            failures,
-            rest: Tail {
-                calls: (!rest.is_empty()).then(|| Box::new(rest) as Box<dyn Pending>),
-                answered,
-                gate,
-                deadline,
-            },
-        }
+        let calls = (!rest.is_empty()).then(|| Box::new(rest) as Box<dyn Pending>);
+        answers.into_round(verdict, calls, gate, deadline)
     }
 }
 
@@ -320,6 +302,30 @@ struct Answers {
 }
 
 impl Answers {
+    /// The round these answers decided with `verdict`; `calls`, the calls still unanswered,
+    /// go to its tail.
+    fn into_round(
+        self,
+        verdict: Verdict,
+        calls: Option<Box<dyn Pending>>,
+        gate: RoundGate,
+        deadline: Instant,
+    ) -> Round {
+        Round {
+            verdict,
+            tally: self.tally,
+            yes: self.yes,
+            refusals: self.refusals,
+            failures: self.failures,
+            rest: Tail {
+                calls,
+                answered: self.answered,
+                gate,
+                deadline,
+            },
+        }
+    }
+
     fn new(n: usize) -> Self {
         Answers {
             tally: Tally::new(n),
