@@ -2,7 +2,9 @@
 //! of the holder's key and its waiters marker (run here, on the node's one connection,
 //! [`Node::with_connection`], bounded by the caller's deadline), and the commands of the features
 //! on top that the client sends to every node (run-once markers, an election's record and
-//! notices: built here, sent by `client/side.rs`). No layer above assembles a raw command.
+//! notices: built here, sent by `client/side.rs`); and the `SCAN` page that a repair reads on a
+//! standalone server and on each master of a Cluster member. No layer above assembles a raw
+//! command.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,5 +84,17 @@ pub(crate) fn publish(channel: &str, message: &str) -> redis::Cmd {
 pub(crate) fn eval(body: &str, keys: &[&str], args: &[&str]) -> redis::Cmd {
     let mut cmd = redis::cmd("EVAL");
     cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
+    cmd
+}
+
+/// `SCAN cursor MATCH glob COUNT count`: one page of a key scan (a repair's reading of the
+/// fencing counters, on a standalone server or on each master of a Cluster member).
+pub(crate) fn scan_page(cursor: u64, glob: &str, count: usize) -> redis::Cmd {
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(cursor)
+        .arg("MATCH")
+        .arg(glob)
+        .arg("COUNT")
+        .arg(count);
     cmd
 }

@@ -442,12 +442,7 @@ pub(crate) async fn cluster_scan_page(
     let Some((host, port)) = masters.get(index) else {
         return Err(bad("a repair cursor past the cluster's masters"));
     };
-    let mut scan = redis::cmd("SCAN");
-    scan.arg(own)
-        .arg("MATCH")
-        .arg(pattern)
-        .arg("COUNT")
-        .arg(count);
+    let scan = super::commands::scan_page(own, pattern, count);
     let route = || {
         RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
             host: host.clone(),

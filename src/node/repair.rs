@@ -63,12 +63,7 @@ impl Node {
         count: usize,
         generation: u64,
     ) -> Result<(u64, Vec<Vec<u8>>), NodeError> {
-        redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(glob)
-            .arg("COUNT")
-            .arg(count)
+        super::commands::scan_page(cursor, glob, count)
             .query_async(conn)
             .await
             .map_err(|e| self.call_error(e, generation))
