@@ -221,8 +221,8 @@ fn bare_release(lock_key: &str, value: &str) -> ScriptCall {
 /// every node's counter ends at or above it, and, on the nodes whose counter was seen at the
 /// token on the connection the release runs on ([`LockState::seen`]), the same script without
 /// them, which skips that raise (it would find the counter there already: `docs/safety.md`,
-/// "Release raises counters everywhere"). Both name the waiters marker, to publish a notice
-/// when someone waits.
+/// "Release raises counters everywhere"). With fencing off (token 0) every node gets the form
+/// without them. All name the waiters marker, to publish a notice when someone waits.
 ///
 /// In compat mode the call names the lock key only (see [`bare_release`]).
 fn release_call(state: &LockState, compat: bool) -> ScriptCall {
@@ -235,6 +235,10 @@ fn release_call(state: &LockState, compat: bool) -> ScriptCall {
         state.fence_key().as_bytes(),
     ];
     let value = state.value().as_bytes();
+    // Fencing off (token 0): no counter to raise anywhere.
+    if state.token().get() == 0 {
+        return scripts::RELEASE.call(&keys[..2], &[value]);
+    }
     let call = scripts::RELEASE.call(
         &keys,
         &[
