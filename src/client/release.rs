@@ -153,10 +153,11 @@ impl Redlock {
             .spawn_on(release.instrument(span).with_current_subscriber(), &handle);
     }
 
-    /// The undo of a failed attempt: a release of `value` (token 0) on every node except those
-    /// `skip` marks (the nodes that answered that another value holds the key: ours is not
-    /// there), each bounded by the node timeout from now. Built before it is awaited, so the
-    /// caller's borrows end here.
+    /// The undo of a failed attempt: a release of `value` (no token: the call names no counter)
+    /// on every node except those `skip` marks (the nodes that answered that another value
+    /// holds the key: ours is not there), each bounded by the node timeout from now. Built
+    /// before it is awaited, so the caller's borrows end here. (`_fence_key` is not sent: an
+    /// undo raises no counter.)
     ///
     /// It announces itself to waiters only when `notify`: the attempt's value stood on a quorum
     /// (its round won, then failed: no validity left, or its counters could not be raised), so
@@ -166,24 +167,21 @@ impl Redlock {
     /// was woken by its own undo and tried again at once, for the whole hold (issue 27).
     pub(super) fn release_on(
         &self,
-        (lock_key, fence_key): (&str, &str),
+        (lock_key, _fence_key): (&str, &str),
         value: &str,
         skip: &[bool],
         notify: bool,
     ) -> impl Future<Output = ()> + Send + 'static {
-        let waiters = waiters_key_of(lock_key);
-        // Compat mode names the lock key only (and so publishes nothing: waiters poll there).
-        let call = Arc::new(if self.inner.cfg.keys.is_compat() {
-            compat_release(lock_key, value)
+        // Compat mode has no waiters marker (its waiters poll); without the marker (KEYS[2])
+        // the script publishes nothing.
+        let call = Arc::new(if notify && !self.inner.cfg.keys.is_compat() {
+            let waiters = waiters_key_of(lock_key);
+            scripts::RELEASE.call(
+                &[lock_key.as_bytes(), waiters.as_bytes()],
+                &[value.as_bytes()],
+            )
         } else {
-            let keys: [&[u8]; 3] = [
-                lock_key.as_bytes(),
-                fence_key.as_bytes(),
-                waiters.as_bytes(),
-            ];
-            // Without KEYS[3] the script publishes nothing.
-            let keys = if notify { &keys[..] } else { &keys[..2] };
-            scripts::RELEASE.call(keys, &[value.as_bytes(), b"0"])
+            bare_release(lock_key, value)
         });
         self.release_with(call, skip)
     }
@@ -210,32 +208,37 @@ impl Redlock {
     }
 }
 
-/// The release in compat mode: the RELEASE script given the lock key only and token 0, so it
-/// compares and deletes that key and touches nothing else, as other Redlock clients' releases
-/// do (an ACL limited to the resource key is enough, and on a Redis Cluster member the call
-/// stays in the key's slot). No notice is published: compat mode has no waiters marker, and
-/// its waiters poll.
-fn compat_release(lock_key: &str, value: &str) -> ScriptCall {
-    scripts::RELEASE.call(&[lock_key.as_bytes()], &[value.as_bytes(), b"0"])
+/// The RELEASE script given the lock key and our value only: it compares and deletes that key
+/// and touches nothing else, as other Redlock clients' releases do. The release in compat mode
+/// (an ACL limited to the resource key is enough, and on a Redis Cluster member the call stays
+/// in the key's slot; no notice is published: compat mode has no waiters marker, and its
+/// waiters poll), and the undo of an attempt that did not win.
+fn bare_release(lock_key: &str, value: &str) -> ScriptCall {
+    scripts::RELEASE.call(&[lock_key.as_bytes()], &[value.as_bytes()])
 }
 
-/// The release of a held lock: the RELEASE script with the lock's token, so that every node's
-/// counter ends at or above it, and, on the nodes whose counter was seen at the token on the
-/// connection the release runs on ([`LockState::seen`]), the same script with token `0`, which
-/// skips that raise (it would find the counter there already: `docs/safety.md`, "Release raises
-/// counters everywhere").
+/// The release of a held lock: the RELEASE script with the lock's token and counter, so that
+/// every node's counter ends at or above it, and, on the nodes whose counter was seen at the
+/// token on the connection the release runs on ([`LockState::seen`]), the same script without
+/// them, which skips that raise (it would find the counter there already: `docs/safety.md`,
+/// "Release raises counters everywhere"). With fencing off (token 0) every node gets the form
+/// without them. All name the waiters marker, to publish a notice when someone waits.
 ///
-/// In compat mode the call names the lock key only (see [`compat_release`]).
+/// In compat mode the call names the lock key only (see [`bare_release`]).
 fn release_call(state: &LockState, compat: bool) -> ScriptCall {
     if compat {
-        return compat_release(state.lock_key(), state.value());
+        return bare_release(state.lock_key(), state.value());
     }
     let keys: [&[u8]; 3] = [
         state.lock_key().as_bytes(),
-        state.fence_key().as_bytes(),
         state.waiters_key().as_bytes(),
+        state.fence_key().as_bytes(),
     ];
     let value = state.value().as_bytes();
+    // Fencing off (token 0): no counter to raise anywhere.
+    if state.token().get() == 0 {
+        return scripts::RELEASE.call(&keys[..2], &[value]);
+    }
     let call = scripts::RELEASE.call(
         &keys,
         &[
@@ -244,6 +247,6 @@ fn release_call(state: &LockState, compat: bool) -> ScriptCall {
         ],
     );
     call.with_lean(&state.seen(), || {
-        scripts::RELEASE.call(&keys, &[value, b"0"])
+        scripts::RELEASE.call(&keys[..2], &[value])
     })
 }

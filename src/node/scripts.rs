@@ -507,26 +507,32 @@ return r
 /// channel, so that the waiters try at once. Without a waiter the release pays one `SCARD` and
 /// publishes nothing (`client/wait.rs`).
 ///
-/// - KEYS[1]: lock key, KEYS[2]: fencing counter (absent in compat mode, with token 0),
-///   KEYS[3] (optional): waiters marker, also the channel (omitted in compat mode, and by the
-///   undo of an attempt that did not win: it publishes nothing, `Redlock::release_on`)
-/// - ARGV[1]: our value, ARGV[2]: our token (`0` when the attempt failed before it had one, and
-///   on a node whose counter is known to stand at the token already: `ScriptCall::with_lean`)
+/// The call carries only what its node needs: the counter and the token only where the counter
+/// must be raised (a node whose counter is known to stand at the token already gets neither:
+/// `ScriptCall::with_lean`; nor does the undo of a failed attempt, which has no token), and the
+/// marker only where a release may publish. Each key and argument of a script call costs the
+/// node time to pass into Lua, about a tenth of the whole call for the two the lean form leaves
+/// out (`docs/benchmarks.md`, "Wave 8").
+///
+/// - KEYS[1]: lock key; KEYS[2] (optional): waiters marker, also the channel (omitted in compat
+///   mode, and by the undo of an attempt that did not win: it publishes nothing,
+///   `Redlock::release_on`); KEYS[3] (with ARGV[2]): fencing counter
+/// - ARGV[1]: our value; ARGV[2] (optional, with KEYS[2] and KEYS[3]): our token, to raise the
+///   counter to
 /// - Reply: `1` deleted, `0` the key is absent, `-1` another value holds it (left alone).
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
-local t = tonumber(ARGV[2])
-if t > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') < t then
-  redis.call('SET', KEYS[2], ARGV[2])
+if ARGV[2] and tonumber(redis.call('GET', KEYS[3]) or '0') < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[3], ARGV[2])
 end
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if KEYS[3] then
-    local n = redis.call('SCARD', KEYS[3])
+  if KEYS[2] then
+    local n = redis.call('SCARD', KEYS[2])
     if n > 0 then
-      redis.call('PUBLISH', KEYS[3], ARGV[1] .. ' ' .. n)
+      redis.call('PUBLISH', KEYS[2], ARGV[1] .. ' ' .. n)
     end
   end
   return 1

@@ -133,6 +133,34 @@ async fn p3_release_and_extend_skip_the_raise_where_the_counter_was_seen_at_the_
     }
 }
 
+/// With fencing off there is no counter to raise (token 0): the release reads none. Counted:
+/// the release script's only `GET` on each node is the lock key's (a plain `SET NX PX`
+/// acquires, so every `GET` is the release's; the test reads keys only after counting).
+#[tokio::test]
+async fn p6_with_fencing_off_a_release_reads_no_counter() {
+    const N: u64 = 20;
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let locks = builder(&cluster).fencing(false).build().unwrap();
+    warm(&locks).await;
+    reset_stats(&urls);
+    for _ in 0..N {
+        let lock = locks.acquire("p6", TTL).await.unwrap();
+        lock.release().await.unwrap();
+    }
+    // Only the releases run scripts here.
+    wait_until(WAIT, "every node ran every release", || async {
+        urls.iter().all(|u| calls(u, "evalsha") >= N)
+    })
+    .await;
+    let gets: Vec<u64> = urls.iter().map(|u| calls(u, "get")).collect();
+    assert!(
+        gets.iter().all(|&g| g == N),
+        "GETs per node for {N} releases with fencing off: {gets:?} (one each: the lock key)"
+    );
+    assert!(urls.iter().all(|u| value_on(u, "p6").is_none()));
+}
+
 /// A node that restarted empty between the acquisition and the release is on a new
 /// connection: what was seen on the old one says nothing of it, and the release raises its
 /// counter back to the token (before the lean release this held for every node).
