@@ -208,7 +208,7 @@ impl Node {
         let view = member::cluster_view(&mut cluster)
             .await
             .map_err(|e| self.connect_error(e))?;
-        for lua in scripts::all() {
+        for lua in scripts::on_lock_nodes() {
             // Routed to every node by the cluster client; a failure only costs an EVAL later.
             let _: redis::RedisResult<redis::Value> = redis::cmd("SCRIPT")
                 .arg("LOAD")
@@ -243,7 +243,7 @@ impl Node {
         if sentinel {
             pipe.cmd("INFO").arg("replication");
         }
-        for lua in scripts::all() {
+        for lua in scripts::on_lock_nodes() {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.code());
         }
         let replies: Vec<redis::Value> = pipe

@@ -299,7 +299,7 @@ fn script_line_commands(detail: &str) -> Option<String> {
         .trim()
         .parse()
         .ok()?;
-    let lua = all().into_iter().find(|l| l.script.get_hash() == sha)?;
+    let lua = all().find(|l| l.script.get_hash() == sha)?;
     let text = lua.code.lines().nth(line.checked_sub(1)?)?;
     let mut names: Vec<&str> = Vec::new();
     for piece in text.split("redis.call('").skip(1) {
@@ -355,8 +355,10 @@ impl Node {
 /// [`NodeError::Denied`]'s reason for a command the user may not run.
 const COMMAND_REFUSED: &str = "command not allowed";
 
-/// Every script, for loading on connect.
-pub(crate) fn all() -> [&'static Lua; 7] {
+/// The scripts a lock node runs, loaded on connect: every script but [`FENCED_WRITE`], which
+/// runs on the user's own Redis (`fencing::fenced_set`, whose `invoke_async` loads it there
+/// on its first `NOSCRIPT`), never on a lock node.
+pub(crate) fn on_lock_nodes() -> [&'static Lua; 6] {
     [
         &ACQUIRE,
         &RAISE_COUNTER,
@@ -364,8 +366,12 @@ pub(crate) fn all() -> [&'static Lua; 7] {
         &EXTEND,
         &RELEASE,
         &STATUS,
-        &FENCED_WRITE,
     ]
+}
+
+/// Every script of the crate, for reading a refusal that names one (`denial`).
+pub(crate) fn all() -> impl Iterator<Item = &'static Lua> {
+    on_lock_nodes().into_iter().chain([&*FENCED_WRITE])
 }
 
 /// Acquire and fence in one atomic step: the fenced acquire of nodes that do not take the
