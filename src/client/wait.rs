@@ -6,7 +6,7 @@
 //!   `quorumlock:{K}:waiters` exists on the nodes (set by the waiting client with a 10 s expiry,
 //!   refreshed every 3 s while it waits). The release script deletes the lock and, only if
 //!   the marker exists, publishes the released value on the channel of the same name
-//!   (`node/scripts.rs`, `RELEASE`). An uncontended release pays one `SCARD` inside the script
+//!   (`node/lua.rs`, `RELEASE`). An uncontended release pays one `SCARD` inside the script
 //!   it already runs, and publishes nothing. Each client that waits holds one pub/sub
 //!   connection per node ([`Node::open_pubsub`]), subscribed to the channel of every key it
 //!   waits for, re-established with the crate's backoff when it breaks or stops answering a

@@ -5,38 +5,13 @@
 //! script checks the value and sets the record in one step), read by
 //! [`Observer::leader`](super::Observer::leader), and deleted (only if still exactly ours) by a
 //! resign.
-//! Scripts are sent as `EVAL` with their body: they run once per term, and a body never meets
-//! `NOSCRIPT`.
+//! Its scripts (`node/lua.rs`, [`LEADER_WRITE`] and [`LEADER_RESIGN`]) are sent as `EVAL`
+//! with their body: they run once per term, and a body never meets `NOSCRIPT`.
 
 use crate::core::keys::KeyLayout;
 use crate::core::token::FencingToken;
 use crate::node::commands;
-
-/// Writes the leader record on a node where this term's lock value stands.
-///
-/// - KEYS[1]: lock key, KEYS[2]: leader record
-/// - ARGV[1]: this term's lock value, ARGV[2]: the record
-/// - Reply: 1 when written, 0 when the node does not hold our value (it missed the
-///   acquisition, or the key expired there).
-const WRITE: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('SET', KEYS[2], ARGV[2])
-  return 1
-end
-return 0
-"#;
-
-/// Deletes our leader record (only if it is still exactly ours) and announces the resignation.
-///
-/// - KEYS[1]: leader record
-/// - ARGV[1]: our record (empty when none was written), ARGV[2]: channel, ARGV[3]: message
-/// - Reply: the number of subscribers that received the message.
-const RESIGN: &str = r#"
-if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-end
-return redis.call('PUBLISH', ARGV[2], ARGV[3])
-"#;
+use crate::node::scripts::{LEADER_RESIGN, LEADER_WRITE};
 
 /// The keys of one election, all in the lock's hash slot: the lock `quorumlock:{NAME}`, the
 /// leader record `quorumlock:{NAME}:leader` and the notice channel `quorumlock:{NAME}:events`
@@ -61,7 +36,7 @@ impl Keys {
     /// Writes `record` where our lock value stands (reply 1 there, 0 elsewhere).
     pub(crate) fn write(&self, record: &Record) -> redis::Cmd {
         commands::eval(
-            WRITE,
+            LEADER_WRITE.code(),
             &[&self.lock, &self.record],
             &[&record.value, &record.encode()],
         )
@@ -76,7 +51,11 @@ impl Keys {
     /// reached).
     pub(crate) fn resign(&self, record: Option<&Record>, message: &str) -> redis::Cmd {
         let ours = record.map(Record::encode).unwrap_or_default();
-        commands::eval(RESIGN, &[&self.record], &[&ours, &self.channel, message])
+        commands::eval(
+            LEADER_RESIGN.code(),
+            &[&self.record],
+            &[&ours, &self.channel, message],
+        )
     }
 
     /// Publishes `message` on the channel (reply: subscribers reached).

@@ -21,6 +21,7 @@ pub(crate) mod fence;
 pub(crate) mod gate;
 pub(crate) mod health;
 mod liveness;
+pub(crate) mod lua;
 pub(crate) mod member;
 pub(crate) mod pubsub;
 mod repair;

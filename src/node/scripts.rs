@@ -1,4 +1,4 @@
-//! All the Lua the library runs, each script documented with its KEYS, ARGV and reply.
+//! How the library calls its Lua (the scripts themselves are in `node/lua.rs`).
 //!
 //! Scripts are sent with `EVALSHA`; every new connection loads them first (`SCRIPT LOAD`, see
 //! `node/connection.rs`), and a `NOSCRIPT` reply (someone ran `SCRIPT FLUSH`) falls back to `EVAL` with the
@@ -16,41 +16,22 @@
 //! The keys the scripts are given are laid out by [`crate::core::keys`].
 
 use std::borrow::Cow;
-use std::sync::LazyLock;
 use std::sync::atomic::Ordering;
 
-use redis::{Cmd, Pipeline, Script};
+use redis::{Cmd, Pipeline};
 
 use super::Node;
+pub(crate) use super::lua::{
+    ACQUIRE, EXTEND, FENCED_WRITE, LEADER_RESIGN, LEADER_WRITE, Lua, RAISE_COUNTER, RAISE_FENCE,
+    RELEASE, STATUS, all, on_lock_nodes,
+};
 use crate::error::NodeError;
 
-/// A Lua script with its body (for the `EVAL` fallback) and its SHA1 (for `EVALSHA`).
-#[derive(Debug)]
-pub(crate) struct Lua {
-    code: &'static str,
-    script: Script,
-}
-
 impl Lua {
-    fn new(code: &'static str) -> Self {
-        Lua {
-            code,
-            script: Script::new(code),
-        }
-    }
-
-    pub(crate) fn code(&self) -> &'static str {
-        self.code
-    }
-
-    pub(crate) fn script(&self) -> &Script {
-        &self.script
-    }
-
     /// Builds the invocation once; the same call is sent to every node.
     pub(crate) fn call(&'static self, keys: &[&[u8]], args: &[&[u8]]) -> ScriptCall {
         // Sized once: growing a command's buffers costs an allocation per doubling.
-        let hash = self.script.get_hash();
+        let hash = self.script().get_hash();
         let data: usize = keys.iter().chain(args).map(|a| a.len()).sum();
         let mut evalsha =
             redis::Cmd::with_capacity(3 + keys.len() + args.len(), 7 + hash.len() + 3 + data);
@@ -221,7 +202,7 @@ impl ScriptCall {
     pub(crate) fn eval(&self) -> Option<Cmd> {
         let lua = self.lua?;
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(lua.code);
+        cmd.arg(lua.code());
         for arg in self.evalsha().args_iter().skip(2) {
             if let redis::Arg::Simple(bytes) = arg {
                 cmd.arg(bytes);
@@ -299,8 +280,8 @@ fn script_line_commands(detail: &str) -> Option<String> {
         .trim()
         .parse()
         .ok()?;
-    let lua = all().find(|l| l.script.get_hash() == sha)?;
-    let text = lua.code.lines().nth(line.checked_sub(1)?)?;
+    let lua = all().find(|l| l.script().get_hash() == sha)?;
+    let text = lua.code().lines().nth(line.checked_sub(1)?)?;
     let mut names: Vec<&str> = Vec::new();
     for piece in text.split("redis.call('").skip(1) {
         if let Some((name, _)) = piece.split_once('\'')
@@ -354,236 +335,6 @@ impl Node {
 
 /// [`NodeError::Denied`]'s reason for a command the user may not run.
 const COMMAND_REFUSED: &str = "command not allowed";
-
-/// The scripts a lock node runs, loaded on connect: every script but [`FENCED_WRITE`], which
-/// runs on the user's own Redis (`fencing::fenced_set`, whose `invoke_async` loads it there
-/// on its first `NOSCRIPT`), never on a lock node.
-pub(crate) fn on_lock_nodes() -> [&'static Lua; 6] {
-    [
-        &ACQUIRE,
-        &RAISE_COUNTER,
-        &RAISE_FENCE,
-        &EXTEND,
-        &RELEASE,
-        &STATUS,
-    ]
-}
-
-/// Every script of the crate, for reading a refusal that names one (`denial`).
-pub(crate) fn all() -> impl Iterator<Item = &'static Lua> {
-    on_lock_nodes().into_iter().chain([&*FENCED_WRITE])
-}
-
-/// Acquire and fence in one atomic step: the fenced acquire of nodes that do not take the
-/// pipelined form (`SET NX PX GET` + `INCR`, [`ScriptCall::fenced_acquire`], `node/fence.rs`):
-/// Redis 6 and Redis Cluster members. Both forms reply alike, and
-/// mix safely in one client (`docs/safety.md`, "The pipelined increment"): the pipelined form
-/// also `INCR`s where the `SET` was refused, and its `INCR` is not atomic with the `SET`.
-///
-/// - KEYS[1]: lock key, KEYS[2]: fencing counter (the bucket of the lock key's hash slot, shared
-///   with the other lock keys of that slot; never expires)
-/// - ARGV[1]: our unique value, ARGV[2]: ttl in milliseconds
-/// - Reply: the counter after `INCR` (>= 1) when the key was set; the value that holds the key
-///   (a bulk string) when another value holds it, so that a refused round can tell a holder on
-///   a quorum from contenders that split the nodes. The success path is unchanged; a refusal
-///   costs one `GET` inside the script. (`0` if the key vanished in between, which a script's
-///   frozen clock rules out; it counts as a refusal whose value is unknown.)
-///
-/// With fencing off, the plain `SET NX PX` answers nil on refusal, without the value (`SET ...
-/// NX GET` needs Redis 7): such refusals count as unknown values, and contention is then never
-/// declared (the round reads as `Held`).
-pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r#"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
-end
-return redis.call('GET', KEYS[1]) or 0
-"#,
-    )
-});
-
-/// Raise a node's fencing counter to the round's token, only while we still own the key there.
-/// (The counter is shared with the other lock keys of its slot: raising it only makes their
-/// later tokens larger.)
-///
-/// - KEYS[1]: lock key, KEYS[2]: fencing counter
-/// - ARGV[1]: our value, ARGV[2]: the token
-/// - Reply: `1` when the counter now stands at or above the token, `0` when the key is not ours.
-pub(crate) static RAISE_FENCE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r#"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-local c = tonumber(redis.call('GET', KEYS[2]) or '0')
-if c < tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[2], ARGV[2])
-end
-return 1
-"#,
-    )
-});
-
-/// Raise one fencing counter to at least a value (restoring a restarted node's counters).
-///
-/// - KEYS[1]: fencing counter
-/// - ARGV[1]: the value
-/// - Reply: `1` raised, `0` already at or above it.
-pub(crate) static RAISE_COUNTER: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r#"
-if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[1], ARGV[1])
-  return 1
-end
-return 0
-"#,
-    )
-});
-
-/// Extend our lock; re-set it where it vanished (a node restarted empty, or never ran our
-/// acquire) unless someone may have held the lock since our acquisition, and keep that node's
-/// fencing counter at or above our token.
-///
-/// Where our value is present it is only `PEXPIRE`d. Where the key is absent it is re-set only
-/// if the node's counter is at most our token. After any later acquisition (token `t2` above
-/// ours) a quorum of nodes has a counter of at least `t2` (the acquisition's raise guarantees
-/// it, and releases raise counters too; counters never go down), and none of those nodes can
-/// hold our value again (its holder's `SET NX` found our key gone, and this script refuses to
-/// re-set it there): so once someone else acquired after us, an extension collects fewer than
-/// a quorum of yes, however late its calls land (`docs/safety.md`, "Late extensions"). A
-/// counter above our token on a node where our key is absent may also come from a contender's
-/// failed attempt there, or from another lock key sharing the counter (its bucket); the node is
-/// then not re-set, and the lock stands on the nodes that hold it. A token of 0 (fencing off: no
-/// counters) never re-sets an absent key, for the same reason.
-///
-/// Where our value is present and the node's counter is known to stand at or above our token
-/// (its `INCR` returned the token on the connection this call runs on), the call carries a
-/// fourth argument and the script only `PEXPIRE`s: the counter is not read, and the raise it
-/// skips would do nothing there (`ScriptCall::with_lean`). Where the key is absent it reads
-/// the counter either way (the re-set rule needs it).
-///
-/// - KEYS[1]: lock key, KEYS[2]: fencing counter (absent in compat mode, where ARGV[3] is 0
-///   and ARGV[4] present, so the script never reads it)
-/// - ARGV[1]: our value, ARGV[2]: new ttl in milliseconds, ARGV[3]: our token (0: fencing off),
-///   ARGV[4] (optional): present when the counter is known at or above the token here
-/// - Reply: `1` extended, `2` re-set on a node that had lost the key, `0` another value holds
-///   it, or it is absent and may have been held by someone else since (not re-set).
-pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r#"
-local v = redis.call('GET', KEYS[1])
-local t = tonumber(ARGV[3])
-local r = 1
-if v == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if ARGV[4] then
-    return 1
-  end
-elseif v ~= false or t == 0 then
-  return 0
-else
-  r = 2
-end
-local c = tonumber(redis.call('GET', KEYS[2]) or '0')
-if r == 2 then
-  if c > t then
-    return 0
-  end
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-end
-if c < t then
-  redis.call('SET', KEYS[2], ARGV[3])
-end
-return r
-"#,
-    )
-});
-
-/// Release our lock, and bring the node's fencing counter up to our token.
-///
-/// Raising a counter is always safe (it only makes later tokens larger), so it is done even
-/// where the key is no longer ours. Releases go to every node, so after a release every node
-/// that answered stands at or above the token: a later loss of a minority's data cannot make
-/// tokens go backwards (see `docs/safety.md`).
-///
-/// When it deletes the key and the waiters marker (a set of the ids of the clients that wait
-/// for this lock) is not empty, it publishes `"<our value> <waiting clients>"` on the marker's
-/// channel, so that the waiters try at once. Without a waiter the release pays one `SCARD` and
-/// publishes nothing (`client/wait.rs`).
-///
-/// The call carries only what its node needs: the counter and the token only where the counter
-/// must be raised (a node whose counter is known to stand at the token already gets neither:
-/// `ScriptCall::with_lean`; nor does the undo of a failed attempt, which has no token), and the
-/// marker only where a release may publish. Each key and argument of a script call costs the
-/// node time to pass into Lua, about a tenth of the whole call for the two the lean form leaves
-/// out (`docs/benchmarks.md`, "Wave 8").
-///
-/// - KEYS[1]: lock key; KEYS[2] (optional): waiters marker, also the channel (omitted in compat
-///   mode, and by the undo of an attempt that did not win: it publishes nothing,
-///   `Redlock::release_on`); KEYS[3] (with ARGV[2]): fencing counter
-/// - ARGV[1]: our value; ARGV[2] (optional, with KEYS[2] and KEYS[3]): our token, to raise the
-///   counter to
-/// - Reply: `1` deleted, `0` the key is absent, `-1` another value holds it (left alone).
-pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r#"
-if ARGV[2] and tonumber(redis.call('GET', KEYS[3]) or '0') < tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[3], ARGV[2])
-end
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  if KEYS[2] then
-    local n = redis.call('SCARD', KEYS[2])
-    if n > 0 then
-      redis.call('PUBLISH', KEYS[2], ARGV[1] .. ' ' .. n)
-    end
-  end
-  return 1
-end
-if v == false then
-  return 0
-end
-return -1
-"#,
-    )
-});
-
-/// Read a lock's state on one node.
-///
-/// - KEYS[1]: lock key, KEYS[2] (absent in compat mode): fencing counter
-/// - Reply: `{value or false, pttl (-2 when absent), counter (0 without KEYS[2])}`.
-pub(crate) static STATUS: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r#"
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), KEYS[2] and tonumber(redis.call('GET', KEYS[2]) or '0') or 0}
-"#,
-    )
-});
-
-/// The resource-side fencing check for data kept in Redis: write only if the token is newer than
-/// every token seen before.
-///
-/// - KEYS[1]: the resource's "highest token seen" key, KEYS[2]: the data key
-/// - ARGV[1]: the writer's token, ARGV[2]: the value to write
-/// - Reply: `{1, token}` written (the token is at least the highest seen, so one holder may write
-///   many times); `{0, highest}` rejected as stale, with the highest token seen.
-pub(crate) static FENCED_WRITE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r#"
-local seen = tonumber(redis.call('GET', KEYS[1]) or '0')
-local token = tonumber(ARGV[1])
-if token < seen then
-  return {0, seen}
-end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('SET', KEYS[2], ARGV[2])
-return {1, token}
-"#,
-    )
-});
 
 #[cfg(test)]
 mod tests {
