@@ -23,7 +23,7 @@ use crate::core::timing;
 use crate::core::token::{self, FencingToken};
 use crate::error::{Error, FailureList, NodeError, NodeFailure};
 use crate::metrics;
-use crate::node::scripts::{self, ScriptCall};
+use crate::node::scripts::{self, AcquireForms, ScriptCall};
 use crate::node::{HoldOut, Op};
 
 /// How many extra rounds an acquisition makes, beyond its retries, to resolve contention:
@@ -663,11 +663,10 @@ impl Redlock {
         } else {
             nodes.iter().filter(|n| n.pipelines()).count()
         };
-        ScriptCall::fenced_acquire(
-            (lock_key, fence_key),
-            value,
-            ttl_ms,
-            (pipelined < nodes.len(), pipelined > 0),
-        )
+        let forms = AcquireForms {
+            script: pipelined < nodes.len(),
+            pipelined: pipelined > 0,
+        };
+        ScriptCall::fenced_acquire(lock_key, fence_key, value, ttl_ms, forms)
     }
 }

@@ -14,7 +14,7 @@ use tracing::instrument::WithSubscriber;
 use super::Redlock;
 use super::state::LockState;
 use crate::core::clock;
-use crate::core::keys::waiters_key_of;
+use crate::core::keys::LockKeys;
 use crate::core::quorum::Verdict;
 use crate::error::{Error, LostReason};
 use crate::node::scripts::{self, ScriptCall};
@@ -167,17 +167,17 @@ impl Redlock {
     /// was woken by its own undo and tried again at once, for the whole hold (issue 27).
     pub(super) fn release_on(
         &self,
-        (lock_key, _fence_key): (&str, &str),
+        keys: &LockKeys,
         value: &str,
         skip: &[bool],
         notify: bool,
     ) -> impl Future<Output = ()> + Send + 'static {
         // Compat mode has no waiters marker (its waiters poll); without the marker (KEYS[2])
         // the script publishes nothing.
+        let lock_key = keys.lock();
         let call = Arc::new(if notify && !self.inner.cfg.keys.is_compat() {
-            let waiters = waiters_key_of(lock_key);
             scripts::RELEASE.call(
-                &[lock_key.as_bytes(), waiters.as_bytes()],
+                &[lock_key.as_bytes(), keys.waiters().as_bytes()],
                 &[value.as_bytes()],
             )
         } else {

@@ -55,12 +55,7 @@ impl<'a> UndoRelease<'a> {
     /// announcing it (a split vote's undo). The guard stays armed: disarm it once done.
     pub(super) async fn release_now(&mut self) {
         self.client
-            .release_on(
-                (self.keys.lock(), self.keys.fence()),
-                self.value,
-                &self.skip,
-                false,
-            )
+            .release_on(self.keys, self.value, &self.skip, false)
             .await;
     }
 }
@@ -76,7 +71,7 @@ impl Drop for UndoRelease<'_> {
         let Some(tail) = self.tail.take() else {
             if !skip.iter().all(|&s| s) {
                 let release = self.client.release_on(
-                    (self.keys.lock(), self.keys.fence()),
+                    self.keys,
                     self.value,
                     &skip,
                     quorum::undo_announces(self.stood),
@@ -96,9 +91,7 @@ impl Drop for UndoRelease<'_> {
                 }
             }
             if !skip.iter().all(|&s| s) {
-                client
-                    .release_on((keys.lock(), keys.fence()), &value, &skip, notify)
-                    .await;
+                client.release_on(&keys, &value, &skip, notify).await;
             }
         };
         self.client

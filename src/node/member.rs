@@ -589,14 +589,20 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::scripts::AcquireForms;
 
     #[test]
     fn a_resent_acquire_is_told_from_another_owner() {
+        let script = AcquireForms {
+            script: true,
+            pipelined: false,
+        };
         let call = ScriptCall::fenced_acquire(
-            ("quorumlock:{job}", "quorumlock:fence:{x}"),
+            "quorumlock:{job}",
+            "quorumlock:fence:{x}",
             "ours",
             10_000,
-            (true, false),
+            script,
         );
         assert_eq!(call.first_arg().as_deref(), Some(&b"ours"[..]));
         assert!(resent_acquire(&call, &Value::BulkString(b"ours".to_vec())));

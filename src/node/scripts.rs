@@ -64,6 +64,15 @@ pub(crate) fn set_nx_px(key: &str, value: &str, ttl_ms: u64) -> Cmd {
     set
 }
 
+/// Which forms of the fenced acquire a round builds ([`ScriptCall::fenced_acquire`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AcquireForms {
+    /// The [`ACQUIRE`] script, for nodes that do not take the pipelined form.
+    pub(crate) script: bool,
+    /// `SET NX PX GET` + `INCR`, for nodes that do.
+    pub(crate) pipelined: bool,
+}
+
 /// A ready-to-send invocation: a script by its SHA1, or (fencing off) a plain command; for the
 /// fenced acquire also (or only) its pipelined form, `SET NX PX GET` + `INCR` (`node/fence.rs`).
 #[derive(Debug)]
@@ -122,15 +131,18 @@ impl ScriptCall {
         }
     }
 
-    /// The fenced acquire of one round: the [`ACQUIRE`] script's call when `script`, its
-    /// pipelined form `SET lock value NX PX ttl GET` + `INCR fence` when `pipelined` (both when
-    /// the round's nodes take both; at least one is built). Sized once.
+    /// The fenced acquire of one round on `lock` and its counter `fence`: the [`ACQUIRE`]
+    /// script's call when `forms.script`, its pipelined form `SET lock value NX PX ttl GET` +
+    /// `INCR fence` when `forms.pipelined` (both when the round's nodes take both; at least one
+    /// is built). Sized once.
     pub(crate) fn fenced_acquire(
-        (lock, fence): (&str, &str),
+        lock: &str,
+        fence: &str,
         value: &str,
         ttl_ms: u64,
-        (script, pipelined): (bool, bool),
+        forms: AcquireForms,
     ) -> Self {
+        let AcquireForms { script, pipelined } = forms;
         let mut digits = itoa::Buffer::new();
         let ttl = digits.format(ttl_ms).as_bytes();
         let mut call = if script || !pipelined {
@@ -367,9 +379,17 @@ mod tests {
     /// A server error as the connection would hand it over.
     #[test]
     fn a_script_form_rebuilt_from_the_pipelined_one_is_the_one_built_directly() {
-        let keys = ("quorumlock:{job}", "quorumlock:fence:{x}");
-        let direct = ScriptCall::fenced_acquire(keys, "v1", 30_000, (true, false));
-        let rebuilt = ScriptCall::fenced_acquire(keys, "v1", 30_000, (false, true));
+        let (lock, fence) = ("quorumlock:{job}", "quorumlock:fence:{x}");
+        let script = AcquireForms {
+            script: true,
+            pipelined: false,
+        };
+        let pipelined = AcquireForms {
+            script: false,
+            pipelined: true,
+        };
+        let direct = ScriptCall::fenced_acquire(lock, fence, "v1", 30_000, script);
+        let rebuilt = ScriptCall::fenced_acquire(lock, fence, "v1", 30_000, pipelined);
         assert!(direct.pipelined().is_none() && rebuilt.pipelined().is_some());
         assert_eq!(
             rebuilt.evalsha().get_packed_command(),
