@@ -23,6 +23,7 @@ use crate::core::timing;
 use crate::core::token::{self, FencingToken};
 use crate::error::{Error, FailureList, NodeError, NodeFailure};
 use crate::metrics;
+use crate::node::commands;
 use crate::node::scripts::{self, AcquireForms, ScriptCall};
 use crate::node::{HoldOut, Op};
 
@@ -655,7 +656,7 @@ impl Redlock {
     fn acquire_call(&self, keys: &LockKeys, value: &str, ttl_ms: u64) -> ScriptCall {
         let (lock_key, fence_key) = (keys.lock(), keys.fence());
         if !self.inner.cfg.fencing {
-            return ScriptCall::plain(scripts::set_nx_px(lock_key, value, ttl_ms));
+            return ScriptCall::plain(commands::set_nx_px(lock_key, value, ttl_ms));
         }
         let nodes = &self.inner.nodes;
         let pipelined = if self.inner.waiting.has_waited(lock_key) {

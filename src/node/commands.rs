@@ -64,12 +64,18 @@ pub(crate) fn get(key: &str) -> redis::Cmd {
     cmd
 }
 
-/// `SET key value NX PX ttl`: written only where the key is absent, expiring after `ttl`.
-pub(crate) fn set_nx(key: &str, value: &str, ttl: Duration) -> redis::Cmd {
-    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-    let mut cmd = redis::cmd("SET");
-    cmd.arg(key).arg(value).arg("NX").arg("PX").arg(ttl_ms);
-    cmd
+/// `SET key value NX PX ttl_ms`: written only where the key is absent, expiring after
+/// `ttl_ms`. The acquire with fencing off, and a run-once tick's marker. Sized once, the ttl
+/// written as digits without a `String` in between.
+pub(crate) fn set_nx_px(key: &str, value: &str, ttl_ms: u64) -> redis::Cmd {
+    let mut set = redis::Cmd::with_capacity(6, 3 + key.len() + value.len() + 4 + 20);
+    set.arg("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms);
+    set
 }
 
 /// `PUBLISH channel message` (reply: the subscribers reached).

@@ -51,19 +51,6 @@ impl Lua {
     }
 }
 
-/// `SET key value NX PX ttl_ms`: the acquire with fencing off. Sized once, the ttl written as
-/// digits without a `String` in between.
-pub(crate) fn set_nx_px(key: &str, value: &str, ttl_ms: u64) -> Cmd {
-    let mut set = Cmd::with_capacity(6, 3 + key.len() + value.len() + 4 + 20);
-    set.arg("SET")
-        .arg(key)
-        .arg(value)
-        .arg("NX")
-        .arg("PX")
-        .arg(ttl_ms);
-    set
-}
-
 /// Which forms of the fenced acquire a round builds ([`ScriptCall::fenced_acquire`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AcquireForms {

@@ -602,10 +602,11 @@ impl RunOnce {
 
     /// Writes the tick marker on every node; true when a quorum has it.
     async fn write_marker(&self, tick: &str, token: FencingToken, ttl: Duration) -> bool {
-        let set = commands::set_nx(
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let set = commands::set_nx_px(
             &self.marker_key(tick),
             &RanBy::encode(token, &self.instance),
-            ttl,
+            ttl_ms,
         );
         let replies = self
             .locks
