@@ -19,7 +19,7 @@ use super::status::LockStatus;
 use crate::core::quorum::HolderView;
 use crate::core::timing;
 use crate::error::{NodeError, NodeFailure};
-use crate::node::HoldOut;
+use crate::node::{HoldOut, Node};
 
 /// Each node's reply to one command, in node order.
 #[derive(Debug)]
@@ -40,16 +40,7 @@ impl Redlock {
     ) -> Replies<T> {
         let deadline = Instant::now() + self.inner.cfg.node_timeout;
         let calls = self.inner.nodes.iter().map(|node| async move {
-            let send = |mut conn: redis::aio::MultiplexedConnection| async move {
-                cmd.query_async::<T>(&mut conn).await
-            };
-            let mut reply = node.with_connection(send, deadline).await;
-            if hold_out == HoldOut::Respect
-                && reply.is_ok()
-                && let Some(why) = node.held_out()
-            {
-                reply = Err(why);
-            }
+            let reply = command_on(node, cmd, hold_out, deadline).await;
             (node.name().to_owned(), reply)
         });
         Replies {
@@ -77,16 +68,10 @@ impl Redlock {
         let deadline = start + self.inner.cfg.node_timeout;
         let calls = self.inner.nodes.iter().map(|node| {
             let (node, cmd) = (Arc::clone(node), cmd.clone());
-            let task = self.inner.tasks.spawn(async move {
-                let send = |mut conn: redis::aio::MultiplexedConnection| async move {
-                    cmd.query_async::<T>(&mut conn).await
-                };
-                let reply = node.with_connection(send, deadline).await;
-                match node.held_out() {
-                    Some(why) if hold_out == HoldOut::Respect && reply.is_ok() => Err(why),
-                    _ => reply,
-                }
-            });
+            let task = self
+                .inner
+                .tasks
+                .spawn(async move { command_on(&node, &cmd, hold_out, deadline).await });
             async move {
                 task.await
                     .unwrap_or_else(|_| Err(NodeError::Timeout(start.elapsed())))
@@ -105,6 +90,25 @@ impl Redlock {
                 })
                 .collect(),
         }
+    }
+}
+
+/// `cmd` on one node's connection, bounded by `deadline`. With [`HoldOut::Respect`], the answer
+/// of a node that counts toward no quorum is replaced by why (see
+/// [`Redlock::on_every_node`]).
+async fn command_on<T: FromRedisValue>(
+    node: &Arc<Node>,
+    cmd: &redis::Cmd,
+    hold_out: HoldOut,
+    deadline: Instant,
+) -> Result<T, NodeError> {
+    let send = |mut conn: redis::aio::MultiplexedConnection| async move {
+        cmd.query_async::<T>(&mut conn).await
+    };
+    let reply = node.with_connection(send, deadline).await;
+    match node.held_out() {
+        Some(why) if hold_out == HoldOut::Respect && reply.is_ok() => Err(why),
+        _ => reply,
     }
 }
 

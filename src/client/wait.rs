@@ -211,7 +211,7 @@ impl Redlock {
             let n = self.inner.nodes.len();
             let start = Instant::now();
             let mut until = start + self.inner.cfg.connect_timeout;
-            let mut quorum_at = None;
+            let mut graced = false;
             loop {
                 let tried = hub.tried.notified();
                 tokio::pin!(tried);
@@ -221,10 +221,8 @@ impl Redlock {
                     return;
                 }
                 // Once a quorum's subscriptions stand, a hung node's may take as long again.
-                if stood >= self.quorum() && quorum_at.is_none() {
-                    let now = Instant::now();
-                    quorum_at = Some(now);
-                    until = timing::stragglers_until(start, now, until);
+                if stood >= self.quorum() && !std::mem::replace(&mut graced, true) {
+                    until = timing::stragglers_until(start, Instant::now(), until);
                 }
                 if tokio::time::timeout_at(until, tried).await.is_err() {
                     return;
@@ -364,6 +362,7 @@ impl Redlock {
                     let waiters = NodeWaiters {
                         hub: Arc::clone(&waiting.hub),
                         i,
+                        quorum: self.quorum(),
                         node: node.name().to_owned(),
                         first: true,
                     };
@@ -382,6 +381,8 @@ struct NodeWaiters {
     hub: Arc<Hub>,
     /// The node's place among the client's nodes.
     i: usize,
+    /// The client's quorum: a release announced by this many nodes stands freed on a quorum.
+    quorum: usize,
     /// The node's name, for log lines.
     node: String,
     /// Whether this subscription has yet to count its first try (`Hub::first_tries`).
@@ -434,12 +435,11 @@ impl Subscriber for NodeWaiters {
         let i = self.i;
         tracing::trace!(lock_key, node = i, value, "release notice");
         if let Some(kw) = kw {
-            let quorum = crate::core::quorum::quorum(lock(&self.hub.sinks).len());
             kw.released(Some(Notice {
                 value,
                 clients,
                 node: i,
-                quorum,
+                quorum: self.quorum,
             }));
         }
     }
