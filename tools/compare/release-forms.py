@@ -40,24 +40,19 @@ if v == false then
 end
 return -1"""
 
-AFTER = """if ARGV[2] and tonumber(redis.call('GET', KEYS[3]) or '0') < tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[3], ARGV[2])
-end
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  if KEYS[2] then
-    local n = redis.call('SCARD', KEYS[2])
-    if n > 0 then
-      redis.call('PUBLISH', KEYS[2], ARGV[1] .. ' ' .. n)
-    end
-  end
-  return 1
-end
-if v == false then
-  return 0
-end
-return -1"""
+# The release as it ships, read from the crate's one place for its Lua (not a copy that
+# could drift from it).
+LUA_RS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "node", "lua.rs")
+
+
+def shipped(name):
+    with open(LUA_RS) as f:
+        text = f.read()
+    body = text.index('r#"', text.index(f"pub(crate) static {name}:")) + len('r#"')
+    return text[body:text.index('"#', body)].strip()
+
+
+AFTER = shipped("RELEASE")
 
 # A string flag beside the waiters set, read with the lock key in one MGET: SCARD only when set.
 FLAG = """local r = redis.call('MGET', KEYS[1], KEYS[2])
