@@ -156,7 +156,7 @@ impl Redlock {
     /// The undo of a failed attempt: a release of `value` (no token: the call names no counter)
     /// on every node except those `skip` marks (the nodes that answered that another value
     /// holds the key: ours is not there), each bounded by the node timeout from now. Built
-    /// before it is awaited, so the caller's borrows end here. (`_fence_key` is not sent: an
+    /// before it is awaited, so the caller's borrows end here. (`keys`' counter is not sent: an
     /// undo raises no counter.)
     ///
     /// It announces itself to waiters only when `notify`: the attempt's value stood on a quorum
