@@ -32,10 +32,14 @@ use nix::unistd::Pid;
 
 mod cluster;
 mod net;
+mod options;
+mod reaper;
 mod sentinel;
 
 pub use cluster::RedisClusterMember;
 use net::{free_port, ping, query, wait_until};
+pub use options::{ServerOptions, TlsFiles};
+pub use reaper::Reaper;
 pub use sentinel::SentinelGroup;
 
 /// How long a server may take to answer its first PING.
@@ -101,142 +105,6 @@ pub enum TestkitError {
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> TestkitError {
     let what = what.into();
     move |source| TestkitError::Io { what, source }
-}
-
-/// How servers are started.
-#[derive(Debug, Clone, Default)]
-#[non_exhaustive]
-pub struct ServerOptions {
-    /// Persist with an append-only file fsynced on every write (`appendfsync always`), so a
-    /// restart keeps the lock keys and fencing counters.
-    pub aof_always: bool,
-    /// Require this password (`requirepass`); [`RedisServer::url`] then carries it.
-    pub password: Option<String>,
-    /// Also listen on a unix socket in the server's directory ([`RedisServer::unix_url`]).
-    pub unix_socket: bool,
-    /// Also listen for TLS on a second port ([`RedisServer::tls_url`]).
-    pub tls: Option<TlsFiles>,
-    /// A memory limit in bytes (`maxmemory`) and the eviction policy applied when it is reached
-    /// (`maxmemory-policy`, e.g. `volatile-lru`).
-    pub maxmemory: Option<(u64, String)>,
-    /// Disable the `CONFIG` command (`rename-command CONFIG ""`), as managed services do.
-    pub config_disabled: bool,
-    /// Run as a Redis Cluster node (`cluster-enabled yes`, its `nodes.conf` in the server's
-    /// directory, a 1 s node timeout); see [`RedisClusterMember`].
-    pub cluster: bool,
-    /// Start as a replica of the master on this loopback port (`replicaof 127.0.0.1 PORT`).
-    pub replica_of: Option<u16>,
-    /// Lines of a configuration file written to the server's directory and read at every
-    /// start and restart: `rename-command CONFIG ""`, `user NAME on >PASS ~quorumlock:* +get`.
-    pub config: Vec<String>,
-    /// Connect as this ACL user (name, password): the URLs carry it and the readiness check
-    /// authenticates as it (which needs `+ping`).
-    pub user: Option<(String, String)>,
-}
-
-/// PEM files for a server's TLS port (see [`ServerOptions::tls`]).
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct TlsFiles {
-    /// The server's certificate.
-    pub cert: PathBuf,
-    /// Its private key.
-    pub key: PathBuf,
-    /// The CA that signs client certificates (and, usually, the server's).
-    pub ca: PathBuf,
-    /// Whether clients must present a certificate signed by `ca` (`tls-auth-clients`).
-    pub require_client_cert: bool,
-}
-
-impl ServerOptions {
-    /// No persistence (the default).
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// With `appendonly yes` and `appendfsync always`.
-    pub fn aof_always(mut self) -> Self {
-        self.aof_always = true;
-        self
-    }
-
-    /// With `requirepass`.
-    pub fn password(mut self, password: &str) -> Self {
-        self.password = Some(password.to_owned());
-        self
-    }
-
-    /// With `maxmemory` (bytes) and this `maxmemory-policy`.
-    pub fn maxmemory(mut self, bytes: u64, policy: &str) -> Self {
-        self.maxmemory = Some((bytes, policy.to_owned()));
-        self
-    }
-
-    /// With the `CONFIG` command disabled.
-    pub fn config_disabled(mut self) -> Self {
-        self.config_disabled = true;
-        self
-    }
-
-    /// As a Redis Cluster node (see [`ServerOptions::cluster`]).
-    pub fn cluster(mut self) -> Self {
-        self.cluster = true;
-        self
-    }
-
-    /// As a replica of the master on this loopback port.
-    pub fn replica_of(mut self, port: u16) -> Self {
-        self.replica_of = Some(port);
-        self
-    }
-
-    /// With this line in the server's configuration file (see [`ServerOptions::config`]).
-    ///
-    /// ```no_run
-    /// use quorumlock::testkit::{LocalCluster, ServerOptions};
-    /// // A node like a managed service: CONFIG gone, one ACL user, the default user off.
-    /// let options = ServerOptions::new()
-    ///     .config_line("rename-command CONFIG \"\"")
-    ///     .config_line("user default off")
-    ///     .config_line("user app on >secret ~quorumlock:* &quorumlock:* +@all -script")
-    ///     .user("app", "secret");
-    /// let cluster = LocalCluster::start_with(3, &options)?;
-    /// # Ok::<(), quorumlock::testkit::TestkitError>(())
-    /// ```
-    pub fn config_line(mut self, line: &str) -> Self {
-        self.config.push(line.to_owned());
-        self
-    }
-
-    /// Connecting as this ACL user (see [`ServerOptions::user`]).
-    pub fn user(mut self, name: &str, password: &str) -> Self {
-        self.user = Some((name.to_owned(), password.to_owned()));
-        self
-    }
-
-    /// With a unix socket beside the TCP port.
-    pub fn unix_socket(mut self) -> Self {
-        self.unix_socket = true;
-        self
-    }
-
-    /// With a TLS port beside the plain one, using these PEM files; `require_client_cert` turns
-    /// on mutual TLS.
-    pub fn tls(
-        mut self,
-        cert: impl Into<PathBuf>,
-        key: impl Into<PathBuf>,
-        ca: impl Into<PathBuf>,
-        require_client_cert: bool,
-    ) -> Self {
-        self.tls = Some(TlsFiles {
-            cert: cert.into(),
-            key: key.into(),
-            ca: ca.into(),
-            require_client_cert,
-        });
-        self
-    }
 }
 
 /// One `redis-server` child process.
@@ -464,6 +332,11 @@ impl RedisServer {
         self.dir.path().join("redis.sock")
     }
 
+    /// Its directory: data files, log, configuration file and unix socket.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     /// The process id, while running.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
@@ -650,6 +523,31 @@ impl LocalCluster {
     /// As [`RedisServer::restart`].
     pub fn restart(&mut self, i: usize) -> Result<(), TestkitError> {
         self.server(i)?.restart()
+    }
+
+    /// A [`Reaper`] that kills these servers (as they run now) and removes their directories
+    /// when this process ends, however it ends, for a cluster kept where no destructor runs:
+    /// a `static` pool of clusters shared by the tests of one binary, say. Dropping the reaper
+    /// disarms it. A server restarted after this call is not covered (its process id changed).
+    ///
+    /// ```no_run
+    /// use std::sync::Mutex;
+    /// use quorumlock::testkit::{LocalCluster, Reaper};
+    /// static SHARED: Mutex<Vec<(LocalCluster, Reaper)>> = Mutex::new(Vec::new());
+    /// let cluster = LocalCluster::start(5)?;
+    /// let reaper = cluster.reap_at_exit()?;
+    /// SHARED.lock().unwrap().push((cluster, reaper)); // never dropped, yet never leaked
+    /// # Ok::<(), quorumlock::testkit::TestkitError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::Io`] when `sh` cannot be started.
+    pub fn reap_at_exit(&self) -> Result<Reaper, TestkitError> {
+        Reaper::watch(
+            self.servers.iter().filter_map(RedisServer::pid),
+            self.servers.iter().map(RedisServer::dir),
+        )
     }
 
     /// Restart server `i` on its port with its data deleted.

@@ -10,11 +10,11 @@
 //!
 //! The harness lives in `harness/`, the cases (`tNN_*.rs`) beside this file.
 //!
-//! Cases sort by intent: t10 the checker and the proxy, t20 no faults, t30 node faults, t40
-//! network faults, t50 data loss, t60 a paused client, t70 a clock jump, t80 everything mixed,
-//! t90 regressions (core bugs the suite found, pinned by deterministic tests; one ignored
-//! demonstration of the guard-off regression), t99 the long profile (`--ignored`). Each random
-//! case prints its seed; set `QUORUMLOCK_CHAOS_SEED` to replay it.
+//! Cases sort by intent: t10 the checker, the proxy and the testkit's reaper, t20 no faults,
+//! t30 node faults, t40 network faults, t50 data loss, t60 a paused client, t70 a clock jump, t80
+//! everything mixed, t90 regressions (core bugs the suite found, pinned by deterministic tests;
+//! one ignored demonstration of the guard-off regression), t99 the long profile (`--ignored`).
+//! Each random case prints its seed; set `QUORUMLOCK_CHAOS_SEED` to replay it.
 #![allow(unreachable_pub)]
 
 #[path = "../support/proxy.rs"]
@@ -39,6 +39,7 @@ mod workload;
 
 mod t10_checker;
 mod t11_proxy;
+mod t12_reaper;
 mod t20_baseline;
 mod t30_node_faults;
 mod t40_network_faults;
@@ -54,4 +55,11 @@ mod t99_long_profile;
 #[test]
 fn t00_child_client_process() {
     child::child_main();
+}
+
+/// Not a test: the process whose cluster the reaper must stop (see `t12_reaper.rs`). A no-op
+/// unless `QUORUMLOCK_REAPER_CHILD` is set.
+#[test]
+fn t00_reaper_child() {
+    t12_reaper::child_main();
 }

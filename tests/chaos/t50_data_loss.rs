@@ -117,7 +117,7 @@ async fn majority_wiped_without_restart_guard_breaks_exclusion_and_fencing_catch
     assert!(a.write(&resource, &rec).await);
 
     tracing::info!("--- nodes 0 and 1 are killed and restarted empty at once");
-    wipe(&mut cluster, &rec);
+    wipe(cluster.faults(), &rec);
 
     tracing::info!("--- B acquires on the wiped majority while A still holds");
     let b = Held::acquire(&b_locks, 1, ttl, WAIT, &rec)
@@ -205,7 +205,7 @@ async fn majority_wiped_with_restart_guard_keeps_exclusion_and_token_order() {
             .await
             .unwrap();
     }
-    let restarting = wipe(&mut cluster, &rec);
+    let restarting = wipe(cluster.faults(), &rec);
 
     // Try for a while, as a client would, recording every attempt.
     let b = Held::acquire(&b_locks, 1, ttl, ttl * 3, &rec)

@@ -308,7 +308,7 @@ async fn t94_a_signal_while_campaigning_runs_nothing() {
 /// The lock's key for an election is its name: `status NAME` shows the leader's term.
 #[tokio::test]
 async fn t95_status_shows_the_leaders_term() {
-    let cluster: LocalCluster = cluster(5);
+    let cluster = cluster(5);
     let dir = scratch();
     let d = dir.path();
     let stop = file(&dir, "stop");

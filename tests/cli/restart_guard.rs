@@ -5,7 +5,8 @@ use crate::support::*;
 
 #[tokio::test]
 async fn t80_strict_guard_is_the_default_and_holds_out_fresh_nodes() {
-    let cluster = cluster(5);
+    // Young nodes (their uptime is what is judged): never a reused cluster.
+    let cluster = fresh_cluster(5);
     let mut cmd = bare();
     cmd.arg("--nodes").arg(cluster.urls().join(","));
     let out = output(run_sh(cmd, &[], "exit 0")).await;
@@ -35,7 +36,8 @@ async fn t81_strict_guard_admits_nodes_up_longer_than_the_max_ttl() {
 
 #[tokio::test]
 async fn t82_max_ttl_sets_how_long_fresh_nodes_are_held_out() {
-    let cluster = cluster(5);
+    // Young nodes (their uptime is what is judged): never a reused cluster.
+    let cluster = fresh_cluster(5);
     let mut cmd = redlock(&cluster);
     cmd.env("REDLOCK_RESTART_GUARD", "strict")
         .env("REDLOCK_MAX_TTL", "2m");

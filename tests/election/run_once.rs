@@ -301,7 +301,7 @@ async fn t60_lost_lock_stops_the_job_and_leaves_no_marker() {
         }
     });
     started(started_rx).await;
-    let outcome = after_a_quorum_dies(&mut cluster, run, ttl).await;
+    let outcome = after_a_quorum_dies(cluster.faults(), run, ttl).await;
     assert!(
         matches!(outcome, Outcome::Lost { output: None, .. }),
         "{outcome:?}"
@@ -335,7 +335,7 @@ async fn t61_job_completing_as_the_lock_is_lost_keeps_its_output() {
         .unwrap()
     });
     started(started_rx).await;
-    let outcome = after_a_quorum_dies(&mut cluster, run, ttl).await;
+    let outcome = after_a_quorum_dies(cluster.faults(), run, ttl).await;
     match &outcome {
         Outcome::Lost { output, .. } => assert_eq!(*output, Some("finished on loss")),
         other => panic!("{other:?}"),

@@ -403,7 +403,8 @@ async fn t34_a_restart_straddling_a_second_boundary_is_held_out_for_the_whole_ma
 /// held out on first contact, and the error names each with how long.
 #[tokio::test]
 async fn t31_strict_guard_holds_out_freshly_started_nodes() {
-    let cluster = cluster(3);
+    // Young nodes (their uptime is what is judged): never a reused cluster.
+    let cluster = fresh_cluster(3);
     let locks = builder(&cluster)
         .restart_guard(RestartGuard::Strict)
         .max_ttl(Duration::from_secs(30))

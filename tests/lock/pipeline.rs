@@ -77,11 +77,7 @@ async fn p2_script_and_pipelined_nodes_interoperate() {
 
 /// Three pipelining (Redis 7) nodes, a client connected to all of them, and their command
 /// statistics zeroed.
-async fn pipelining_three() -> (
-    quorumlock::testkit::LocalCluster,
-    Vec<String>,
-    quorumlock::Redlock,
-) {
+async fn pipelining_three() -> (Cluster, Vec<String>, quorumlock::Redlock) {
     let cluster = cluster(3);
     let urls = cluster.urls();
     let locks = client(&cluster);
@@ -263,11 +259,11 @@ async fn p5_answers_after_the_verdict_do_not_wake_the_caller() {
         }
     };
 
-    paused(&mut cluster, true);
+    paused(cluster.faults(), true);
     let (lock, acquired) = counting_wakes(locks.acquire("p5", TTL)).await;
     let lock = lock.unwrap();
     let at_grant = acquired.wakes.load(std::sync::atomic::Ordering::SeqCst);
-    paused(&mut cluster, false);
+    paused(cluster.faults(), false);
     all_answered("after the acquisition").await;
     let status = locks.status("p5").await.unwrap();
     let ours = status
@@ -282,11 +278,11 @@ async fn p5_answers_after_the_verdict_do_not_wake_the_caller() {
         "wake-ups of the acquiring task after its acquisition returned"
     );
 
-    paused(&mut cluster, true);
+    paused(cluster.faults(), true);
     let (released, releasing) = counting_wakes(lock.release()).await;
     released.unwrap();
     let at_release = releasing.wakes.load(std::sync::atomic::Ordering::SeqCst);
-    paused(&mut cluster, false);
+    paused(cluster.faults(), false);
     all_answered("after the release").await;
     let status = locks.status("p5").await.unwrap();
     assert!(

@@ -95,11 +95,7 @@ async fn a_slow_extension_counts_its_validity_from_its_end() {
 
 /// Three nodes behind proxies (no latency yet) and a warmed client whose node timeout outlasts
 /// the latency the tests add.
-async fn behind_proxies() -> (
-    quorumlock::testkit::LocalCluster,
-    Vec<Proxy>,
-    quorumlock::Redlock,
-) {
+async fn behind_proxies() -> (crate::support::Cluster, Vec<Proxy>, quorumlock::Redlock) {
     let c = cluster(3);
     let mut proxies = Vec::new();
     for url in c.urls() {

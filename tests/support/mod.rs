@@ -10,6 +10,10 @@ use quorumlock::Redlock;
 use quorumlock::testkit::LocalCluster;
 use tokio::time::Instant;
 
+mod pool;
+#[allow(unused_imports)]
+pub use pool::{Cluster, cluster, fresh_cluster};
+
 /// Generous per-node timeout: a loaded 2-core box can take tens of ms to answer.
 pub const NODE_TIMEOUT: Duration = Duration::from_millis(300);
 /// Upper bound for any condition a test waits on.
@@ -26,12 +30,6 @@ pub fn init_tracing() {
             .with_test_writer()
             .try_init();
     });
-}
-
-/// A fresh cluster of `n` masters.
-pub fn cluster(n: usize) -> LocalCluster {
-    init_tracing();
-    LocalCluster::start(n).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A client for the cluster with test-friendly timings.
