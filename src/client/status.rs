@@ -142,14 +142,15 @@ impl LockStatus {
         }
     }
 
-    /// The highest fencing counter any node reports. The counter is shared by the lock keys of
-    /// one Redis Cluster hash slot, so it may stand above this key's last token.
-    pub fn max_fence(&self) -> u64 {
+    /// The highest fencing counter any node reports (0 when none does). The counter is shared
+    /// by the lock keys of one Redis Cluster hash slot, so it may stand above this key's last
+    /// token.
+    pub fn max_fence(&self) -> FencingToken {
         self.nodes
             .iter()
-            .filter_map(|n| n.state.as_ref().ok().map(|s| s.fence.get()))
+            .filter_map(|n| n.state.as_ref().ok().map(|s| s.fence))
             .max()
-            .unwrap_or(0)
+            .unwrap_or(FencingToken::new(0))
     }
 }
 

@@ -121,7 +121,7 @@ async fn t32_status_reports_each_node() {
     let status = locks.status("job").await.unwrap();
     assert_eq!(status.answered(), 4);
     assert!(status.holder().is_some());
-    assert_eq!(status.max_fence(), lock.token().get());
+    assert_eq!(status.max_fence(), lock.token());
     assert!(status.nodes[4].state.is_err());
     let held = status.nodes[0].state.as_ref().unwrap();
     assert!(held.ttl.unwrap() > Duration::from_secs(9));

@@ -195,7 +195,7 @@ async fn k5_the_key_prefix_is_a_namespace() {
     // Another namespace: the same name is free there.
     let other = default.acquire("job", TTL).await.unwrap();
     let status = billing.status("job").await.unwrap();
-    assert!(status.max_fence() >= held.token().get());
+    assert!(status.max_fence() >= held.token());
     for url in &urls {
         assert!(
             all_keys(url)

@@ -186,7 +186,7 @@ pub(crate) fn to_json(status: &LockStatus) -> Value {
         "held_on": holder.map_or(0, |h| held_on(status, h)),
         "quorum": status.quorum,
         "answered": status.answered(),
-        "max_fence": status.max_fence(),
+        "max_fence": status.max_fence().get(),
         "nodes": nodes,
     })
 }
