@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Redlock, Runtime};
+use super::{Held, Redlock, Runtime};
 use crate::error::Error;
 use crate::{FencingToken, Health, Leader, LostReason};
 
@@ -108,8 +108,7 @@ impl Election {
 
     fn leadership(&self, won: crate::Leadership) -> Leadership {
         Leadership {
-            inner: Some(won),
-            runtime: Arc::clone(&self.runtime),
+            held: Held::new(won, &self.runtime),
         }
     }
 }
@@ -120,17 +119,12 @@ impl Election {
 #[derive(Debug)]
 #[must_use = "dropping the leadership resigns it (blocking until done); call .resign() to see the result"]
 pub struct Leadership {
-    /// `None` once resigned.
-    inner: Option<crate::Leadership>,
-    runtime: Arc<Runtime>,
+    held: Held<crate::Leadership>,
 }
 
 impl Leadership {
-    /// The term: always there while `self` is (taken only by `resign` and drop).
     fn inner(&self) -> &crate::Leadership {
-        self.inner
-            .as_ref()
-            .expect("a blocking Leadership holds its term until it is consumed")
+        self.held.get()
     }
 
     /// The term's fencing token: stamp every write with it.
@@ -158,25 +152,7 @@ impl Leadership {
     /// # Errors
     ///
     /// As [`crate::Leadership::resign`].
-    pub fn resign(mut self) -> Result<(), Error> {
-        match self.inner.take() {
-            Some(term) => self.runtime.block_on(term.resign()),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for Leadership {
-    fn drop(&mut self) {
-        let Some(term) = self.inner.take() else {
-            return;
-        };
-        if tokio::runtime::Handle::try_current().is_ok() || self.runtime.handle().is_none() {
-            drop(term); // resigned in the background
-            return;
-        }
-        if let Err(e) = self.runtime.block_on(term.resign()) {
-            tracing::debug!(error = %e, "resign of a dropped blocking leadership failed; the ttl ends the term");
-        }
+    pub fn resign(self) -> Result<(), Error> {
+        self.held.end()
     }
 }

@@ -32,6 +32,7 @@
 //! tokio refuses to `block_on` there): use the async [`crate::Redlock`] instead.
 
 mod election;
+mod held;
 mod multi;
 mod run_once;
 mod semaphore;
@@ -43,6 +44,8 @@ pub use election::{Election, Leadership};
 pub use multi::MultiLock;
 pub use run_once::RunOnce;
 pub use semaphore::{Permit, Semaphore};
+
+use held::Held;
 
 use crate::error::{ConfigError, Error};
 use crate::{FencingToken, LockStatus, LostReason};
@@ -267,8 +270,7 @@ impl Redlock {
 
     fn guard(&self, lock: crate::Lock) -> Lock {
         Lock {
-            lock: Some(lock),
-            runtime: Arc::clone(&self.runtime),
+            held: Held::new(lock, &self.runtime),
         }
     }
 }
@@ -281,33 +283,12 @@ impl Redlock {
 #[derive(Debug)]
 #[must_use = "dropping the lock releases it (blocking until a quorum answered); call .release() to see the result"]
 pub struct Lock {
-    /// `None` once released or forgotten.
-    lock: Option<crate::Lock>,
-    runtime: Arc<Runtime>,
-}
-
-impl Drop for Lock {
-    fn drop(&mut self) {
-        let Some(lock) = self.lock.take() else {
-            return;
-        };
-        if tokio::runtime::Handle::try_current().is_ok() || self.runtime.handle().is_none() {
-            // The async guard's own drop: a release in the background.
-            drop(lock);
-            return;
-        }
-        if let Err(e) = self.runtime.block_on(lock.release()) {
-            tracing::debug!(error = %e, "release of a dropped blocking lock failed; the ttl will expire it");
-        }
-    }
+    held: Held<crate::Lock>,
 }
 
 impl Lock {
-    /// The guard: always there while `self` is (taken only by `release`, `forget` and drop).
     fn inner(&self) -> &crate::Lock {
-        self.lock
-            .as_ref()
-            .expect("a blocking Lock holds its guard until it is consumed")
+        self.held.get()
     }
 
     /// The user key.
@@ -347,8 +328,8 @@ impl Lock {
 
     /// Leaves the lock to expire with its ttl instead of releasing it (keep-alive stops), as
     /// [`crate::Lock::forget`].
-    pub fn forget(mut self) {
-        if let Some(lock) = self.lock.take() {
+    pub fn forget(self) {
+        if let Some(lock) = self.held.let_go() {
             lock.forget();
         }
     }
@@ -359,14 +340,18 @@ impl Lock {
     ///
     /// As [`crate::Lock::extend`], and [`ConfigError::Runtime`] from inside an async runtime.
     pub fn extend(&self, ttl: Duration) -> Result<Duration, Error> {
-        self.runtime.block_on(self.inner().extend(ttl))
+        self.held.runtime().block_on(self.inner().extend(ttl))
     }
 
     /// Extends the lock every `ttl / 3` on the client's runtime until it is released, dropped
     /// or lost, as [`crate::Lock::keep_alive`]; check [`is_lost`](Self::is_lost) between steps
     /// of the work.
     pub fn keep_alive(&self) {
-        let _entered = self.runtime.handle().map(tokio::runtime::Handle::enter);
+        let _entered = self
+            .held
+            .runtime()
+            .handle()
+            .map(tokio::runtime::Handle::enter);
         self.inner().keep_alive();
     }
 
@@ -376,10 +361,7 @@ impl Lock {
     ///
     /// As [`crate::Lock::release`], and [`ConfigError::Runtime`] from inside an async runtime
     /// (the lock is then released in the background).
-    pub fn release(mut self) -> Result<(), Error> {
-        match self.lock.take() {
-            Some(lock) => self.runtime.block_on(lock.release()),
-            None => Ok(()),
-        }
+    pub fn release(self) -> Result<(), Error> {
+        self.held.end()
     }
 }

@@ -1,9 +1,8 @@
 //! Several locks at once, blocking: [`Redlock::acquire_all`] and its [`MultiLock`].
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Redlock, Runtime};
+use super::{Held, Redlock};
 use crate::error::Error;
 use crate::{FencingToken, LostReason};
 
@@ -56,8 +55,7 @@ impl Redlock {
             .runtime
             .block_on(self.locks.acquire_all_timeout(keys, ttl, wait))?;
         Ok(MultiLock {
-            locks: Some(locks),
-            runtime: Arc::clone(&self.runtime),
+            held: Held::new(locks, &self.runtime),
         })
     }
 }
@@ -69,17 +67,12 @@ impl Redlock {
 #[derive(Debug)]
 #[must_use = "dropping the locks releases them (blocking until a quorum answered); call .release() to see the result"]
 pub struct MultiLock {
-    /// `None` once released.
-    locks: Option<crate::MultiLock>,
-    runtime: Arc<Runtime>,
+    held: Held<crate::MultiLock>,
 }
 
 impl MultiLock {
-    /// The guard: always there while `self` is (taken only by `release` and drop).
     fn inner(&self) -> &crate::MultiLock {
-        self.locks
-            .as_ref()
-            .expect("a blocking MultiLock holds its guard until it is consumed")
+        self.held.get()
     }
 
     /// The keys held, sorted.
@@ -114,7 +107,7 @@ impl MultiLock {
     /// As [`crate::MultiLock::extend`], and [`ConfigError::Runtime`](crate::ConfigError::Runtime)
     /// from inside an async runtime.
     pub fn extend(&self, ttl: Duration) -> Result<Duration, Error> {
-        self.runtime.block_on(self.inner().extend(ttl))
+        self.held.runtime().block_on(self.inner().extend(ttl))
     }
 
     /// Releases every lock, as [`crate::MultiLock::release`].
@@ -122,25 +115,7 @@ impl MultiLock {
     /// # Errors
     ///
     /// As [`crate::MultiLock::release`].
-    pub fn release(mut self) -> Result<(), Error> {
-        match self.locks.take() {
-            Some(locks) => self.runtime.block_on(locks.release()),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for MultiLock {
-    fn drop(&mut self) {
-        let Some(locks) = self.locks.take() else {
-            return;
-        };
-        if tokio::runtime::Handle::try_current().is_ok() || self.runtime.handle().is_none() {
-            drop(locks); // released in the background
-            return;
-        }
-        if let Err(e) = self.runtime.block_on(locks.release()) {
-            tracing::debug!(error = %e, "release of dropped blocking locks failed; the ttl will expire them");
-        }
+    pub fn release(self) -> Result<(), Error> {
+        self.held.end()
     }
 }
