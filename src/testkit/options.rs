@@ -10,11 +10,11 @@ pub struct ServerOptions {
     /// Persist with an append-only file fsynced on every write (`appendfsync always`), so a
     /// restart keeps the lock keys and fencing counters.
     pub aof_always: bool,
-    /// Require this password (`requirepass`); [`RedisServer::url`] then carries it.
+    /// Require this password (`requirepass`); [`RedisServer::url`](super::RedisServer::url) then carries it.
     pub password: Option<String>,
-    /// Also listen on a unix socket in the server's directory ([`RedisServer::unix_url`]).
+    /// Also listen on a unix socket in the server's directory ([`RedisServer::unix_url`](super::RedisServer::unix_url)).
     pub unix_socket: bool,
-    /// Also listen for TLS on a second port ([`RedisServer::tls_url`]).
+    /// Also listen for TLS on a second port ([`RedisServer::tls_url`](super::RedisServer::tls_url)).
     pub tls: Option<TlsFiles>,
     /// A memory limit in bytes (`maxmemory`) and the eviction policy applied when it is reached
     /// (`maxmemory-policy`, e.g. `volatile-lru`).
@@ -22,7 +22,7 @@ pub struct ServerOptions {
     /// Disable the `CONFIG` command (`rename-command CONFIG ""`), as managed services do.
     pub config_disabled: bool,
     /// Run as a Redis Cluster node (`cluster-enabled yes`, its `nodes.conf` in the server's
-    /// directory, a 1 s node timeout); see [`RedisClusterMember`].
+    /// directory, a 1 s node timeout); see [`RedisClusterMember`](super::RedisClusterMember).
     pub cluster: bool,
     /// Start as a replica of the master on this loopback port (`replicaof 127.0.0.1 PORT`).
     pub replica_of: Option<u16>,
