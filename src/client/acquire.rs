@@ -247,7 +247,7 @@ impl Redlock {
             tracing::trace!(key = req.key, round = tries.rounds, epoch, "attempt round");
             let err = match self.round_of(&req, &value, &mut tries, &waiter).await {
                 RoundEnd::Won(won) => {
-                    waiter.won();
+                    waiter.won(&value);
                     return Ok(self.granted(req, value, won, tries.called));
                 }
                 RoundEnd::Undone => continue,
