@@ -155,6 +155,8 @@ struct Lost {
     /// The nodes that refused because another value holds the key: the undo skips them (ours
     /// is not there).
     held_elsewhere: Vec<bool>,
+    /// The nodes that set our value (answered yes).
+    set_on: Vec<usize>,
     /// A refused round's unanswered calls: the undo learns their answers first.
     tail: Option<Tail>,
 }
@@ -247,7 +249,7 @@ impl Redlock {
             tracing::trace!(key = req.key, round = tries.rounds, epoch, "attempt round");
             let err = match self.round_of(&req, &value, &mut tries, &waiter).await {
                 RoundEnd::Won(won) => {
-                    waiter.won();
+                    waiter.won(&value);
                     return Ok(self.granted(req, value, won, tries.called));
                 }
                 RoundEnd::Undone => continue,
@@ -259,7 +261,11 @@ impl Redlock {
 
     /// One attempt round with its undo armed before the first await: a round that fails or is
     /// cancelled is released everywhere; a split vote is undone (awaited) before a random
-    /// pause.
+    /// pause. A failed round that another follows is first released, awaited, on the nodes
+    /// that set its value (`UndoRelease::release_set`): the pause may read the holder's key and
+    /// the next round may follow at once (a notice), and neither may meet this round's value.
+    /// A retry refused by it read as held by another owner, the undo announced nothing, and the
+    /// waiter slept until its timer.
     async fn round_of(
         &self,
         req: &Request<'_>,
@@ -273,6 +279,7 @@ impl Redlock {
             Ok(voted) => voted,
             Err(lost) => {
                 undo.skip = lost.held_elsewhere;
+                undo.set_on = lost.set_on;
                 undo.tail = lost.tail;
                 if lost.contended
                     && let Some(contention_round) = tries.contend()
@@ -283,6 +290,11 @@ impl Redlock {
                         .await;
                     undo.disarm();
                     return RoundEnd::Undone;
+                }
+                // Another round follows: our value goes first where it was set (the rest of
+                // the undo, to nodes that failed or had not answered, in the background).
+                if !tries.give_up(&lost.err, waiter.backoff()) {
+                    undo.release_set().await;
                 }
                 return RoundEnd::Failed(lost.err);
             }
@@ -438,11 +450,13 @@ impl Redlock {
             Acquisition::Held { contended } => return Err(self.refused(req.key, round, contended)),
             Acquisition::Unreachable => {
                 let held_elsewhere = self.held_elsewhere(&round);
+                let set_on = round.set_on();
                 let err = self.unreachable(req.key, round);
                 return Err(Lost {
                     err,
                     contended: false,
                     held_elsewhere,
+                    set_on,
                     tail: None,
                 });
             }
@@ -492,6 +506,7 @@ impl Redlock {
             err: self.held(key, round.held_by_other()),
             contended,
             held_elsewhere: self.held_elsewhere(&round),
+            set_on: round.set_on(),
             // Nodes that had not answered: the undo learns their answers first.
             tail: (!contended).then_some(round.rest),
         }

@@ -32,9 +32,12 @@ pub(super) struct KeyState {
     /// This client's waiters, oldest first.
     pub(super) queue: VecDeque<u64>,
     pub(super) next_ticket: u64,
-    /// Set when the head left the queue holding the lock: the epoch its winning round started
-    /// at. The next head waits for a release after it before its first round.
-    pub(super) handed: Option<u64>,
+    /// Set when the head left the queue holding the lock: the value it won with. The next head
+    /// waits for that value's release notice (or a possible loss of notices) before its first
+    /// round. Counting notices instead woke it too early: the second wake of the release before
+    /// the win (its quorum of notices, `released`) can arrive during or after the winning round,
+    /// and the next head's round then met the winner's own release half-way.
+    pub(super) handed: Option<String>,
     /// Until when the marker set on the nodes stands (less the refresh margin).
     pub(super) marker_until: Option<Instant>,
     /// Values this client released lately: a notice of one of them is a release by us.
@@ -60,8 +63,8 @@ pub(super) struct Notice<'a> {
 pub(crate) struct Ticket {
     pub(super) kw: Arc<KeyWait>,
     pub(super) id: u64,
-    /// Set once the waiter won: the epoch its winning round started at.
-    pub(super) won_at: Option<u64>,
+    /// Set once the waiter won: the value it won with.
+    pub(super) won: Option<String>,
 }
 
 impl Drop for Ticket {
@@ -70,7 +73,7 @@ impl Drop for Ticket {
         let was_head = st.queue.front() == Some(&self.id);
         st.queue.retain(|&t| t != self.id);
         if was_head {
-            st.handed = self.won_at;
+            st.handed = self.won.take();
         }
         drop(st);
         if was_head {
@@ -80,9 +83,9 @@ impl Drop for Ticket {
 }
 
 impl Ticket {
-    /// Records that this waiter won, in a round that started at `epoch`.
-    pub(crate) fn won(&mut self, epoch: u64) {
-        self.won_at = Some(epoch);
+    /// Records that this waiter won, with `value`.
+    pub(crate) fn won(&mut self, value: &str) {
+        self.won = Some(value.to_owned());
     }
 }
 
@@ -107,9 +110,16 @@ impl KeyWait {
     /// the waiter's round does), and once `quorum` nodes have announced it (a round is sure to
     /// find the key gone on a quorum then: a round woken by the first notice can be refused by
     /// the nodes the release had not reached yet, and would otherwise wait for its timer).
-    /// Other copies of a release are ignored.
+    /// Other copies of a release are ignored, but for the release of the lock the previous head
+    /// won (`handed`): its first copy to arrive gives the next head its turn.
     pub(super) fn released(&self, notice: Option<Notice<'_>>) {
         let mut st = lock(&self.state);
+        // The release the next head waits for (any copy of it), or notices maybe missed.
+        if notice.is_none_or(|n| st.handed.as_deref() == Some(n.value))
+            && st.handed.take().is_some()
+        {
+            self.notify.notify_waiters();
+        }
         if let Some(Notice {
             value: v,
             clients,
@@ -155,8 +165,8 @@ impl KeyWait {
     }
 
     /// Waits until `ticket` is at the head of the queue and, if the previous head left
-    /// holding the lock, until a release after its win; or until `until`. Returns whether the
-    /// turn came.
+    /// holding the lock, until that lock's release is announced; or until `until`. Returns
+    /// whether the turn came.
     pub(crate) async fn turn(&self, ticket: &Ticket, until: Option<Instant>) -> bool {
         loop {
             let notified = self.notify.notified();
@@ -164,11 +174,8 @@ impl KeyWait {
             notified.as_mut().enable();
             {
                 let st = lock(&self.state);
-                if st.queue.front() == Some(&ticket.id) {
-                    match st.handed {
-                        Some(e) if st.epoch <= e => {}
-                        _ => return true,
-                    }
+                if st.queue.front() == Some(&ticket.id) && st.handed.is_none() {
+                    return true;
                 }
             }
             match until {
@@ -197,6 +204,12 @@ impl KeyWait {
                 _ = tokio::time::sleep_until(until) => return Woken::Timer,
             }
         }
+    }
+
+    /// The head found the lock its predecessor won gone without a notice of its release (its
+    /// key expired, or the notices were lost): it stops waiting for that release.
+    pub(crate) fn handover_missed(&self) {
+        lock(&self.state).handed = None;
     }
 
     /// Whether `ticket` is the oldest waiter.

@@ -67,6 +67,11 @@ impl Round {
         )
     }
 
+    /// The nodes that answered yes (an acquisition: they set its value).
+    pub(super) fn set_on(&self) -> Vec<usize> {
+        self.yes.iter().map(|&(i, _)| i).collect()
+    }
+
     /// Nodes holding the most common foreign value seen, or every refusal when values are
     /// unknown: what `Held` reports.
     pub(super) fn held_by_other(&self) -> usize {

@@ -20,6 +20,10 @@ pub(super) struct UndoRelease<'a> {
     value: &'a str,
     armed: bool,
     pub(super) skip: Vec<bool>,
+    /// The nodes that answered that they set the attempt's value ([`release_set`]).
+    ///
+    /// [`release_set`]: Self::release_set
+    pub(super) set_on: Vec<usize>,
     /// Whether the attempt's value stood on a quorum: only then does the undo announce itself
     /// to waiters (`quorum::undo_announces`).
     pub(super) stood: bool,
@@ -42,6 +46,7 @@ impl<'a> UndoRelease<'a> {
             value,
             armed: true,
             skip: Vec::new(),
+            set_on: Vec::new(),
             stood: false,
             tail: None,
         }
@@ -57,6 +62,28 @@ impl<'a> UndoRelease<'a> {
         self.client
             .release_on(self.keys, self.value, &self.skip, false)
             .await;
+    }
+
+    /// Releases the attempt's value now, awaited and without announcing it, on the nodes that
+    /// answered that they set it (they answered: no hung node among them), which the rest of
+    /// the undo then spares. An attempt that stood on a quorum is left whole to the undo (it
+    /// announces its release).
+    pub(super) async fn release_set(&mut self) {
+        if self.stood || self.set_on.is_empty() {
+            return;
+        }
+        let n = self.client.inner.nodes.len();
+        let mut others = vec![true; n];
+        for &i in &self.set_on {
+            others[i] = false;
+        }
+        self.client
+            .release_on(self.keys, self.value, &others, false)
+            .await;
+        self.skip.resize(n, false);
+        for i in std::mem::take(&mut self.set_on) {
+            self.skip[i] = true;
+        }
     }
 }
 

@@ -187,7 +187,7 @@ impl Redlock {
             Ticket {
                 kw: Arc::clone(&kw),
                 id,
-                won_at: None,
+                won: None,
             }
         };
         let deadline = Instant::now() + self.inner.cfg.node_timeout;

@@ -82,10 +82,11 @@ impl<'a> Waiter<'a> {
         self.epoch
     }
 
-    /// The round started last won: the queue learns it (the next waiter waits for its release).
-    pub(super) fn won(mut self) {
+    /// The round started last won with `value`: the queue learns it (the next waiter waits for
+    /// that value's release).
+    pub(super) fn won(mut self, value: &str) {
         if let Some((_, ticket)) = &mut self.queued {
-            ticket.won(self.epoch);
+            ticket.won(value);
         }
     }
 
@@ -145,6 +146,9 @@ impl<'a> Waiter<'a> {
                         next = Some(Instant::now() + pause);
                     }
                     _ => {
+                        // The lock the previous head won is gone without a notice (expired):
+                        // waiting for its release is over.
+                        kw.handover_missed();
                         self.polls = self.polls.saturating_add(1);
                         return false;
                     }

@@ -1,10 +1,17 @@
 //! Waiting through faults: pub/sub connections killed while a waiter waits, a node known down;
 //! and a node hung while a waiter reads the holder's key (w23).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use futures::future::BoxFuture;
 
 use crate::support::*;
 use crate::{NEVER, crashed_holder, patient, sets_since, until_waiting};
+
+/// An acquisition to hand to a task.
+type Acquisition = BoxFuture<'static, Result<quorumlock::Lock, quorumlock::Error>>;
 
 /// The waiter's pub/sub connections are killed on every node while it waits (its poll timer an
 /// hour away): the subscriptions come back and the waiter still acquires after the release,
@@ -127,4 +134,85 @@ async fn w23_a_hung_node_does_not_hold_up_a_waiters_read_of_the_holder() {
     );
     cluster.resume(4).unwrap();
     won.release().await.unwrap();
+}
+
+/// One client's eight tasks take a lock in turn, each waiting for it (its timer an hour away),
+/// with node 4 hung, on the multi-thread runtime: every handover is made at a release's notice,
+/// never at a timer, in at most two rounds (the first notice's, and the quorum's). Two faults
+/// broke it. The next head's turn came at the quorum's wake of the release *before* the last
+/// win (late, on another worker thread), so its round met the winner's own release half-way:
+/// two yes, two held, the hung node failed, no quorum. And a round woken by the first notice
+/// can meet the release half-way too (a releasing task's calls reach their connections one by
+/// one); the round after it, woken by the quorum's notice, then found the first round's own
+/// value still standing where it had been set (its undo, in the background, not yet sent),
+/// failed again, and the waiter slept until its timer (1 s, or the holder's key expiry, in
+/// `tools/compare`; an hour here). Before the fixes: `a handover waited for a timer:
+/// Elapsed(())` (6 runs of 6); with the first alone, 8 of 12 runs, three at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn w24_with_a_node_hung_every_handover_is_a_notice() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    let live = &urls[..4];
+    let locks = patient(&cluster).await;
+    let ttl = Duration::from_secs(60);
+    cluster.pause(4).unwrap();
+    // Node 4 known down (a background release there timed out): no round waits for it.
+    drop(locks.acquire("w24-down", ttl).await.unwrap());
+    tokio::time::timeout(WAIT, locks.flush())
+        .await
+        .expect("flush is bounded by the node timeout");
+    // Held until every task has queued: no task makes a round outside the queue on a free
+    // lock (one failed for want of nodes would wait for its timer, an hour away).
+    let first = locks.acquire("w24", ttl).await.unwrap();
+    spread(&first, live).await;
+    let before = sets(live);
+    let total = 1500;
+    let done = Arc::new(AtomicU64::new(0));
+    let acquisition = {
+        let locks = locks.clone();
+        move || -> Acquisition {
+            let locks = locks.clone();
+            Box::pin(async move { locks.acquire_timeout("w24", ttl, NEVER).await })
+        }
+    };
+    let take_turns = |mut next: Acquisition| {
+        let (acquisition, done) = (acquisition.clone(), Arc::clone(&done));
+        tokio::spawn(async move {
+            loop {
+                let lock = tokio::time::timeout(WAIT, next)
+                    .await
+                    .expect("a handover waited for a timer")
+                    .expect("acquired");
+                done.fetch_add(1, Ordering::SeqCst);
+                lock.release().await.expect("released");
+                if done.load(Ordering::SeqCst) >= total {
+                    return;
+                }
+                next = acquisition();
+            }
+        })
+    };
+    // The first task queues once refused; the others queue behind it in their first poll.
+    let mut tasks = vec![take_turns(acquisition())];
+    until_waiting(live, "w24", &before).await;
+    for _ in 1..8 {
+        let mut next = acquisition();
+        assert!(futures::poll!(&mut next).is_pending(), "queued");
+        tasks.push(take_turns(next));
+    }
+    first.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(WAIT * 6, task)
+            .await
+            .expect("the tasks end")
+            .unwrap();
+    }
+    let n = done.load(Ordering::SeqCst);
+    // The first task's two rounds before it queued, then at most two per handover.
+    let rounds = sets_since(live, &before);
+    assert!(
+        rounds.iter().all(|&r| r <= 2 + 2 * n),
+        "rounds per healthy node for {n} handovers: {rounds:?}"
+    );
+    cluster.resume(4).unwrap();
 }

@@ -262,8 +262,15 @@ impl Row {
             let max = self.per_task.iter().max().copied().unwrap_or(0);
             let attempts = self.ok + self.busy + self.err;
             notes.push(format!("per task min/max {min}/{max}; {attempts} attempts"));
-            if let Some(p50) = self.handover(0.5) {
-                notes.push(format!("handover p50 {}", dur(p50)));
+            if let (Some(p50), Some(p99), Some(max)) =
+                (self.handover(0.5), self.handover(0.99), self.handover(1.0))
+            {
+                notes.push(format!(
+                    "handover p50 {}, p99 {}, max {}",
+                    dur(p50),
+                    dur(p99),
+                    dur(max)
+                ));
             }
         } else if self.busy > 0 {
             notes.push(format!("{} attempts refused", self.busy));
