@@ -114,6 +114,18 @@ impl Tail {
                 .all(|(i, &answered)| answered || self.gate.handed(i))
     }
 
+    /// Whether every call neither answered nor handed goes to a node known down (its last call
+    /// failed), whose connection is being made again: nothing waits for such a node (a round
+    /// does not, `Answers::pending_down`), so the lock need not stand there either, and the
+    /// round may be closed at once instead of handed (its release would otherwise wait for the
+    /// handing, up to the node timeout, on every lock while such a node is hung).
+    pub(super) fn unhanded_only_to_down(&self, nodes: &[Arc<Node>]) -> bool {
+        self.answered
+            .iter()
+            .enumerate()
+            .all(|(i, &answered)| answered || self.gate.handed(i) || nodes[i].is_down())
+    }
+
     /// How many calls have not answered.
     fn unanswered(&self) -> usize {
         self.calls.as_ref().map_or(0, |c| c.len())

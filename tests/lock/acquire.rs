@@ -398,3 +398,38 @@ async fn t20_contention_never_overlaps_and_tokens_grow() {
         );
     }
 }
+
+/// A node known down whose connection is being made again (it came back hung): an
+/// acquisition's call to it waits for the connection, and the release must not wait for that
+/// call (it waited up to the node timeout: every release paid it while a paused node's
+/// connection was re-made, 50 ms by default). The timeouts are 30 s so that a release that
+/// waits fails the bounded wait below.
+#[tokio::test]
+async fn t26_release_does_not_wait_for_a_call_to_a_node_known_down() {
+    let mut cluster = cluster(5);
+    let locks = builder(&cluster)
+        .node_timeout(Duration::from_secs(30))
+        .connect_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    warm(&locks).await;
+    // Node 0 dies: the next call to it fails at once, and the client knows it down.
+    cluster.kill(0).unwrap();
+    let lock = locks.try_acquire("downed", TTL).await.expect("4 of 5");
+    lock.release().await.expect("release");
+    // It comes back, but hung: a connection to it is accepted and never answered.
+    cluster.restart(0).unwrap();
+    cluster.pause(0).unwrap();
+    // Past the client's reconnect backoff after the refusal (25 ms): a timer of the library's,
+    // with no event to await. The next call to node 0 then connects, and waits.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let lock = tokio::time::timeout(WAIT, locks.try_acquire("downed", LONG_TTL))
+        .await
+        .expect("the acquisition does not wait for a node known down")
+        .expect("4 of 5");
+    tokio::time::timeout(WAIT, lock.release())
+        .await
+        .expect("the release does not wait for the call to the node known down")
+        .expect("release");
+    cluster.resume(0).unwrap();
+}
