@@ -106,12 +106,7 @@ impl Tail {
     /// queued on its connection (a kept future keeps it from being skipped), or the round is
     /// closed (the others must not be sent).
     pub(super) fn can_park(&self) -> bool {
-        self.gate.is_closed()
-            || self
-                .answered
-                .iter()
-                .enumerate()
-                .all(|(i, &answered)| answered || self.gate.handed(i))
+        self.gate.is_closed() || self.all_handed()
     }
 
     /// Whether every call neither answered nor handed goes to a node known down (its last call
@@ -120,10 +115,7 @@ impl Tail {
     /// round may be closed at once instead of handed (its release would otherwise wait for the
     /// handing, up to the node timeout, on every lock while such a node is hung).
     pub(super) fn unhanded_only_to_down(&self, nodes: &[Arc<Node>]) -> bool {
-        self.answered
-            .iter()
-            .enumerate()
-            .all(|(i, &answered)| answered || self.gate.handed(i) || nodes[i].is_down())
+        self.settled_but(|i| nodes[i].is_down())
     }
 
     /// How many calls have not answered.
@@ -163,10 +155,16 @@ impl Tail {
     /// Whether every call that has not answered by the verdict has been handed to its
     /// connection since (a call that answered later was handed too).
     fn all_handed(&self) -> bool {
+        self.settled_but(|_| false)
+    }
+
+    /// Whether every call has answered or been handed, but for those to the nodes `excused`
+    /// names.
+    fn settled_but(&self, excused: impl Fn(usize) -> bool) -> bool {
         self.answered
             .iter()
             .enumerate()
-            .all(|(i, &answered)| answered || self.gate.handed(i))
+            .all(|(i, &answered)| answered || self.gate.handed(i) || excused(i))
     }
 
     /// Drives a won acquisition's calls (its round still open) until each has been handed to
