@@ -260,10 +260,11 @@ impl Redlock {
     }
 
     /// One attempt round with its undo armed before the first await: a round that fails or is
-    /// cancelled is released everywhere; a split vote is undone (awaited) before a random
-    /// pause. A failed round that another follows is first released, awaited, on the nodes
-    /// that set its value (`UndoRelease::release_set`): the pause may read the holder's key and
-    /// the next round may follow at once (a notice), and neither may meet this round's value.
+    /// cancelled is released everywhere. A split vote, and a failed round that another
+    /// follows, is first released, awaited, on the nodes that set its value
+    /// (`UndoRelease::release_set`; the rest of the undo in the background): the pause may
+    /// read the holder's key and the next round may follow at once (a notice), and neither
+    /// may meet this round's value.
     /// A retry refused by it read as held by another owner, the undo announced nothing, and the
     /// waiter slept until its timer.
     async fn round_of(
@@ -285,10 +286,13 @@ impl Redlock {
                     && let Some(contention_round) = tries.contend()
                 {
                     let round_trip = round_start.elapsed();
-                    undo.release_now().await;
+                    // Awaited where our value was set; the nodes that failed or had not
+                    // answered (a hung one among them) get the rest of the undo in the
+                    // background, as after any failed round (lock t27).
+                    undo.release_set().await;
+                    drop(undo);
                     self.split_pause(req.key, round_trip, contention_round, waiter.is_queued())
                         .await;
-                    undo.disarm();
                     return RoundEnd::Undone;
                 }
                 // Another round follows: our value goes first where it was set (the rest of

@@ -96,6 +96,10 @@ pub(crate) struct Inner {
 /// timeouts.
 const MAX_PARKED: usize = 4096;
 
+/// How many parked tails a settle drops at most: more than the one it parks, so the queue
+/// drains, and few enough that the caller does not pay for a whole idle spell's backlog.
+const SWEEP: usize = 4;
+
 impl Redlock {
     pub(crate) fn from_parts(nodes: Vec<Arc<Node>>, cfg: Config, max_ttl: Arc<MaxTtl>) -> Self {
         Redlock {
@@ -202,13 +206,21 @@ impl Redlock {
             return;
         }
         if tail.can_park() {
+            // At most `SWEEP` tails leave per settle, dropped once the lock is let go: after
+            // an idle spell every parked tail has expired, and dropping them all at once (a
+            // few hundred, each with a call still pending to a hung node) cost the first
+            // operation after it 0.5–0.9 ms (docs/benchmarks.md, wave 10).
+            let mut done: [Option<Tail>; SWEEP] = Default::default();
             let mut parked = lock(&self.inner.parked);
             let now = Instant::now();
-            while let Some(front) = parked.front_mut() {
+            for slot in &mut done {
+                let Some(front) = parked.front_mut() else {
+                    break;
+                };
                 if front.deadline > now && !front.collect() {
                     break;
                 }
-                parked.pop_front();
+                *slot = parked.pop_front();
             }
             if parked.len() < MAX_PARKED {
                 parked.push_back(tail);

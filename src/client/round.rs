@@ -118,6 +118,11 @@ impl Tail {
         self.settled_but(|i| nodes[i].is_down())
     }
 
+    /// Whether node `i` had answered when the round's verdict was taken.
+    pub(super) fn answered_by_verdict(&self, i: usize) -> bool {
+        self.answered.get(i).copied().unwrap_or(false)
+    }
+
     /// How many calls have not answered.
     fn unanswered(&self) -> usize {
         self.calls.as_ref().map_or(0, |c| c.len())

@@ -56,14 +56,6 @@ impl<'a> UndoRelease<'a> {
         self.armed = false;
     }
 
-    /// Releases the attempt's value now on the nodes not skipped, awaited, without
-    /// announcing it (a split vote's undo). The guard stays armed: disarm it once done.
-    pub(super) async fn release_now(&mut self) {
-        self.client
-            .release_on(self.keys, self.value, &self.skip, false)
-            .await;
-    }
-
     /// Releases the attempt's value now, awaited and without announcing it, on the nodes that
     /// answered that they set it (they answered: no hung node among them), which the rest of
     /// the undo then spares. An attempt that stood on a quorum is left whole to the undo (it
@@ -111,15 +103,35 @@ impl Drop for UndoRelease<'_> {
         let client = self.client.clone();
         let notify = quorum::undo_announces(self.stood);
         let (keys, value) = (self.keys.clone(), self.value.to_owned());
+        // The nodes that answered by the verdict are released at once; those still owing an
+        // answer once they give it (unless they refused), or at the round's deadline. Waiting
+        // for every answer first left our value standing where it was set for as long as a hung
+        // node took to time out (lock t27). (A round with a tail was refused: its undo
+        // announces nothing, so the two parts cannot both notify.)
+        let at_once: Vec<bool> = (0..n)
+            .map(|i| skip[i] || !tail.answered_by_verdict(i))
+            .collect();
         let release = async move {
-            for (i, reply) in tail.answers().await {
-                if refused(&reply) {
-                    skip[i] = true;
+            let first = async {
+                if !at_once.iter().all(|&s| s) {
+                    client.release_on(&keys, &value, &at_once, notify).await;
                 }
-            }
-            if !skip.iter().all(|&s| s) {
-                client.release_on(&keys, &value, &skip, notify).await;
-            }
+            };
+            let rest = async {
+                let mut later: Vec<bool> = at_once.iter().map(|&s| !s).collect();
+                for (i, reply) in tail.answers().await {
+                    if refused(&reply) {
+                        later[i] = true;
+                    }
+                }
+                for (i, s) in skip.iter().enumerate() {
+                    later[i] |= s;
+                }
+                if !later.iter().all(|&s| s) {
+                    client.release_on(&keys, &value, &later, notify).await;
+                }
+            };
+            futures::join!(first, rest);
         };
         self.client
             .spawn_release_task(self.keys.lock(), release, self.caller.clone());

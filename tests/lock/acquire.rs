@@ -433,3 +433,83 @@ async fn t26_release_does_not_wait_for_a_call_to_a_node_known_down() {
         .expect("release");
     cluster.resume(0).unwrap();
 }
+
+/// A split vote with a node hung: three other owners' values on three nodes, ours on one, the
+/// fifth node SIGSTOPped after the client has connected to it. The undo before the random
+/// pause waits for the node that set our value only; the hung node's release goes to it in
+/// the background. It waited for every node not known to refuse, the hung one too: each
+/// contention round cost the node timeout (50 ms by default; 30 s here, so that an undo that
+/// waits fails the bounded waits below). The last round's undo, in the background, waited for
+/// the hung node's answer before it released anything.
+#[tokio::test]
+async fn t27_split_vote_undo_does_not_wait_for_a_hung_node() {
+    let mut cluster = cluster(5);
+    let locks = builder(&cluster)
+        .node_timeout(Duration::from_secs(30))
+        .connect_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    warm(&locks).await;
+    let urls = cluster.urls();
+    for (i, value) in [(1, "x"), (2, "y"), (3, "z")] {
+        set_foreign(&urls[i], "split", value, LONG_TTL);
+    }
+    cluster.pause(4).unwrap();
+    let err = tokio::time::timeout(WAIT, locks.try_acquire("split", TTL))
+        .await
+        .expect("the split vote's undo does not wait for the hung node")
+        .expect_err("no value stands on a quorum");
+    assert!(err.is_held(), "{err}");
+    // The last round's undo (no pause follows it: in the background) does not wait for the
+    // hung node either before it releases our value where it was set.
+    wait_until(WAIT, "our value is released on node 0", || {
+        let url = urls[0].clone();
+        async move { value_on(&url, "split").is_none() }
+    })
+    .await;
+    cluster.resume(4).unwrap();
+    // Once the node answers again, the background release reaches it too.
+    wait_until(WAIT, "our value is released on the resumed node", || {
+        let url = urls[4].clone();
+        async move { value_on(&url, "split").is_none() }
+    })
+    .await;
+}
+
+/// A refused round with a node hung: another owner's value on three nodes, ours set on one,
+/// the fifth node SIGSTOPped after the client has connected to it. The undo of a try that
+/// gives up runs in the background, and it releases our value where it was set at once: it
+/// waited for the hung node's answer first (the node timeout: 50 ms by default, 30 s here),
+/// and our value stood there all that time, refusing everyone else's rounds on that node.
+#[tokio::test]
+async fn t28_undo_of_a_refused_round_does_not_wait_for_a_hung_node() {
+    let mut cluster = cluster(5);
+    let locks = builder(&cluster)
+        .node_timeout(Duration::from_secs(30))
+        .connect_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    warm(&locks).await;
+    let urls = cluster.urls();
+    for url in &urls[1..4] {
+        set_foreign(url, "refused", "theirs", LONG_TTL);
+    }
+    cluster.pause(4).unwrap();
+    // A ttl longer than the waits below: our value does not simply expire meanwhile.
+    let err = tokio::time::timeout(WAIT, locks.try_acquire("refused", LONG_TTL))
+        .await
+        .expect("a refused round does not wait for the hung node")
+        .expect_err("held by another owner");
+    assert!(err.is_held(), "{err}");
+    wait_until(WAIT, "our value is released on node 0", || {
+        let url = urls[0].clone();
+        async move { value_on(&url, "refused").is_none() }
+    })
+    .await;
+    cluster.resume(4).unwrap();
+    wait_until(WAIT, "our value never stands on the resumed node", || {
+        let url = urls[4].clone();
+        async move { value_on(&url, "refused").is_none() }
+    })
+    .await;
+}
