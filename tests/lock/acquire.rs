@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use crate::LONG;
 use crate::support::*;
-use quorumlock::{Error, LostReason, NodeError};
+use quorumlock::testkit::LocalCluster;
+use quorumlock::{Error, LostReason, NodeError, Redlock};
 use tokio::time::Instant;
 
 #[tokio::test]
@@ -407,12 +408,7 @@ async fn t20_contention_never_overlaps_and_tokens_grow() {
 #[tokio::test]
 async fn t26_release_does_not_wait_for_a_call_to_a_node_known_down() {
     let mut cluster = cluster(5);
-    let locks = builder(&cluster)
-        .node_timeout(Duration::from_secs(30))
-        .connect_timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    warm(&locks).await;
+    let locks = patient(&cluster).await;
     // Node 0 dies: the next call to it fails at once, and the client knows it down.
     cluster.kill(0).unwrap();
     let lock = locks.try_acquire("downed", TTL).await.expect("4 of 5");
@@ -439,41 +435,10 @@ async fn t26_release_does_not_wait_for_a_call_to_a_node_known_down() {
 /// pause waits for the node that set our value only; the hung node's release goes to it in
 /// the background. It waited for every node not known to refuse, the hung one too: each
 /// contention round cost the node timeout (50 ms by default; 30 s here, so that an undo that
-/// waits fails the bounded waits below). The last round's undo, in the background, waited for
-/// the hung node's answer before it released anything.
+/// waits fails the bounded waits below).
 #[tokio::test]
 async fn t27_split_vote_undo_does_not_wait_for_a_hung_node() {
-    let mut cluster = cluster(5);
-    let locks = builder(&cluster)
-        .node_timeout(Duration::from_secs(30))
-        .connect_timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    warm(&locks).await;
-    let urls = cluster.urls();
-    for (i, value) in [(1, "x"), (2, "y"), (3, "z")] {
-        set_foreign(&urls[i], "split", value, LONG_TTL);
-    }
-    cluster.pause(4).unwrap();
-    let err = tokio::time::timeout(WAIT, locks.try_acquire("split", TTL))
-        .await
-        .expect("the split vote's undo does not wait for the hung node")
-        .expect_err("no value stands on a quorum");
-    assert!(err.is_held(), "{err}");
-    // The last round's undo (no pause follows it: in the background) does not wait for the
-    // hung node either before it releases our value where it was set.
-    wait_until(WAIT, "our value is released on node 0", || {
-        let url = urls[0].clone();
-        async move { value_on(&url, "split").is_none() }
-    })
-    .await;
-    cluster.resume(4).unwrap();
-    // Once the node answers again, the background release reaches it too.
-    wait_until(WAIT, "our value is released on the resumed node", || {
-        let url = urls[4].clone();
-        async move { value_on(&url, "split").is_none() }
-    })
-    .await;
+    refused_with_a_node_hung("split", ["x", "y", "z"]).await;
 }
 
 /// A refused round with a node hung: another owner's value on three nodes, ours set on one,
@@ -483,33 +448,44 @@ async fn t27_split_vote_undo_does_not_wait_for_a_hung_node() {
 /// and our value stood there all that time, refusing everyone else's rounds on that node.
 #[tokio::test]
 async fn t28_undo_of_a_refused_round_does_not_wait_for_a_hung_node() {
+    refused_with_a_node_hung("refused", ["theirs"; 3]).await;
+}
+
+/// `others` on nodes 1–3, node 4 hung (30 s node timeout): a try on `key` is refused (a split
+/// vote when `others` differ) within [`WAIT`], our value is released on node 0 within [`WAIT`]
+/// (the last round's undo runs in the background), and on node 4 once it resumes.
+async fn refused_with_a_node_hung(key: &str, others: [&str; 3]) {
     let mut cluster = cluster(5);
-    let locks = builder(&cluster)
+    let locks = patient(&cluster).await;
+    let urls = cluster.urls();
+    for (url, value) in urls[1..4].iter().zip(others) {
+        set_foreign(url, key, value, LONG_TTL);
+    }
+    cluster.pause(4).unwrap();
+    // A ttl longer than the waits below: our value does not simply expire meanwhile.
+    let err = tokio::time::timeout(WAIT, locks.try_acquire(key, LONG_TTL))
+        .await
+        .expect("the round and its undo do not wait for the hung node")
+        .expect_err("no value of ours stands on a quorum");
+    assert!(err.is_held(), "{err}");
+    released_on(&urls[0], key, "our value is released on node 0").await;
+    cluster.resume(4).unwrap();
+    released_on(&urls[4], key, "our value is released on the resumed node").await;
+}
+
+/// Waits (bounded by [`WAIT`]) until `key` has no value on the node at `url`.
+async fn released_on(url: &str, key: &str, what: &str) {
+    wait_until(WAIT, what, || async move { value_on(url, key).is_none() }).await;
+}
+
+/// A client whose node and connect timeouts are 30 s, connected to every node: a test that
+/// bounds a wait by [`WAIT`] fails if the library waits for a hung node.
+async fn patient(cluster: &LocalCluster) -> Redlock {
+    let locks = builder(cluster)
         .node_timeout(Duration::from_secs(30))
         .connect_timeout(Duration::from_secs(30))
         .build()
         .unwrap();
     warm(&locks).await;
-    let urls = cluster.urls();
-    for url in &urls[1..4] {
-        set_foreign(url, "refused", "theirs", LONG_TTL);
-    }
-    cluster.pause(4).unwrap();
-    // A ttl longer than the waits below: our value does not simply expire meanwhile.
-    let err = tokio::time::timeout(WAIT, locks.try_acquire("refused", LONG_TTL))
-        .await
-        .expect("a refused round does not wait for the hung node")
-        .expect_err("held by another owner");
-    assert!(err.is_held(), "{err}");
-    wait_until(WAIT, "our value is released on node 0", || {
-        let url = urls[0].clone();
-        async move { value_on(&url, "refused").is_none() }
-    })
-    .await;
-    cluster.resume(4).unwrap();
-    wait_until(WAIT, "our value never stands on the resumed node", || {
-        let url = urls[4].clone();
-        async move { value_on(&url, "refused").is_none() }
-    })
-    .await;
+    locks
 }
