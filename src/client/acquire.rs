@@ -369,8 +369,9 @@ impl Redlock {
     /// round's deadline (the node timeout): the lock then stands on every node that answers in
     /// time, not only on the quorum that answered first, and a fresh client's lock is not left
     /// on a bare majority (issue 27). Not to nodes known down (their last call failed): a call
-    /// waiting for such a node's new connection is left unsent, as the round did not wait for it. The lock's extensions and release wait for that task
-    /// (`LockState::until_handed`), so on every node they run after the acquisition.
+    /// waiting for such a node's new connection is left unsent, as the round did not wait for
+    /// it. The lock's extensions and release wait for that task (`LockState::until_handed`),
+    /// so on every node they run after the acquisition.
     fn keep_granted(&self, state: &Arc<LockState>, mut tail: Tail, caller: &tracing::Span) {
         // Closing leaves unsent the calls not yet handed: here only calls to nodes known down,
         // on which the lock then does not stand (as if they had not answered in time).

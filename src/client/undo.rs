@@ -106,10 +106,14 @@ impl Drop for UndoRelease<'_> {
         // The nodes that answered by the verdict are released at once; those still owing an
         // answer once they give it (unless they refused), or at the round's deadline. Waiting
         // for every answer first left our value standing where it was set for as long as a hung
-        // node took to time out (lock t27). (A round with a tail was refused: its undo
-        // announces nothing, so the two parts cannot both notify.)
+        // node took to time out (lock t28). (A round with a tail was refused: its undo
+        // announces nothing, so the two parts cannot both notify.) Each part skips what the
+        // other releases.
         let at_once: Vec<bool> = (0..n)
             .map(|i| skip[i] || !tail.answered_by_verdict(i))
+            .collect();
+        let mut later: Vec<bool> = (0..n)
+            .map(|i| skip[i] || tail.answered_by_verdict(i))
             .collect();
         let release = async move {
             let first = async {
@@ -118,14 +122,10 @@ impl Drop for UndoRelease<'_> {
                 }
             };
             let rest = async {
-                let mut later: Vec<bool> = at_once.iter().map(|&s| !s).collect();
                 for (i, reply) in tail.answers().await {
                     if refused(&reply) {
                         later[i] = true;
                     }
-                }
-                for (i, s) in skip.iter().enumerate() {
-                    later[i] |= s;
                 }
                 if !later.iter().all(|&s| s) {
                     client.release_on(&keys, &value, &later, notify).await;
