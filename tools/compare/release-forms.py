@@ -4,8 +4,7 @@
 For each form, one redis-server runs under valgrind (cachegrind, no cache simulation) and is
 sent N and then (on a fresh server) 3N pairs of `SET lock value NX PX` + the release call, by
 `redis-cli --pipe`; the difference divided by 2N is the instructions per pair, start-up and the
-script's load cancelled out. The forms are the issue 30 candidates (docs/benchmarks.md, "The
-release's keys"): the floor's compare-and-delete, quorumlock's release before and after it
+script's load cancelled out. The forms are: the floor's compare-and-delete, quorumlock's release before and after it
 named only what each node needs, and a waiters flag read with MGET in place of SCARD.
 
     tools/compare/release-forms.py [N] [FORM ...]

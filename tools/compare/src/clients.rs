@@ -23,7 +23,7 @@ pub(crate) enum Client {
     /// fencing counter): what fencing costs in Redis and on the wire.
     FloorFenced(Floor),
     /// The hand-written round with a fenced acquire without Lua: `SET NX PX GET` and `INCR`
-    /// pipelined on each node's connection (a prototype for issue 17).
+    /// pipelined on each node's connection.
     FloorPipeFenced(Floor),
     /// `rslock` (async, redis 1.x multiplexed connections; no per-node timeout of its own, so
     /// redis' default 500 ms response timeout applies), one round per attempt.
@@ -58,7 +58,7 @@ impl Client {
     pub(crate) async fn connect(name: &str, urls: &[String]) -> Client {
         match name {
             "quorumlock" => Client::Ours(Redlock::builder(urls).build().expect("valid config")),
-            // The client with an I/O thread of its own (issue 30; opt-in).
+            // The client with an I/O thread of its own (opt-in).
             "quorumlock-io" => Client::Ours(
                 Redlock::builder(urls)
                     .io_thread(quorumlock::IoThread::Always)

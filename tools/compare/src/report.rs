@@ -557,11 +557,11 @@ fn target(
     );
 }
 
-/// Issue 30's targets (the multi-thread runtime) and issue 27's commands per acquisition, from
+/// The multi-thread runtime's targets and the waiting client's commands per acquisition, from
 /// this run's figures.
 fn runtime_targets(rows: &[Row]) -> String {
     let mut s = String::from(
-        "Issue 30 targets (ratios from this run; quorumlock on tokio multi-thread unless said):\n\n",
+        "Runtime targets (ratios from this run; quorumlock on tokio multi-thread unless said):\n\n",
     );
     let h = |sc: &str, imp: &str, rt: Rt| find_on(rows, Phase::Healthy, sc, imp, rt);
     let line = |s: &mut String,
@@ -686,7 +686,7 @@ fn runtime_targets(rows: &[Row]) -> String {
             let r = ratio(o.cmds_per_op(), f.cmds_per_op());
             let _ = writeln!(
                 s,
-                "- issue 27, {wait}, {}: Redis commands per acquisition ≤ 0.5× the polling floor's: {} ({} vs {}, {}).",
+                "- waiting, {wait}, {}: Redis commands per acquisition ≤ 0.5× the polling floor's: {} ({} vs {}, {}).",
                 rt.label("quorumlock"),
                 fmt_ratio(r),
                 o.cmds(),
@@ -835,11 +835,11 @@ fn targets(rows: &[Row]) -> String {
     s
 }
 
-/// Issue 17's targets ("fencing nearly free"), fencing on, from this run's figures, and what
+/// The fencing targets ("fencing nearly free"), fencing on, from this run's figures, and what
 /// the pipelined fenced acquire prototype (`floor+pipefence`) does on the same rounds.
 fn fencing_targets(rows: &[Row]) -> String {
     let h = |scenario: &str, imp: &str| find(rows, Phase::Healthy, scenario, imp);
-    let mut s = String::from("Issue 17 targets (fencing on, ratios from this run):\n\n");
+    let mut s = String::from("Fencing targets (fencing on, ratios from this run):\n\n");
     let p50 = |r: &Row| secs(r.p50());
     let line = |s: &mut String, what: &str, r: Option<f64>, limit: f64, up: bool| {
         let met = r.is_some_and(|r| if up { r >= limit } else { r <= limit });

@@ -285,7 +285,7 @@ fn main() {
             "quorumlock" | "quorumlock-nofence" | "quorumlock-io" => Impl::Ours(
                 Redlock::builder(&urls)
                     .fencing(which != "quorumlock-nofence")
-                    // `quorumlock-io`: with an I/O thread of its own (issue 30).
+                    // `quorumlock-io`: with an I/O thread of its own.
                     .io_thread(if which == "quorumlock-io" {
                         quorumlock::IoThread::Always
                     } else {
