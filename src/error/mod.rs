@@ -4,6 +4,10 @@
 use std::fmt;
 use std::time::Duration;
 
+pub(crate) use self::text::{RedisText, shape};
+
+mod text;
+
 /// What went wrong with a lock operation.
 ///
 /// The variants separate the outcomes a caller reacts to differently: [`Error::Held`] is normal
@@ -291,7 +295,7 @@ pub enum NodeError {
     Refused(#[source] redis::RedisError),
     /// The connection broke (node died, network reset) or could not be set up (a TLS handshake
     /// that failed, for instance); the cause says which.
-    #[error("connection dropped ({0})")]
+    #[error("connection dropped ({})", RedisText(.0))]
     Dropped(#[source] redis::RedisError),
     /// The node restarted (or started) less than the maximum ttl ago and may have lost lock keys;
     /// it is kept out of every quorum until `remaining` has passed.
@@ -326,16 +330,19 @@ pub enum NodeError {
     /// [`EvictionGuard::Strict`](crate::EvictionGuard::Strict): it counts toward no quorum.
     #[error("held out of quorums by the strict eviction guard: {0}")]
     Evicting(crate::eviction::EvictionRisk),
-    /// The node answered with an error, or a reply the scripts never produce.
-    #[error("redis error: {0}")]
+    /// The node answered with an error (its code and text are in the message, as Redis words
+    /// them), or the client refused the call.
+    #[error("the node answered with an error: {}", RedisText(.0))]
     Redis(#[source] redis::RedisError),
     /// The node answered, and refused: another owner's value holds the key there. Not a fault;
     /// listed in [`Error::NoQuorum`] so that a round that failed both for refusals and for
     /// failures names every node that counted against the quorum.
     #[error("refused: another owner's value holds the key there")]
     HeldByAnother,
-    /// The node's reply had an unexpected shape.
-    #[error("unexpected reply: {0}")]
+    /// The node's reply had an unexpected shape, or did not follow the Redis protocol at all
+    /// (`not a Redis server (unexpected reply)`: an HTTP server, an SSH server or anything else
+    /// listening on the port). The text says what was received, in words.
+    #[error("{0}")]
     BadReply(String),
     /// A run-once tick marker read: this client saw the node come back without proof that its
     /// data survived (a restart, a failover) `ago`, less than the marker's expiry, so its
@@ -367,10 +374,24 @@ pub enum NodeError {
 }
 
 impl NodeError {
-    /// Classifies a `redis` error by its own predicates, never by its text.
+    /// A reply of the wrong shape: `got`, where `expected` (in words) was expected.
+    pub(crate) fn unexpected(expected: &str, got: &redis::Value) -> Self {
+        NodeError::BadReply(format!(
+            "unexpected reply: {} where {expected} was expected",
+            text::shape(got)
+        ))
+    }
+
+    /// Classifies a `redis` error by its own predicates, never by its text: a reply that does
+    /// not parse is [`NodeError::BadReply`].
     pub(crate) fn from_redis(e: redis::RedisError) -> Self {
         if e.is_timeout() {
             NodeError::Timeout(Duration::ZERO)
+        } else if matches!(
+            e.kind(),
+            redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType
+        ) {
+            NodeError::BadReply(text::NOT_REDIS.to_owned())
         } else if e.is_connection_refusal() {
             NodeError::Refused(e)
         } else if e.is_connection_dropped() || e.is_io_error() {
@@ -488,7 +509,7 @@ pub enum ConfigError {
     NoNodes,
     /// A node URL could not be parsed (or names a scheme this build does not support, such as
     /// `rediss://` without the `tls` feature).
-    #[error("invalid node URL {url:?}: {source}")]
+    #[error("invalid node URL {url:?}: {}", RedisText(.source))]
     InvalidUrl {
         /// The URL, password redacted.
         url: String,
@@ -497,7 +518,7 @@ pub enum ConfigError {
         source: redis::RedisError,
     },
     /// The TLS certificates given for a `rediss://` node could not be used.
-    #[error("TLS setup for node {url:?} failed: {source}")]
+    #[error("TLS setup for node {url:?} failed: {}", RedisText(.source))]
     Tls {
         /// The URL, password redacted.
         url: String,

@@ -256,7 +256,8 @@ impl Node {
                 .next()
                 .unwrap_or(Ok(redis::Value::Nil))
                 .map_err(|e| self.connect_error(e))?;
-            redis::from_redis_value(value).map_err(|e| NodeError::BadReply(e.to_string()))
+            redis::from_redis_value(value)
+                .map_err(|_| NodeError::BadReply("INFO did not answer with text".to_owned()))
         };
         let (server, persistence) = (info()?, info()?);
         let replication = if sentinel { Some(info()?) } else { None };
