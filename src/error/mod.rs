@@ -5,6 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 pub(crate) use self::text::{RedisText, shape};
+use self::text::{UrlText, one_line};
 
 mod text;
 
@@ -99,7 +100,8 @@ pub enum Error {
     /// those nodes count as failed, are logged once at warn, and are listed as
     /// [`NodeError::Denied`] in any [`Error::NoQuorum`] that other failures complete.
     #[error(
-        "permission denied on {key:?}: the Redis user may not run {command} on {denied} of {nodes} nodes ({needed} needed for a quorum); grant it (quorumlock::guide::acl, docs/acl.md); {}",
+        "permission denied on {key:?}: the Redis user may not run {} on {denied} of {nodes} nodes ({needed} needed for a quorum); grant it (quorumlock::guide::acl, docs/acl.md); {}",
+        one_line(.command),
         FailureList(.failures)
     )]
     PermissionDenied {
@@ -295,7 +297,7 @@ pub enum NodeError {
     Refused(#[source] redis::RedisError),
     /// The connection broke (node died, network reset) or could not be set up (a TLS handshake
     /// that failed, for instance); the cause says which.
-    #[error("connection dropped ({})", RedisText(.0))]
+    #[error("{}", DroppedText(.0))]
     Dropped(#[source] redis::RedisError),
     /// The node restarted (or started) less than the maximum ttl ago and may have lost lock keys;
     /// it is kept out of every quorum until `remaining` has passed.
@@ -317,7 +319,8 @@ pub enum NodeError {
     /// databases of one server, a hostname and its address, a Unix socket and TCP. One server
     /// is one vote at most, so neither counts toward a quorum while both reach it.
     #[error(
-        "same Redis server as {other} (run id {run_id}): one server is not two independent masters, neither counts toward a quorum"
+        "same Redis server as {other} (run id {}): one server is not two independent masters, neither counts toward a quorum",
+        one_line(.run_id)
     )]
     SameServer {
         /// The other node's address, password redacted.
@@ -360,7 +363,8 @@ pub enum NodeError {
     /// its scripts calls, or a key or channel outside the user's patterns. Not retried on the
     /// node's connection; the node counts as failed until the permission is granted.
     #[error(
-        "permission denied: the Redis user may not run {command} ({reason}); see quorumlock::guide::acl (docs/acl.md)"
+        "permission denied: the Redis user may not run {} ({reason}); see quorumlock::guide::acl (docs/acl.md)",
+        one_line(.command)
     )]
     Denied {
         /// The refused command as Redis names it in ACL rules (`INCR`, `SCRIPT|LOAD`). For a
@@ -509,7 +513,7 @@ pub enum ConfigError {
     NoNodes,
     /// A node URL could not be parsed (or names a scheme this build does not support, such as
     /// `rediss://` without the `tls` feature).
-    #[error("invalid node URL {url:?}: {}", RedisText(.source))]
+    #[error("invalid node URL {url:?}: {}", UrlText(.url, .source))]
     InvalidUrl {
         /// The URL, password redacted.
         url: String,
@@ -573,6 +577,20 @@ pub enum ConfigError {
         /// The largest accepted value.
         max: Duration,
     },
+}
+
+/// A broken connection, or one that could not be set up; a failed name lookup says DNS.
+struct DroppedText<'a>(&'a redis::RedisError);
+
+impl fmt::Display for DroppedText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let cause = RedisText(self.0).to_string();
+        if cause.starts_with("DNS ") {
+            f.write_str(&cause)
+        } else {
+            write!(f, "connection dropped ({cause})")
+        }
+    }
 }
 
 /// `1.2s`, `50ms`, `750µs`: short and readable in one-line errors.

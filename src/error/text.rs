@@ -40,6 +40,75 @@ impl fmt::Display for RedisText<'_> {
     }
 }
 
+/// Why a node URL the `redis` crate refused is wrong, in words naming the part (`port 99999
+/// is out of range (1-65535)`), or the crate's own reason when no part is found at fault.
+pub(crate) struct UrlText<'a>(pub(crate) &'a str, pub(crate) &'a RedisError);
+
+impl fmt::Display for UrlText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match url_problem(self.0) {
+            Some(problem) => f.write_str(&one_line(&problem)),
+            None => RedisText(self.1).fmt(f),
+        }
+    }
+}
+
+/// The schemes a node URL may have.
+const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "unix",
+    "redis+unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "valkey",
+    "valkeys",
+];
+
+/// The part of `url` that is wrong: its scheme, its host's brackets, its port.
+fn url_problem(url: &str) -> Option<String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Some(
+            "it has no scheme: write redis://host:port, rediss://host:port or unix:///path"
+                .to_owned(),
+        );
+    };
+    if !SCHEMES.contains(&scheme) {
+        return Some(format!(
+            "scheme {scheme:?} is not one of redis://, rediss://, unix://, redis+cluster://, \
+             redis+sentinel://"
+        ));
+    }
+    if scheme.contains("unix") {
+        return None;
+    }
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    for host_port in host_port.split(',') {
+        let port = if let Some(v6) = host_port.strip_prefix('[') {
+            let Some((_, after)) = v6.split_once(']') else {
+                return Some(format!("IPv6 host {host_port:?} lacks its closing ]"));
+            };
+            after.strip_prefix(':')
+        } else {
+            host_port.split_once(':').map(|(_, p)| p)
+        };
+        match port {
+            None | Some("") => {}
+            Some(p) if !p.bytes().all(|b| b.is_ascii_digit()) => {
+                return Some(format!("port {p:?} is not a number"));
+            }
+            Some(p) if p.parse::<u32>().map_or(true, |n| n > 65535) => {
+                return Some(format!("port {p} is out of range (1-65535)"));
+            }
+            Some(_) => {}
+        }
+    }
+    None
+}
+
 /// `text` with every control character (newlines, escapes) as a space and runs of blanks
 /// collapsed: safe to print on one line of a terminal.
 pub(crate) fn one_line(text: &str) -> String {
@@ -98,5 +167,20 @@ mod tests {
         let config = RedisError::from((ErrorKind::InvalidClientConfig, "Redis URL did not parse"));
         assert_eq!(RedisText(&config).to_string(), "Redis URL did not parse");
         assert_eq!(one_line("a\r\n\x1b[2Jb\tc"), "a [2Jb c");
+        for (url, problem) in [
+            (
+                "redis://127.0.0.1:99999",
+                "port 99999 is out of range (1-65535)",
+            ),
+            ("redis://u:p@h:abc/0", "port \"abc\" is not a number"),
+            ("redis://[::1:5", "IPv6 host \"[::1:5\" lacks its closing ]"),
+            ("127.0.0.1:6379", "it has no scheme"),
+            ("http://h:1", "scheme \"http\" is not one of"),
+        ] {
+            let e = redis::Client::open(url).err();
+            let e = e.unwrap_or_else(|| panic!("{url} parses"));
+            let text = UrlText(url, &e).to_string();
+            assert!(text.starts_with(problem), "{url}: {text}");
+        }
     }
 }

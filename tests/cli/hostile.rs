@@ -78,3 +78,55 @@ async fn t150_a_node_that_is_not_redis_is_a_bad_reply_on_one_line() {
         }
     }
 }
+
+#[tokio::test]
+async fn t151_messages_say_what_is_wrong_in_words() {
+    let cases: Vec<(&str, &str, i32, &str)> = vec![
+        (
+            "port out of range",
+            "redis://127.0.0.1:99999",
+            64,
+            "port 99999 is out of range",
+        ),
+        (
+            "port not a number",
+            "redis://127.0.0.1:abc",
+            64,
+            "port \"abc\" is not a number",
+        ),
+        (
+            "wrong scheme",
+            "http://127.0.0.1:1",
+            64,
+            "scheme \"http\" is not one of",
+        ),
+        ("no scheme", "127.0.0.1:6379", 64, "it has no scheme"),
+        (
+            "unknown host",
+            "redis://no-such-host.invalid:6379",
+            69,
+            "DNS",
+        ),
+    ];
+    for (what, url, code, needle) in cases {
+        let mut cmd = bare();
+        cmd.env("REDLOCK_RESTART_GUARD", "off")
+            .args(["--nodes", url, "run", KEY, "--", "true"]);
+        let out = output(cmd).await;
+        assert_eq!(out.code(), code, "{what}: {out:?}");
+        let line = out.one_line_error();
+        assert!(line.contains(needle), "{what}: {line}");
+        assert_plain(what, line);
+    }
+
+    // A node that answers every command with an error reply full of escapes and newlines.
+    let fake = FakeNode::start_with(b"-ERR bad\x1b[2J\x07 thing\r\n".to_vec(), true).await;
+    let mut cmd = bare();
+    cmd.env("REDLOCK_RESTART_GUARD", "off")
+        .args(["--nodes", &fake.url(), "status", KEY]);
+    let out = output(cmd).await;
+    assert_eq!(out.code(), 69, "{out:?}");
+    assert_plain("an error reply", out.one_line_error());
+    assert_plain("an error reply", &out.stdout.replace('\n', " "));
+    assert!(out.stderr.contains("ERR bad [2J thing"), "{out:?}");
+}

@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-/// Answers each connection with `reply` (then, with `repeat`, again after each read).
+/// Answers each connection with `reply` (then, with `repeat`, once per command received).
 pub struct FakeNode {
     addr: SocketAddr,
     task: JoinHandle<()>,
@@ -21,7 +21,8 @@ impl FakeNode {
     }
 
     /// As [`start`](Self::start); with `repeat`, `reply` is sent again after each read of the
-    /// client's commands (a node that answers every command with the same bytes).
+    /// client's commands, once per command (a node that answers every command with the same
+    /// bytes).
     pub async fn start_with(reply: Vec<u8>, repeat: bool) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("local address");
@@ -40,8 +41,11 @@ impl FakeNode {
                         if n == 0 {
                             return;
                         }
-                        if repeat && socket.write_all(&reply).await.is_err() {
-                            return;
+                        if repeat {
+                            let answers = reply.repeat(commands(&buf[..n]));
+                            if socket.write_all(&answers).await.is_err() {
+                                return;
+                            }
                         }
                     }
                 });
@@ -60,6 +64,14 @@ impl Drop for FakeNode {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// How many commands (RESP arrays starting a line) `bytes` holds; at least one.
+fn commands(bytes: &[u8]) -> usize {
+    let starts = (0..bytes.len())
+        .filter(|&i| bytes[i] == b'*' && (i == 0 || bytes[..i].ends_with(b"\r\n")))
+        .count();
+    starts.max(1)
 }
 
 /// What a node that is not Redis may answer, by name.
