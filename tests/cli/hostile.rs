@@ -130,3 +130,23 @@ async fn t151_messages_say_what_is_wrong_in_words() {
     assert_plain("an error reply", &out.stdout.replace('\n', " "));
     assert!(out.stderr.contains("ERR bad [2J thing"), "{out:?}");
 }
+
+#[tokio::test]
+async fn t152_status_escapes_what_the_nodes_hold() {
+    let cluster = crate::support::cluster(3);
+    let urls = cluster.urls();
+    let value = "evil\x1b[2J\rforged line\x07\nx\u{202e}@own\x1b]0;title\x07er";
+    for url in &urls {
+        crate::support::set_foreign(url, KEY, value, std::time::Duration::from_secs(30));
+    }
+    let mut cmd = redlock(&cluster);
+    cmd.args(["status", KEY]);
+    let out = output(cmd).await;
+    assert_eq!(out.code(), 0, "{out:?}");
+    let shown = r"evil\e[2J\rforged line\x07\nx\u{202e}@own\e]0;title\x07er";
+    assert_eq!(out.stdout.lines().count(), 4, "{}", out.stdout);
+    for line in out.stdout.lines() {
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+        assert!(line.contains(shown), "{line:?} shows {shown}");
+    }
+}
