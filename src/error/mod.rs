@@ -438,13 +438,20 @@ impl NodeError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ArgumentError {
-    /// The ttl leaves no validity once clock drift is subtracted.
-    #[error("ttl {ttl:?} must exceed the clock-drift allowance {drift:?}")]
+    /// The ttl leaves too little validity once clock drift is subtracted: less than a round
+    /// trip to the nodes (10 ms), so the lock would be gone before its holder could use or
+    /// extend it. `min` is the shortest ttl that works (13 ms at the default drift factor).
+    #[error(
+        "ttl {} is too short: at least {} is needed (its clock-drift allowance of {} plus a 10ms round trip)",
+        humanize(*.ttl), humanize(*.min), humanize(*.drift)
+    )]
     TtlTooShort {
         /// The ttl asked for.
         ttl: Duration,
         /// The drift allowance for it.
         drift: Duration,
+        /// The shortest ttl accepted.
+        min: Duration,
     },
     /// The ttl is above [`RedlockBuilder::MAX_TTL`](crate::RedlockBuilder::MAX_TTL) (49 days).
     #[error("ttl {0:?} is too long (at most 49 days)")]

@@ -217,6 +217,7 @@ fn every_error_displays_as_one_plain_line() {
         ArgumentError::TtlTooShort {
             ttl: Duration::from_millis(3),
             drift: Duration::from_millis(2),
+            min: Duration::from_millis(13),
         }
         .into(),
         ArgumentError::TtlTooLong(Duration::from_secs(100 * 86400)).into(),

@@ -150,3 +150,19 @@ async fn t152_status_escapes_what_the_nodes_hold() {
         assert!(line.contains(shown), "{line:?} shows {shown}");
     }
 }
+
+#[tokio::test]
+async fn t153_a_ttl_too_short_to_work_is_a_usage_error() {
+    let cluster = crate::support::cluster(3);
+    let (_dir, marker, script) = marker_cmd();
+    for ttl in ["3ms", "12ms"] {
+        let out = output(run_sh(redlock(&cluster), &["--ttl", ttl], &script)).await;
+        assert_eq!(out.code(), 64, "--ttl {ttl}: {out:?}");
+        let line = out.one_line_error();
+        assert!(line.contains("at least 13ms"), "--ttl {ttl}: {line}");
+        assert!(!marker.exists(), "--ttl {ttl}: CMD must not run");
+    }
+    // 13 ms is accepted (whether a round leaves validity that short is the round's outcome).
+    let out = output(run_sh(redlock(&cluster), &["--ttl", "13ms"], &script)).await;
+    assert_ne!(out.code(), 64, "{out:?}");
+}
