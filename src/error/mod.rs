@@ -465,6 +465,15 @@ pub enum ArgumentError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A semaphore's permit count is 0 or above
+    /// [`Semaphore::MAX_PERMITS`](crate::Semaphore::MAX_PERMITS).
+    #[error("a semaphore takes 1..={max} permits, not {permits}")]
+    Permits {
+        /// The count given.
+        permits: u32,
+        /// The largest count accepted.
+        max: u32,
+    },
     /// The lock value given to [`Redlock::resume`](crate::Redlock::resume) cannot be one this
     /// library wrote: empty, longer than 1024 bytes, or holding a space or a control character.
     #[error("invalid lock value: {reason}")]

@@ -227,6 +227,11 @@ fn every_error_displays_as_one_plain_line() {
         }
         .into(),
         ArgumentError::InvalidValue { reason: "r" }.into(),
+        ArgumentError::Permits {
+            permits: 0,
+            max: 1000,
+        }
+        .into(),
     ];
     texts.extend(errors.iter().map(ToString::to_string));
     let mut configs = vec![

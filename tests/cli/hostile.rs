@@ -166,3 +166,34 @@ async fn t153_a_ttl_too_short_to_work_is_a_usage_error() {
     let out = output(run_sh(redlock(&cluster), &["--ttl", "13ms"], &script)).await;
     assert_ne!(out.code(), 64, "{out:?}");
 }
+
+#[tokio::test]
+async fn t154_the_permit_count_is_bounded() {
+    let cluster = crate::support::cluster(3);
+    let (_dir, marker, script) = marker_cmd();
+    for n in ["4294967295", "10000000", "1001"] {
+        let out = output(run_sh(redlock(&cluster), &["-n", n, "-w", "1"], &script)).await;
+        assert_eq!(out.code(), 64, "-n {n}: {out:?}");
+        let line = out.one_line_error();
+        assert!(line.contains("1..=1000"), "-n {n}: {line}");
+        assert!(!marker.exists(), "-n {n}: CMD must not run");
+    }
+    let out = output(run_sh(
+        redlock(&cluster),
+        &["-n", "1000", "-w", "1"],
+        &script,
+    ))
+    .await;
+    assert_eq!(out.code(), 0, "{out:?}");
+    assert!(marker.exists());
+
+    // With every node down, the largest semaphore gives up when the wait is over.
+    let down = "redis://127.0.0.1:1,redis://127.0.0.1:2,redis://127.0.0.1:3";
+    let mut cmd = bare();
+    cmd.env("REDLOCK_RESTART_GUARD", "off").args([
+        "--nodes", down, "run", "-n", "1000", "-w", "1", KEY, "--", "true",
+    ]);
+    let out = output(cmd).await;
+    assert_eq!(out.code(), 69, "{out:?}");
+    assert_plain("nodes down", out.one_line_error());
+}

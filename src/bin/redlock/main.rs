@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use quorumlock::{ConfigError, Error, RedlockBuilder};
+use quorumlock::{ConfigError, Error, RedlockBuilder, Semaphore};
 
 use crate::child::CmdOptions;
 use crate::nodes::{NodeArgs, client};
@@ -134,10 +134,10 @@ struct RunArgs {
           value_parser = duration_up_to(MAX_PERIOD, MAX_PERIOD_TEXT))]
     once_per: Option<Duration>,
     /// Treat KEY as a semaphore of N permits: run CMD when one of the N is free (at most N
-    /// CMDs at once across hosts), under that permit's lock. Not with --once-per. (Not flock's
-    /// -n: redlock never waits unless -w/--wait is given.)
+    /// CMDs at once across hosts), under that permit's lock; N is 1 to 1000. Not with
+    /// --once-per. (Not flock's -n: redlock never waits unless -w/--wait is given.)
     #[arg(short = 'n', long = "permits", value_name = "N", conflicts_with = "once_per",
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(Semaphore::MAX_PERMITS)))]
     permits: Option<u32>,
     /// The lock's name.
     key: String,
