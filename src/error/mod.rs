@@ -119,6 +119,22 @@ pub enum Error {
         /// Every node that failed, and why (the refusals as [`NodeError::Denied`]).
         failures: Vec<NodeFailure>,
     },
+    /// Compat mode only (the lock is the plain key): the key exists on `nodes` nodes as data of
+    /// another type (`kind`, as Redis' `TYPE` names it: `hash`, `list`, `set`...), most likely
+    /// an application's own key. No lock can ever be taken on it, and it may never expire: not
+    /// retried; choose a key name no application uses.
+    #[error(
+        "key {key:?} holds a Redis {} on {nodes} nodes, not a lock: in compat mode the lock is the plain key, so choose a name no application uses",
+        one_line(.kind)
+    )]
+    WrongType {
+        /// The user key.
+        key: String,
+        /// The key's type on the first node that reported one other than `string`.
+        kind: String,
+        /// How many nodes hold it as another type.
+        nodes: usize,
+    },
     /// The ttl (or another per-call argument) cannot work with this configuration.
     #[error("invalid argument: {0}")]
     InvalidArgument(#[from] ArgumentError),

@@ -196,6 +196,11 @@ fn every_error_displays_as_one_plain_line() {
         },
         Error::no_quorum("k", 1, 5, 3, failures.clone()),
         Error::no_quorum("k", 1, 3, 2, vec![denied(), denied()]),
+        Error::WrongType {
+            key: "k".into(),
+            kind: "hash\n".into(),
+            nodes: 2,
+        },
         Error::ValidityExpired {
             key: "k".into(),
             elapsed: Duration::from_millis(3),

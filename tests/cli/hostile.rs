@@ -197,3 +197,38 @@ async fn t154_the_permit_count_is_bounded() {
     assert_eq!(out.code(), 69, "{out:?}");
     assert_plain("nodes down", out.one_line_error());
 }
+
+#[tokio::test]
+async fn t155_compat_on_a_key_of_another_type_says_so() {
+    let cluster = crate::support::cluster(3);
+    for url in cluster.urls() {
+        let _: () = redis::cmd("HSET")
+            .arg(KEY)
+            .arg("field")
+            .arg("value")
+            .query(&mut crate::support::conn(&url))
+            .unwrap();
+    }
+    let (_dir, marker, script) = marker_cmd();
+    let mut cmd = redlock(&cluster);
+    cmd.arg("--compat");
+    let out = output(run_sh(cmd, &[], &script)).await;
+    assert_eq!(out.code(), 65, "{out:?}");
+    let line = out.one_line_error();
+    assert!(line.contains("holds a Redis hash"), "{line}");
+    assert!(!marker.exists(), "CMD must not run");
+
+    let locks = crate::support::builder(&cluster)
+        .compat(true)
+        .build()
+        .unwrap();
+    let err = locks
+        .try_acquire(KEY, std::time::Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, quorumlock::Error::WrongType { kind, nodes: 3, .. } if kind == "hash"),
+        "{err}"
+    );
+    assert!(!err.is_retryable());
+}
