@@ -232,3 +232,54 @@ async fn t155_compat_on_a_key_of_another_type_says_so() {
     );
     assert!(!err.is_retryable());
 }
+
+/// A `--tls-*` file that never ends or never opens: read only for rediss:// nodes, at most
+/// 1 MiB, a FIFO without a writer is an empty file; each a usage error on one line.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn t156_tls_files_are_bounded_and_read_only_when_needed() {
+    let dir = scratch();
+    let fifo = file(&dir, "fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let limit = std::time::Duration::from_secs(10);
+    let cases: Vec<(&str, &str, &std::path::Path, i32, &str)> = vec![
+        (
+            "a FIFO, no rediss:// node",
+            "redis://127.0.0.1:1",
+            &fifo,
+            69,
+            "too few nodes",
+        ),
+        (
+            "a FIFO without a writer",
+            "rediss://127.0.0.1:1",
+            &fifo,
+            64,
+            "is empty",
+        ),
+        (
+            "an endless file",
+            "rediss://127.0.0.1:1",
+            std::path::Path::new("/dev/zero"),
+            64,
+            "larger than 1 MiB",
+        ),
+    ];
+    for (what, nodes, path, code, needle) in cases {
+        let mut cmd = bare();
+        cmd.env("REDLOCK_RESTART_GUARD", "off")
+            .args(["--nodes", nodes, "--tls-ca"])
+            .arg(path)
+            .args(["run", KEY, "--", "true"]);
+        let child = cmd.spawn().unwrap();
+        let out = finish_within(child, tokio::time::Instant::now(), limit).await;
+        assert_eq!(out.code(), code, "{what}: {out:?}");
+        let line = out.one_line_error();
+        assert!(line.contains(needle), "{what}: {line}");
+        assert_plain(what, line);
+    }
+}
