@@ -459,7 +459,7 @@ pub enum ArgumentError {
     /// extend it. `min` is the shortest ttl that works (13 ms at the default drift factor).
     #[error(
         "ttl {} is too short: at least {} is needed (its clock-drift allowance of {} plus a 10ms round trip)",
-        humanize(*.ttl), humanize(*.min), humanize(*.drift)
+        humanize(*.ttl), humanize(*.min), fine(*.drift)
     )]
     TtlTooShort {
         /// The ttl asked for.
@@ -636,6 +636,16 @@ fn humanize(d: Duration) -> String {
     } else {
         format!("{}µs", d.as_micros())
     }
+}
+
+/// A duration under a second to the hundredth of a millisecond (`2.03ms`), for a drift
+/// allowance that rounding up would overstate; longer ones as [`humanize`].
+fn fine(d: Duration) -> String {
+    if d >= Duration::from_secs(1) || d.subsec_nanos() % 1_000_000 == 0 {
+        return humanize(d);
+    }
+    let text = format!("{:.2}", d.as_secs_f64() * 1000.0);
+    format!("{}ms", text.trim_end_matches('0').trim_end_matches('.'))
 }
 
 /// `3 of 5 nodes failed`, or `2 of 5 nodes failed and 1 refused` when refusals are listed.

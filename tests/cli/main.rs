@@ -16,6 +16,7 @@ mod support;
 
 mod harness;
 
+mod bad_inputs;
 mod demo;
 mod elect;
 mod hostile;
