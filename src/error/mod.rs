@@ -641,7 +641,7 @@ fn humanize(d: Duration) -> String {
 /// A duration under a second to the hundredth of a millisecond (`2.03ms`), for a drift
 /// allowance that rounding up would overstate; longer ones as [`humanize`].
 fn fine(d: Duration) -> String {
-    if d >= Duration::from_secs(1) || d.subsec_nanos() % 1_000_000 == 0 {
+    if d >= Duration::from_secs(1) || d.subsec_nanos().is_multiple_of(1_000_000) {
         return humanize(d);
     }
     let text = format!("{:.2}", d.as_secs_f64() * 1000.0);
