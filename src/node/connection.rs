@@ -21,7 +21,7 @@ use super::member::{self, MemberConn, MemberKind};
 use super::{Node, scripts};
 use crate::core::health::classify_eviction;
 use crate::core::lock;
-use crate::error::{ConfigError, NodeError};
+use crate::error::{ConfigError, NodeError, RedisText};
 
 /// The certificates for `rediss://` nodes, when configured (feature `tls`).
 #[cfg(feature = "tls")]
@@ -265,7 +265,7 @@ impl Node {
         match replies.find_map(Result::err) {
             Some(e) => self.use_eval(&match scripts::denial(&e, Some("SCRIPT|LOAD")) {
                 Some(NodeError::Denied { command, .. }) => command,
-                _ => format!("SCRIPT LOAD ({e})"),
+                _ => format!("SCRIPT LOAD ({})", RedisText(&e)),
             }),
             None => self.scripts_loaded(),
         }

@@ -119,6 +119,24 @@ async fn t151_messages_say_what_is_wrong_in_words() {
         assert_plain(what, line);
     }
 
+    // A file name full of escapes is echoed with them visible.
+    #[cfg(feature = "tls")]
+    {
+        let mut cmd = bare();
+        cmd.args([
+            "--nodes",
+            "rediss://127.0.0.1:1",
+            "--tls-ca",
+            "/nonexistent/\x1b[2J\x07\r\n",
+        ])
+        .args(["run", KEY, "--", "true"]);
+        let out = output(cmd).await;
+        assert_eq!(out.code(), 64, "{out:?}");
+        let line = out.one_line_error();
+        assert_plain("a file name with escapes", line);
+        assert!(line.contains(r"/nonexistent/\e[2J\x07\r\n"), "{line}");
+    }
+
     // A node that answers every command with an error reply full of escapes and newlines.
     let fake = FakeNode::start_with(b"-ERR bad\x1b[2J\x07 thing\r\n".to_vec(), true).await;
     let mut cmd = bare();

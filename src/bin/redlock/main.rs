@@ -367,10 +367,13 @@ fn exit_code(e: &Error) -> u8 {
     }
 }
 
-/// Prints the one-line cause of a failure on stderr.
+/// Prints the one-line cause of a failure on stderr: any control character in it (from a
+/// file name, a node, an argument) as a visible escape, so that it stays one line and cannot
+/// drive the terminal.
 fn report(cause: &dyn Display) {
     use std::io::Write as _;
-    let _ = writeln!(std::io::stderr().lock(), "redlock: {cause}");
+    let line = status::escape_controls(&cause.to_string());
+    let _ = writeln!(std::io::stderr().lock(), "redlock: {line}");
 }
 
 /// Reports a library error and returns its exit code.

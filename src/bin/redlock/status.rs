@@ -123,10 +123,20 @@ pub(crate) fn render(status: &LockStatus) -> String {
 /// overrides as `\u{202e}`, and a backslash doubled so that an escape cannot be forged.
 /// Anyone who can write to the nodes can write a value; none can drive the terminal.
 pub(crate) fn visible(text: &str) -> String {
+    escape(text, true)
+}
+
+/// [`visible`] without doubling backslashes: for a message's line, whose own text has none
+/// that an escape could be mistaken for.
+pub(crate) fn escape_controls(text: &str) -> String {
+    escape(text, false)
+}
+
+fn escape(text: &str, backslash: bool) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
-            '\\' => out.push_str("\\\\"),
+            '\\' if backslash => out.push_str("\\\\"),
             '\x1b' => out.push_str("\\e"),
             '\r' => out.push_str("\\r"),
             '\n' => out.push_str("\\n"),
