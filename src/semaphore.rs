@@ -10,7 +10,8 @@
 //!
 //! Acquiring sweeps the permits once, starting at a random one (so that concurrent acquirers
 //! spread over the free permits), trying each in one round; a full semaphore costs one round
-//! per permit per sweep.
+//! per permit per sweep (hence [`Semaphore::MAX_PERMITS`]). A round that node failures alone
+//! ruled out ends the sweep: the other permits' rounds would ask the same nodes.
 //!
 //! [`Semaphore::acquire_timeout`] *waits* as a lock's waiters do (`client/wait.rs`): when every
 //! permit is held it marks every permit's key as waited on and subscribes to their release
@@ -100,6 +101,25 @@ impl Redlock {
 }
 
 impl Semaphore {
+    /// The most permits a semaphore takes. A sweep over a full semaphore costs one round per
+    /// permit, and a waiter watches every permit's key: the cost grows with the count by
+    /// design, so the count is bounded where a sweep still takes well under a second and a
+    /// waiter a few hundred kilobytes. For more holders at once, use several semaphores.
+    ///
+    /// ```
+    /// # fn f() -> Result<(), quorumlock::Error> {
+    /// use quorumlock::{ArgumentError, Error, Semaphore};
+    /// let locks = quorumlock::Redlock::builder(["redis://127.0.0.1:7001"]).build()?;
+    /// assert!(Semaphore::new(&locks, "s", Semaphore::MAX_PERMITS).is_ok());
+    /// assert!(matches!(
+    ///     Semaphore::new(&locks, "s", Semaphore::MAX_PERMITS + 1),
+    ///     Err(Error::InvalidArgument(ArgumentError::Permits { .. }))
+    /// ));
+    /// # Ok(()) }
+    /// # f().unwrap();
+    /// ```
+    pub const MAX_PERMITS: u32 = 1000;
+
     /// A semaphore named `name` allowing `permits` holders at once, on `client`'s nodes.
     ///
     /// ```
@@ -114,13 +134,15 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when `permits` is 0 or `name` is not a valid lock key.
+    /// [`Error::InvalidArgument`] ([`ArgumentError::Permits`]) when `permits` is 0 or above
+    /// [`MAX_PERMITS`](Self::MAX_PERMITS); [`Error::InvalidArgument`] when `name` is not a
+    /// valid lock key.
     pub fn new(client: &Redlock, name: &str, permits: u32) -> Result<Self, Error> {
         check_key(name)?;
-        if permits == 0 {
-            return Err(ArgumentError::InvalidKey {
-                key: name.to_owned(),
-                reason: "a semaphore needs at least one permit",
+        if !(1..=Self::MAX_PERMITS).contains(&permits) {
+            return Err(ArgumentError::Permits {
+                permits,
+                max: Self::MAX_PERMITS,
             }
             .into());
         }
@@ -382,6 +404,9 @@ impl Semaphore {
                 Err(Error::Held { held, .. }) => {
                     fewest_held = Some(fewest_held.map_or(held, |f| f.min(held)));
                 }
+                // Failures alone ruled this permit out: every permit's round asks the same
+                // nodes, so the rest of the sweep would fail alike (one node timeout each).
+                Err(e @ Error::NoQuorum { .. }) if !any_refusal(&e) => return Err(e),
                 Err(e) if e.is_retryable() => unreachable = Some(e),
                 Err(e) => return Err(e),
             }
@@ -396,6 +421,12 @@ impl Semaphore {
             },
         })
     }
+}
+
+/// Whether a [`Error::NoQuorum`] lists a node that refused (another owner holds the key there).
+fn any_refusal(e: &Error) -> bool {
+    matches!(e, Error::NoQuorum { failures, .. }
+        if failures.iter().any(|f| matches!(f.cause, crate::error::NodeError::HeldByAnother)))
 }
 
 /// One permit of a [`Semaphore`]: a held [`Lock`] on the permit's key, whose lease extends

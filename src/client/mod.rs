@@ -259,8 +259,9 @@ impl Redlock {
             return Err(ArgumentError::TtlTooLong(ttl).into());
         }
         let drift = timing::drift(ttl, self.inner.cfg.drift_factor);
-        if ttl <= drift || ttl.as_millis() == 0 {
-            return Err(ArgumentError::TtlTooShort { ttl, drift }.into());
+        let min = timing::min_ttl(self.inner.cfg.drift_factor);
+        if ttl < min {
+            return Err(ArgumentError::TtlTooShort { ttl, drift, min }.into());
         }
         Ok(drift)
     }

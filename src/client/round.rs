@@ -470,6 +470,6 @@ pub(crate) fn int_reply(v: Value) -> Result<i64, NodeError> {
         Value::Int(i) => Ok(i),
         Value::Okay => Ok(1),
         Value::Nil => Ok(0),
-        other => Err(NodeError::BadReply(format!("{other:?}"))),
+        other => Err(NodeError::unexpected("an integer", &other)),
     }
 }

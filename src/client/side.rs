@@ -18,8 +18,8 @@ use super::Redlock;
 use super::status::LockStatus;
 use crate::core::quorum::HolderView;
 use crate::core::timing;
-use crate::error::{NodeError, NodeFailure};
-use crate::node::{HoldOut, Node};
+use crate::error::{Error, NodeError, NodeFailure};
+use crate::node::{HoldOut, Node, commands};
 
 /// Each node's reply to one command, in node order.
 #[derive(Debug)]
@@ -45,6 +45,31 @@ impl Redlock {
         });
         Replies {
             nodes: futures::future::join_all(calls).await,
+        }
+    }
+
+    /// `held`, or [`Error::WrongType`] when the key is held by data of another type: in compat
+    /// mode the lock is the plain key, and a `SET NX` refused by an application's hash, list or
+    /// set reads as a holder that never leaves. Asked only when an acquisition gives up held,
+    /// with one `TYPE` per node.
+    pub(crate) async fn held_or_wrong_type(&self, key: &str, held: Error) -> Error {
+        if !self.keys().is_compat() {
+            return held;
+        }
+        let cmd = commands::key_type(self.keys().lock_keys(key).lock());
+        let replies = self.on_every_node::<String>(&cmd, HoldOut::Ignore).await;
+        let mut others = replies
+            .nodes
+            .into_iter()
+            .filter_map(|(_, r)| r.ok())
+            .filter(|t| t != "string" && t != "none");
+        match others.next() {
+            Some(kind) => Error::WrongType {
+                key: key.to_owned(),
+                kind,
+                nodes: 1 + others.count(),
+            },
+            None => held,
         }
     }
 

@@ -213,7 +213,7 @@ impl Redlock {
 }
 
 fn parse_status(v: Value) -> Result<KeyState, NodeError> {
-    let bad = |v: &Value| NodeError::BadReply(format!("{v:?}"));
+    let bad = |v: &Value| NodeError::unexpected("an array of a value, a ttl and a counter", v);
     let Value::Array(items) = &v else {
         return Err(bad(&v));
     };

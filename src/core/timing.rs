@@ -19,6 +19,23 @@ pub(crate) fn drift(ttl: Duration, factor: f64) -> Duration {
     ttl.mul_f64(factor.max(0.0)) + DRIFT_FLOOR
 }
 
+/// The least validity a ttl must leave once the drift allowance is taken: one round trip to the
+/// nodes (acquire, then extend) with room to spare. A shorter ttl would hand out a lock whose
+/// validity is gone before its holder can act on it, or extend it.
+pub(crate) const MIN_ROUND_TRIP: Duration = Duration::from_millis(10);
+
+/// The shortest ttl that works with a drift factor: `ttl - drift(ttl) >= MIN_ROUND_TRIP`, in
+/// whole milliseconds (13 ms for the default factor 0.01).
+pub(crate) fn min_ttl(factor: f64) -> Duration {
+    let need = (MIN_ROUND_TRIP + DRIFT_FLOOR).as_secs_f64() / (1.0 - factor.clamp(0.0, 0.5));
+    let mut ms = (need * 1000.0).ceil() as u64;
+    // Floating point may land a hair short of the rule: the rule decides.
+    while Duration::from_millis(ms) < drift(Duration::from_millis(ms), factor) + MIN_ROUND_TRIP {
+        ms += 1;
+    }
+    Duration::from_millis(ms)
+}
+
 /// Validity left after an acquisition round: `ttl - elapsed - drift`, or `None` when that is not
 /// strictly positive (the lock must then be treated as not acquired).
 pub(crate) fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> Option<Duration> {
@@ -150,6 +167,18 @@ where
 #[cfg(test)]
 mod timing_tests {
     use super::*;
+
+    #[test]
+    fn the_shortest_ttl_leaves_a_round_trip_after_drift() {
+        assert_eq!(min_ttl(0.01), Duration::from_millis(13));
+        assert_eq!(min_ttl(0.0), Duration::from_millis(12));
+        for factor in [0.0, 0.01, 0.1, 0.25, 0.49] {
+            let min = min_ttl(factor);
+            assert!(min - drift(min, factor) >= MIN_ROUND_TRIP, "{factor}");
+            let less = min - Duration::from_millis(1);
+            assert!(less - drift(less, factor) < MIN_ROUND_TRIP, "{factor}");
+        }
+    }
 
     #[test]
     fn the_backoff_doubles_up_to_its_cap_and_adds_the_jitter() {

@@ -4,6 +4,11 @@
 use std::fmt;
 use std::time::Duration;
 
+pub(crate) use self::text::{RedisText, shape};
+use self::text::{UrlText, one_line};
+
+mod text;
+
 /// What went wrong with a lock operation.
 ///
 /// The variants separate the outcomes a caller reacts to differently: [`Error::Held`] is normal
@@ -95,7 +100,8 @@ pub enum Error {
     /// those nodes count as failed, are logged once at warn, and are listed as
     /// [`NodeError::Denied`] in any [`Error::NoQuorum`] that other failures complete.
     #[error(
-        "permission denied on {key:?}: the Redis user may not run {command} on {denied} of {nodes} nodes ({needed} needed for a quorum); grant it (quorumlock::guide::acl, docs/acl.md); {}",
+        "permission denied on {key:?}: the Redis user may not run {} on {denied} of {nodes} nodes ({needed} needed for a quorum); grant it (quorumlock::guide::acl, docs/acl.md); {}",
+        one_line(.command),
         FailureList(.failures)
     )]
     PermissionDenied {
@@ -112,6 +118,22 @@ pub enum Error {
         needed: usize,
         /// Every node that failed, and why (the refusals as [`NodeError::Denied`]).
         failures: Vec<NodeFailure>,
+    },
+    /// Compat mode only (the lock is the plain key): the key exists on `nodes` nodes as data of
+    /// another type (`kind`, as Redis' `TYPE` names it: `hash`, `list`, `set`...), most likely
+    /// an application's own key. No lock can ever be taken on it, and it may never expire: not
+    /// retried; choose a key name no application uses.
+    #[error(
+        "key {key:?} holds a Redis {} on {nodes} nodes, not a lock: in compat mode the lock is the plain key, so choose a name no application uses",
+        one_line(.kind)
+    )]
+    WrongType {
+        /// The user key.
+        key: String,
+        /// The key's type on the first node that reported one other than `string`.
+        kind: String,
+        /// How many nodes hold it as another type.
+        nodes: usize,
     },
     /// The ttl (or another per-call argument) cannot work with this configuration.
     #[error("invalid argument: {0}")]
@@ -291,7 +313,7 @@ pub enum NodeError {
     Refused(#[source] redis::RedisError),
     /// The connection broke (node died, network reset) or could not be set up (a TLS handshake
     /// that failed, for instance); the cause says which.
-    #[error("connection dropped ({0})")]
+    #[error("{}", DroppedText(.0))]
     Dropped(#[source] redis::RedisError),
     /// The node restarted (or started) less than the maximum ttl ago and may have lost lock keys;
     /// it is kept out of every quorum until `remaining` has passed.
@@ -313,7 +335,8 @@ pub enum NodeError {
     /// databases of one server, a hostname and its address, a Unix socket and TCP. One server
     /// is one vote at most, so neither counts toward a quorum while both reach it.
     #[error(
-        "same Redis server as {other} (run id {run_id}): one server is not two independent masters, neither counts toward a quorum"
+        "same Redis server as {other} (run id {}): one server is not two independent masters, neither counts toward a quorum",
+        one_line(.run_id)
     )]
     SameServer {
         /// The other node's address, password redacted.
@@ -326,16 +349,19 @@ pub enum NodeError {
     /// [`EvictionGuard::Strict`](crate::EvictionGuard::Strict): it counts toward no quorum.
     #[error("held out of quorums by the strict eviction guard: {0}")]
     Evicting(crate::eviction::EvictionRisk),
-    /// The node answered with an error, or a reply the scripts never produce.
-    #[error("redis error: {0}")]
+    /// The node answered with an error (its code and text are in the message, as Redis words
+    /// them), or the client refused the call.
+    #[error("the node answered with an error: {}", RedisText(.0))]
     Redis(#[source] redis::RedisError),
     /// The node answered, and refused: another owner's value holds the key there. Not a fault;
     /// listed in [`Error::NoQuorum`] so that a round that failed both for refusals and for
     /// failures names every node that counted against the quorum.
     #[error("refused: another owner's value holds the key there")]
     HeldByAnother,
-    /// The node's reply had an unexpected shape.
-    #[error("unexpected reply: {0}")]
+    /// The node's reply had an unexpected shape, or did not follow the Redis protocol at all
+    /// (`not a Redis server (unexpected reply)`: an HTTP server, an SSH server or anything else
+    /// listening on the port). The text says what was received, in words.
+    #[error("{0}")]
     BadReply(String),
     /// A run-once tick marker read: this client saw the node come back without proof that its
     /// data survived (a restart, a failover) `ago`, less than the marker's expiry, so its
@@ -353,7 +379,8 @@ pub enum NodeError {
     /// its scripts calls, or a key or channel outside the user's patterns. Not retried on the
     /// node's connection; the node counts as failed until the permission is granted.
     #[error(
-        "permission denied: the Redis user may not run {command} ({reason}); see quorumlock::guide::acl (docs/acl.md)"
+        "permission denied: the Redis user may not run {} ({reason}); see quorumlock::guide::acl (docs/acl.md)",
+        one_line(.command)
     )]
     Denied {
         /// The refused command as Redis names it in ACL rules (`INCR`, `SCRIPT|LOAD`). For a
@@ -367,10 +394,24 @@ pub enum NodeError {
 }
 
 impl NodeError {
-    /// Classifies a `redis` error by its own predicates, never by its text.
+    /// A reply of the wrong shape: `got`, where `expected` (in words) was expected.
+    pub(crate) fn unexpected(expected: &str, got: &redis::Value) -> Self {
+        NodeError::BadReply(format!(
+            "unexpected reply: {} where {expected} was expected",
+            text::shape(got)
+        ))
+    }
+
+    /// Classifies a `redis` error by its own predicates, never by its text: a reply that does
+    /// not parse is [`NodeError::BadReply`].
     pub(crate) fn from_redis(e: redis::RedisError) -> Self {
         if e.is_timeout() {
             NodeError::Timeout(Duration::ZERO)
+        } else if matches!(
+            e.kind(),
+            redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType
+        ) {
+            NodeError::BadReply(text::NOT_REDIS.to_owned())
         } else if e.is_connection_refusal() {
             NodeError::Refused(e)
         } else if e.is_connection_dropped() || e.is_io_error() {
@@ -413,13 +454,20 @@ impl NodeError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ArgumentError {
-    /// The ttl leaves no validity once clock drift is subtracted.
-    #[error("ttl {ttl:?} must exceed the clock-drift allowance {drift:?}")]
+    /// The ttl leaves too little validity once clock drift is subtracted: less than a round
+    /// trip to the nodes (10 ms), so the lock would be gone before its holder could use or
+    /// extend it. `min` is the shortest ttl that works (13 ms at the default drift factor).
+    #[error(
+        "ttl {} is too short: at least {} is needed (its clock-drift allowance of {} plus a 10ms round trip)",
+        humanize(*.ttl), humanize(*.min), fine(*.drift)
+    )]
     TtlTooShort {
         /// The ttl asked for.
         ttl: Duration,
         /// The drift allowance for it.
         drift: Duration,
+        /// The shortest ttl accepted.
+        min: Duration,
     },
     /// The ttl is above [`RedlockBuilder::MAX_TTL`](crate::RedlockBuilder::MAX_TTL) (49 days).
     #[error("ttl {0:?} is too long (at most 49 days)")]
@@ -432,6 +480,15 @@ pub enum ArgumentError {
         key: String,
         /// What is wrong with it.
         reason: &'static str,
+    },
+    /// A semaphore's permit count is 0 or above
+    /// [`Semaphore::MAX_PERMITS`](crate::Semaphore::MAX_PERMITS).
+    #[error("a semaphore takes 1..={max} permits, not {permits}")]
+    Permits {
+        /// The count given.
+        permits: u32,
+        /// The largest count accepted.
+        max: u32,
     },
     /// The lock value given to [`Redlock::resume`](crate::Redlock::resume) cannot be one this
     /// library wrote: empty, longer than 1024 bytes, or holding a space or a control character.
@@ -488,7 +545,7 @@ pub enum ConfigError {
     NoNodes,
     /// A node URL could not be parsed (or names a scheme this build does not support, such as
     /// `rediss://` without the `tls` feature).
-    #[error("invalid node URL {url:?}: {source}")]
+    #[error("invalid node URL {url:?}: {}", UrlText(.url, .source))]
     InvalidUrl {
         /// The URL, password redacted.
         url: String,
@@ -497,7 +554,7 @@ pub enum ConfigError {
         source: redis::RedisError,
     },
     /// The TLS certificates given for a `rediss://` node could not be used.
-    #[error("TLS setup for node {url:?} failed: {source}")]
+    #[error("TLS setup for node {url:?} failed: {}", RedisText(.source))]
     Tls {
         /// The URL, password redacted.
         url: String,
@@ -554,6 +611,20 @@ pub enum ConfigError {
     },
 }
 
+/// A broken connection, or one that could not be set up; a failed name lookup says DNS.
+struct DroppedText<'a>(&'a redis::RedisError);
+
+impl fmt::Display for DroppedText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let cause = RedisText(self.0).to_string();
+        if cause.starts_with("DNS ") {
+            f.write_str(&cause)
+        } else {
+            write!(f, "connection dropped ({cause})")
+        }
+    }
+}
+
 /// `1.2s`, `50ms`, `750µs`: short and readable in one-line errors.
 fn humanize(d: Duration) -> String {
     if d >= Duration::from_secs(1) {
@@ -565,6 +636,16 @@ fn humanize(d: Duration) -> String {
     } else {
         format!("{}µs", d.as_micros())
     }
+}
+
+/// A duration under a second to the hundredth of a millisecond (`2.03ms`), for a drift
+/// allowance that rounding up would overstate; longer ones as [`humanize`].
+fn fine(d: Duration) -> String {
+    if d >= Duration::from_secs(1) || d.subsec_nanos().is_multiple_of(1_000_000) {
+        return humanize(d);
+    }
+    let text = format!("{:.2}", d.as_secs_f64() * 1000.0);
+    format!("{}ms", text.trim_end_matches('0').trim_end_matches('.'))
 }
 
 /// `3 of 5 nodes failed`, or `2 of 5 nodes failed and 1 refused` when refusals are listed.

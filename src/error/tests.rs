@@ -99,3 +99,184 @@ fn refusals_on_a_majority_are_permission_denied() {
         "two of five refusing leave a quorum possible: {e}"
     );
 }
+
+/// What no message for people may carry: a second line, a control character, Rust debug
+/// text (`Some(`, `int(`, a struct's `{ `) or the `redis` crate's `- Kind` suffixes.
+pub(crate) fn assert_plain(text: &str) {
+    assert!(
+        !text.chars().any(char::is_control),
+        "control character in {text:?}"
+    );
+    for debug in [
+        "Some(",
+        "None",
+        "int(",
+        "{ ",
+        "Okay",
+        "- Parse",
+        "- Io",
+        "- InvalidClientConfig",
+        "- AuthenticationFailed",
+        "- Client",
+        "- Extension",
+        "ResponseError",
+        "Incompatible type",
+    ] {
+        assert!(!text.contains(debug), "debug text {debug:?} in {text:?}");
+    }
+}
+
+/// Every variant of every public error, built from the worst a node can send (a parse error
+/// over several lines, an error reply with escapes and newlines, a failed DNS lookup, the
+/// crate's own client errors), displays as one line of words.
+#[test]
+fn every_error_displays_as_one_plain_line() {
+    let hostile = || {
+        vec![
+            redis::parse_redis_value(b"\xff\x00\r\n").unwrap_err(),
+            redis::parse_redis_value(b"HTTP/1.1 400 Bad Request\r\n\r\n").unwrap_err(),
+            redis::parse_redis_value(b"-ERR a\x1b[2J\x07b\r\n")
+                .and_then(redis::Value::extract_error)
+                .unwrap_err(),
+            redis::parse_redis_value(b"-WRONGTYPE Operation against a key\r\n")
+                .and_then(redis::Value::extract_error)
+                .unwrap_err(),
+            redis::RedisError::from(std::io::Error::other(
+                "failed to lookup address information: Name or service not known",
+            )),
+            redis::RedisError::from((
+                redis::ErrorKind::AuthenticationFailed,
+                "Password authentication failed",
+            )),
+            redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "Redis URL did not parse",
+            )),
+            redis::Client::open("redis://127.0.0.1:99999").unwrap_err(),
+            redis::RedisError::from((redis::ErrorKind::Client, "x", "a\nb".to_owned())),
+        ]
+    };
+    let mut nodes = Vec::new();
+    for e in hostile() {
+        nodes.push(NodeError::from_redis(e.clone()));
+        nodes.push(NodeError::Refused(e.clone()));
+        nodes.push(NodeError::Dropped(e.clone()));
+        nodes.push(NodeError::Redis(e));
+    }
+    let reply = redis::Value::Array(vec![redis::Value::Int(0), redis::Value::Nil]);
+    nodes.extend([
+        NodeError::Timeout(Duration::from_millis(250)),
+        NodeError::HeldOut {
+            remaining: Duration::from_secs(3),
+        },
+        NodeError::Repairing,
+        NodeError::SameServer {
+            other: "redis://h:1".to_owned(),
+            run_id: "ab\r\ncd".to_owned(),
+        },
+        NodeError::Evicting(crate::eviction::EvictionRisk::Unknown),
+        NodeError::HeldByAnother,
+        NodeError::unexpected("an integer", &reply),
+        NodeError::LostDataRecently {
+            ago: Duration::from_secs(1),
+        },
+        NodeError::Denied {
+            command: "GET\x1b[1m".to_owned(),
+            reason: "command not allowed",
+        },
+    ]);
+    let failures: Vec<NodeFailure> = nodes.iter().cloned().map(failure).collect();
+    let mut texts: Vec<String> = nodes.iter().map(ToString::to_string).collect();
+    let errors = [
+        Error::Held {
+            key: "k\x1b".into(),
+            held: 3,
+            nodes: 5,
+            needed: 3,
+        },
+        Error::no_quorum("k", 1, 5, 3, failures.clone()),
+        Error::no_quorum("k", 1, 3, 2, vec![denied(), denied()]),
+        Error::WrongType {
+            key: "k".into(),
+            kind: "hash\n".into(),
+            nodes: 2,
+        },
+        Error::ValidityExpired {
+            key: "k".into(),
+            elapsed: Duration::from_millis(3),
+            ttl: Duration::from_millis(3),
+        },
+        Error::Lost {
+            key: "k".into(),
+            reason: LostReason::Unreachable {
+                failures: failures.clone(),
+            },
+        },
+        Error::Lost {
+            key: "k".into(),
+            reason: LostReason::NotOwner {
+                owned: 1,
+                needed: 3,
+            },
+        },
+        ArgumentError::TtlTooShort {
+            ttl: Duration::from_millis(3),
+            drift: Duration::from_millis(2),
+            min: Duration::from_millis(13),
+        }
+        .into(),
+        ArgumentError::TtlTooLong(Duration::from_secs(100 * 86400)).into(),
+        ArgumentError::InvalidKey {
+            key: "}\n".into(),
+            reason: "r",
+        }
+        .into(),
+        ArgumentError::InvalidValue { reason: "r" }.into(),
+        ArgumentError::Permits {
+            permits: 0,
+            max: 1000,
+        }
+        .into(),
+    ];
+    texts.extend(errors.iter().map(ToString::to_string));
+    let mut configs = vec![
+        ConfigError::NoNodes,
+        ConfigError::DuplicateNode("redis://h:1".into()),
+        ConfigError::DriftFactor(0.7),
+        ConfigError::FencingRequired,
+        ConfigError::ZeroDuration(Setting::NodeTimeout),
+        ConfigError::TooLong {
+            name: Setting::MaxTtl,
+            value: Duration::from_secs(9),
+            max: Duration::from_secs(1),
+        },
+        ConfigError::InvalidOwner {
+            owner: "a\nb".into(),
+            reason: "r",
+        },
+        ConfigError::InvalidPrefix {
+            prefix: "a\tb".into(),
+            reason: "r",
+        },
+    ];
+    for e in hostile() {
+        configs.push(ConfigError::InvalidUrl {
+            url: "redis://127.0.0.1:99999".into(),
+            source: e.clone(),
+        });
+        configs.push(ConfigError::Tls {
+            url: "rediss://h:1".into(),
+            source: e,
+        });
+    }
+    texts.extend(configs.into_iter().map(|e| Error::from(e).to_string()));
+    for text in &texts {
+        assert_plain(text);
+    }
+    let not_redis = NodeError::from_redis(hostile().remove(0));
+    assert_eq!(not_redis.kind(), "bad_reply");
+    assert_eq!(
+        not_redis.to_string(),
+        "not a Redis server (unexpected reply)"
+    );
+}

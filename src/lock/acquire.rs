@@ -32,6 +32,7 @@ impl Redlock {
     /// # Errors
     ///
     /// [`Error::Held`] (another owner: the refusals alone rule out a quorum),
+    /// [`Error::WrongType`] (compat mode: the key holds an application's data of another type),
     /// [`Error::NoQuorum`] (too few nodes reachable, each failure named, and each refusal when
     /// refusals and failures together ruled out a quorum), [`Error::ValidityExpired`] (the round
     /// took too long), or [`Error::InvalidArgument`] (empty key, ttl not above the drift
@@ -122,7 +123,12 @@ impl Redlock {
     ) -> Result<Lock, Error> {
         let (client, key) = (self.clone(), key.to_owned());
         self.on_engine(async move {
-            let held = client.acquire_held(&key, ttl, patience).await?;
+            let held = match client.acquire_held(&key, ttl, patience).await {
+                Err(held @ Error::Held { .. }) => {
+                    return Err(client.held_or_wrong_type(&key, held).await);
+                }
+                other => other?,
+            };
             Ok(Lock::new(client, held))
         })
         .await

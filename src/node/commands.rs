@@ -64,6 +64,13 @@ pub(crate) fn get(key: &str) -> redis::Cmd {
     cmd
 }
 
+/// `TYPE key` (reply: `string`, `none`, `hash`, ...).
+pub(crate) fn key_type(key: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("TYPE");
+    cmd.arg(key);
+    cmd
+}
+
 /// `SET key value NX PX ttl_ms`: written only where the key is absent, expiring after
 /// `ttl_ms`. The acquire with fencing off, and a run-once tick's marker. Sized once, the ttl
 /// written as digits without a `String` in between.

@@ -21,7 +21,7 @@ use super::member::{self, MemberConn, MemberKind};
 use super::{Node, scripts};
 use crate::core::health::classify_eviction;
 use crate::core::lock;
-use crate::error::{ConfigError, NodeError};
+use crate::error::{ConfigError, NodeError, RedisText};
 
 /// The certificates for `rediss://` nodes, when configured (feature `tls`).
 #[cfg(feature = "tls")]
@@ -256,7 +256,8 @@ impl Node {
                 .next()
                 .unwrap_or(Ok(redis::Value::Nil))
                 .map_err(|e| self.connect_error(e))?;
-            redis::from_redis_value(value).map_err(|e| NodeError::BadReply(e.to_string()))
+            redis::from_redis_value(value)
+                .map_err(|_| NodeError::BadReply("INFO did not answer with text".to_owned()))
         };
         let (server, persistence) = (info()?, info()?);
         let replication = if sentinel { Some(info()?) } else { None };
@@ -264,7 +265,7 @@ impl Node {
         match replies.find_map(Result::err) {
             Some(e) => self.use_eval(&match scripts::denial(&e, Some("SCRIPT|LOAD")) {
                 Some(NodeError::Denied { command, .. }) => command,
-                _ => format!("SCRIPT LOAD ({e})"),
+                _ => format!("SCRIPT LOAD ({})", RedisText(&e)),
             }),
             None => self.scripts_loaded(),
         }

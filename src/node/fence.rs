@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redis::{Pipeline, Value};
 
 use super::{Node, NodeSettings};
-use crate::error::NodeError;
+use crate::error::{NodeError, shape};
 
 /// A node's choice between the script and the pipelined acquire.
 #[derive(Debug, Default)]
@@ -100,7 +100,14 @@ impl Node {
             (Some(Value::ServerError(e)), _) | (Some(Value::Nil), Some(Value::ServerError(e))) => {
                 Err(self.call_error(e.into(), generation))
             }
-            other => Err(NodeError::BadReply(format!("{other:?}"))),
+            (first, second) => {
+                let said = |v: Option<Value>| v.as_ref().map_or("nothing".to_owned(), shape);
+                Err(NodeError::BadReply(format!(
+                    "unexpected reply: {} then {} where a value, or nil then a counter, was expected",
+                    said(first),
+                    said(second)
+                )))
+            }
         }
     }
 }

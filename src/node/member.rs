@@ -513,9 +513,10 @@ impl Node {
             NodeError::BadReply("a pipeline of three gave another count".to_owned())
         })?;
         let info: String = redis::from_redis_value(info)
-            .map_err(|e| NodeError::BadReply(format!("INFO server: {e}")))?;
-        let replication: String = redis::from_redis_value(replication)
-            .map_err(|e| NodeError::BadReply(format!("INFO replication: {e}")))?;
+            .map_err(|_| NodeError::BadReply("INFO server did not answer with text".to_owned()))?;
+        let replication: String = redis::from_redis_value(replication).map_err(|_| {
+            NodeError::BadReply("INFO replication did not answer with text".to_owned())
+        })?;
         let (run_id, _) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id".to_owned()))?;
         self.check_cluster_run_ids([server_identity(&run_id, &replication)], generation)?;

@@ -4,6 +4,8 @@
 //! topic of `run`); `harness` holds what they share.
 #![allow(unreachable_pub)]
 
+#[path = "../support/fake_node.rs"]
+mod fake_node;
 #[cfg(feature = "tls")]
 #[path = "../support/pki.rs"]
 mod pki;
@@ -14,8 +16,10 @@ mod support;
 
 mod harness;
 
+mod bad_inputs;
 mod demo;
 mod elect;
+mod hostile;
 mod managed;
 mod node_options;
 mod restart_guard;

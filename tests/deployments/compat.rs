@@ -185,7 +185,7 @@ async fn c3_rslock_and_compat_mode_never_overlap() {
 /// channel, only the key `orders` and pottery's `redlock:orders`.
 const LIMITED_USER: &str = "user locker on >locker-pw resetkeys ~orders ~redlock:orders \
                             resetchannels -@all +info +ping +eval +evalsha +script|load \
-                            +get +set +del +pexpire +pttl";
+                            +get +set +del +pexpire +pttl +type";
 
 /// Three servers whose clients log in as `locker` ([`LIMITED_USER`]), the `default` user off,
 /// and an `admin` user for the test's own reads.

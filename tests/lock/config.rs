@@ -61,6 +61,8 @@ async fn t31_bad_arguments_are_typed_errors() {
         ("", TTL),
         ("}x", TTL),
         ("k", Duration::from_millis(2)),
+        ("k", Duration::from_millis(3)),
+        ("k", Duration::from_millis(12)),
         ("k", Duration::ZERO),
     ] {
         let err = locks.try_acquire(key, ttl).await.unwrap_err();
@@ -69,6 +71,28 @@ async fn t31_bad_arguments_are_typed_errors() {
             "{key:?} {ttl:?}: {err}"
         );
     }
+    // The shortest ttl that works: the drift allowance and a round trip (13 ms at the default
+    // drift factor); each shorter one names it.
+    let err = locks
+        .try_acquire("k", Duration::from_millis(12))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidArgument(quorumlock::ArgumentError::TtlTooShort { min, .. })
+                if min == Duration::from_millis(13)
+        ),
+        "{err}"
+    );
+    // 13 ms passes the check (whether a round is quick enough to leave validity is the
+    // round's outcome, not the argument's).
+    let outcome = locks.try_acquire("k", Duration::from_millis(13)).await;
+    assert!(
+        !matches!(outcome, Err(Error::InvalidArgument(_))),
+        "{:?}",
+        outcome.err()
+    );
 }
 
 /// Settings and arguments beyond any sensible value are typed errors, never panics (an

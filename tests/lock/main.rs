@@ -2,7 +2,8 @@
 //! extending and releasing (`extend`), building and node settings (`config`), leases and the
 //! lost signal (`lease`), fencing tokens and the restart guard (`fencing`), the keyspace
 //! (`keyspace`), the fenced acquire without Lua (`pipeline`), handing a lock over between
-//! processes (`handoff`), owner names (`owner`) and tracing spans (`spans`).
+//! processes (`handoff`), owner names (`owner`), tracing spans (`spans`) and everything a node
+//! can send (`hostile_nodes`, a property test).
 #![allow(unreachable_pub)]
 
 #[path = "../support/mod.rs"]
@@ -13,6 +14,7 @@ mod config;
 mod extend;
 mod fencing;
 mod handoff;
+mod hostile_nodes;
 mod keyspace;
 mod lease;
 mod owner;

@@ -253,6 +253,21 @@ async fn p23_bad_arguments_are_refused_before_any_round() {
     let locks = client(&cluster);
     assert!(Semaphore::new(&locks, "s", 0).is_err());
     assert!(locks.semaphore("", 2).is_err());
+    // A count whose sweeps and waiters could not be afforded is refused, naming the range.
+    for permits in [Semaphore::MAX_PERMITS + 1, u32::MAX] {
+        let err = Semaphore::new(&locks, "s", permits).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidArgument(quorumlock::ArgumentError::Permits { max: 1000, .. })
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!("invalid argument: a semaphore takes 1..=1000 permits, not {permits}")
+        );
+    }
     let err = locks
         .acquire_all(Vec::<String>::new(), WORKLOAD_TTL)
         .await

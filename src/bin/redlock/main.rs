@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use quorumlock::{ConfigError, Error, RedlockBuilder};
+use quorumlock::{ConfigError, Error, RedlockBuilder, Semaphore};
 
 use crate::child::CmdOptions;
 use crate::nodes::{NodeArgs, client};
@@ -33,6 +33,9 @@ use crate::nodes::{NodeArgs, client};
 
 /// Usage error: bad flag, bad duration, bad node URL, no nodes given.
 const EXIT_USAGE: u8 = 64;
+/// Compat mode: KEY is an existing key of another type (an application's hash, list...),
+/// which no lock can ever take (EX_DATAERR).
+const EXIT_WRONG_TYPE: u8 = 65;
 /// Too few nodes reachable for a quorum (after the retries).
 const EXIT_NO_QUORUM: u8 = 69;
 /// The lock is held by another owner (after `--wait`); `-E CODE` chooses another.
@@ -52,7 +55,8 @@ const EXIT_NOPERM: u8 = 77;
 #[command(name = "redlock", version, propagate_version = true)]
 #[command(
     after_help = "Exit codes: CMD's own (128+signal if it died of a signal), \
-    64 usage error, 69 too few nodes reachable for a quorum, 75 held by another owner \
+    64 usage error, 65 (--compat) KEY is an existing key of another type, \
+    69 too few nodes reachable for a quorum, 75 held by another owner \
     (or another candidate leads, after elect --wait; -E CODE chooses another code), \
     77 the nodes' ACL refuses a command redlock needs (the line names it), \
     79 lock or leadership lost while CMD ran; run --once-per: 0 when another host runs or ran \
@@ -74,7 +78,8 @@ enum Command {
     #[command(override_usage = "redlock run [OPTIONS] KEY -- CMD [ARGS...]")]
     #[command(
         after_help = "Exit codes: CMD's own when it ran to its end under the lock; \
-        64 usage error; 69 too few nodes for a quorum; 75 (or -E CODE) held by another owner \
+        64 usage error; 65 (--compat) KEY is an existing key of another type; 69 too few \
+        nodes for a quorum; 75 (or -E CODE) held by another owner \
         after --wait; 77 the nodes' ACL refuses a command; 79 the lock was lost while CMD ran (CMD was terminated); 126/127 CMD \
         cannot be run / not found. With --once-per: CMD's own when this host ran it; 0 (or \
         -E CODE) when another host runs or ran it this period; 69, 79, 126/127 as above."
@@ -134,10 +139,10 @@ struct RunArgs {
           value_parser = duration_up_to(MAX_PERIOD, MAX_PERIOD_TEXT))]
     once_per: Option<Duration>,
     /// Treat KEY as a semaphore of N permits: run CMD when one of the N is free (at most N
-    /// CMDs at once across hosts), under that permit's lock. Not with --once-per. (Not flock's
-    /// -n: redlock never waits unless -w/--wait is given.)
+    /// CMDs at once across hosts), under that permit's lock; N is 1 to 1000. Not with
+    /// --once-per. (Not flock's -n: redlock never waits unless -w/--wait is given.)
     #[arg(short = 'n', long = "permits", value_name = "N", conflicts_with = "once_per",
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(Semaphore::MAX_PERMITS)))]
     permits: Option<u32>,
     /// The lock's name.
     key: String,
@@ -354,6 +359,7 @@ fn exit_code(e: &Error) -> u8 {
         Error::NoQuorum { .. } | Error::ValidityExpired { .. } => EXIT_NO_QUORUM,
         Error::Lost { .. } => EXIT_LOST,
         Error::PermissionDenied { .. } => EXIT_NOPERM,
+        Error::WrongType { .. } => EXIT_WRONG_TYPE,
         Error::InvalidArgument(_) | Error::Config(_) => EXIT_USAGE,
         // `Error` is non-exhaustive: a variant added to the library after this mapping was
         // written is not silently a usage error.
@@ -361,10 +367,13 @@ fn exit_code(e: &Error) -> u8 {
     }
 }
 
-/// Prints the one-line cause of a failure on stderr.
+/// Prints the one-line cause of a failure on stderr: any control character in it (from a
+/// file name, a node, an argument) as a visible escape, so that it stays one line and cannot
+/// drive the terminal.
 fn report(cause: &dyn Display) {
     use std::io::Write as _;
-    let _ = writeln!(std::io::stderr().lock(), "redlock: {cause}");
+    let line = status::escape_controls(&cause.to_string());
+    let _ = writeln!(std::io::stderr().lock(), "redlock: {line}");
 }
 
 /// Reports a library error and returns its exit code.

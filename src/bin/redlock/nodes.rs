@@ -148,6 +148,10 @@ pub(crate) fn member_urls(pieces: &[String]) -> Vec<String> {
 /// judges each node when it first connects.
 pub(crate) fn client(args: &NodeArgs, ttl: Option<Duration>) -> Result<Redlock, Setup> {
     let urls = member_urls(&args.nodes);
+    #[cfg(feature = "tls")]
+    let over_tls = urls
+        .iter()
+        .any(|u| u.starts_with("rediss") || u.starts_with("valkeys"));
     let guard = match args.restart_guard {
         Guard::Off => RestartGuard::Off,
         Guard::Restarted => RestartGuard::Restarted,
@@ -173,8 +177,9 @@ pub(crate) fn client(args: &NodeArgs, ttl: Option<Duration>) -> Result<Redlock, 
         None if ttl.is_some() => builder = builder.owner(default_owner()),
         None => {}
     }
+    // Certificates are read only for nodes that use them.
     #[cfg(feature = "tls")]
-    {
+    if over_tls {
         if let Some(ca) = &args.tls_ca {
             builder = builder.tls_root_certificate(read("--tls-ca", ca)?);
         }
@@ -248,14 +253,46 @@ impl Setup {
     }
 }
 
-/// The contents of a file named by `flag`.
+/// The most a `--tls-*` file may hold: a bundle of certificates is kilobytes.
+#[cfg(feature = "tls")]
+const MAX_TLS_FILE: u64 = 1 << 20;
+
+/// The contents of a file named by `flag`: at most [`MAX_TLS_FILE`] bytes (an endless file
+/// such as `/dev/zero` is refused once past it), and opened without waiting for a writer (a
+/// FIFO nobody writes to reads as empty). An empty file is refused too.
 #[cfg(feature = "tls")]
 fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, Setup> {
-    std::fs::read(path).map_err(|cause| Setup::File {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+
+    let fail = |cause: std::io::Error| Setup::File {
         flag,
         path: path.to_owned(),
         cause,
-    })
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(OFlag::O_NONBLOCK.bits())
+        .open(path)
+        .map_err(fail)?;
+    // Reads block again (a pipe's writer may still be writing), but the open did not wait.
+    fcntl(&file, FcntlArg::F_SETFL(OFlag::empty())).map_err(|e| fail(e.into()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_TLS_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(fail)?;
+    let invalid = |why: &str| fail(std::io::Error::new(std::io::ErrorKind::InvalidData, why));
+    if bytes.len() as u64 > MAX_TLS_FILE {
+        return Err(invalid(
+            "it is larger than 1 MiB, which no certificate bundle is",
+        ));
+    }
+    if bytes.is_empty() {
+        return Err(invalid("it is empty"));
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

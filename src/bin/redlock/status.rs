@@ -56,9 +56,9 @@ pub(crate) fn render(status: &LockStatus) -> String {
     match status.holder_view() {
         HolderView::Held(holder) => {
             let on = held_on(status, holder);
-            let _ = write!(out, "held by {holder}");
+            let _ = write!(out, "held by {}", visible(holder));
             if let Some(owner) = status.owner() {
-                let _ = write!(out, " (owner {owner:?})");
+                let _ = write!(out, " (owner \"{}\")", visible(&owner));
             }
             let _ = write!(out, " on {on} of {nodes} nodes");
         }
@@ -80,7 +80,7 @@ pub(crate) fn render(status: &LockStatus) -> String {
         let _ = write!(out, "  {:width$}  ", node.node);
         match &node.state {
             Ok(state) => {
-                let held = match (&state.value, state.ttl) {
+                let held = match (state.value.as_deref().map(visible), state.ttl) {
                     (Some(value), Some(ttl)) => format!("held by {value}  ttl {:>8}", seconds(ttl)),
                     (Some(value), None) => format!("held by {value}  ttl     none"),
                     (None, _) => "free".to_owned(),
@@ -88,7 +88,7 @@ pub(crate) fn render(status: &LockStatus) -> String {
                 let _ = writeln!(out, "{held:54}  fence {}", state.fence);
             }
             Err(cause) => {
-                let _ = writeln!(out, "unreachable: {cause}");
+                let _ = writeln!(out, "unreachable: {}", visible(&cause.to_string()));
             }
         }
         if !node.unchecked.is_empty() {
@@ -111,7 +111,43 @@ pub(crate) fn render(status: &LockStatus) -> String {
         if node.eviction.is_risky()
             || (node.state.is_ok() && node.eviction == EvictionRisk::Unknown)
         {
-            let _ = writeln!(out, "  {:width$}    eviction: {}", "", node.eviction);
+            let eviction = visible(&node.eviction.to_string());
+            let _ = writeln!(out, "  {:width$}    eviction: {eviction}", "");
+        }
+    }
+    out
+}
+
+/// Text a node returned (a lock value, an owner name), as `ls` and `git` show a file name:
+/// control characters as visible escapes (`\e`, `\r`, `\n`, `\t`, `\x07`), text-direction
+/// overrides as `\u{202e}`, and a backslash doubled so that an escape cannot be forged.
+/// Anyone who can write to the nodes can write a value; none can drive the terminal.
+pub(crate) fn visible(text: &str) -> String {
+    escape(text, true)
+}
+
+/// [`visible`] without doubling backslashes: for a message's line, whose own text has none
+/// that an escape could be mistaken for.
+pub(crate) fn escape_controls(text: &str) -> String {
+    escape(text, false)
+}
+
+fn escape(text: &str, backslash: bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' if backslash => out.push_str("\\\\"),
+            '\x1b' => out.push_str("\\e"),
+            '\r' => out.push_str("\\r"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\x{:02x}", u32::from(c));
+            }
+            '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => {
+                let _ = write!(out, "\\u{{{:04x}}}", u32::from(c));
+            }
+            c => out.push(c),
         }
     }
     out
