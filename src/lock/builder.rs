@@ -495,7 +495,8 @@ impl RedlockBuilder {
     /// [`ConfigError`] for no nodes, an invalid or duplicate URL, a drift factor outside `[0, 0.5)`,
     /// an invalid key prefix or owner name, a zero timeout, or a timing above [`MAX_TIMING`](Self::MAX_TIMING) (a max ttl above
     /// [`MAX_TTL`](Self::MAX_TTL)). An even node count is accepted with a warning: its quorum
-    /// tolerates no more failures than one node fewer.
+    /// tolerates no more failures than one node fewer. A single node is accepted with a
+    /// warning too: it tolerates no failure.
     pub fn build(self) -> Result<Redlock, ConfigError> {
         if self.members.is_empty() {
             return Err(ConfigError::NoNodes);
@@ -565,7 +566,12 @@ impl RedlockBuilder {
                 ))
             })
             .collect();
-        if nodes.len().is_multiple_of(2) {
+        if nodes.len() == 1 {
+            tracing::warn!(
+                "one node is no quorum: the lock is unavailable while it is down and lost when it \
+                 loses its data; prefer 3 or 5 independent nodes"
+            );
+        } else if nodes.len().is_multiple_of(2) {
             tracing::warn!(
                 nodes = nodes.len(),
                 "an even number of nodes tolerates no more failures than {}; prefer an odd count",

@@ -308,3 +308,53 @@ async fn t36_a_flushed_script_cache_falls_back_to_eval() {
     })
     .await;
 }
+
+/// What a node count that a quorum serves badly is told, once, when the client is built (no
+/// I/O: the nodes need not exist): one node tolerates no failure, an even count no more
+/// failures than one node fewer; an odd count of three or more says nothing.
+#[test]
+fn a_single_node_and_an_even_count_are_warned_about_at_build() {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("buffer").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    let warnings = |count: u16| {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .finish();
+        let urls: Vec<String> = (0..count)
+            .map(|i| format!("redis://127.0.0.1:{}", 1 + i))
+            .collect();
+        tracing::subscriber::with_default(subscriber, || {
+            Redlock::builder(urls).build().expect("a valid configuration");
+        });
+        let text = String::from_utf8(buffer.0.lock().expect("buffer").clone()).expect("utf-8");
+        text.lines().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let one = warnings(1);
+    assert_eq!(one.len(), 1, "{one:?}");
+    assert!(one[0].contains("one node is no quorum"), "{one:?}");
+    for even in [2, 4] {
+        let lines = warnings(even);
+        assert_eq!(lines.len(), 1, "{even} nodes: {lines:?}");
+        assert!(lines[0].contains("prefer an odd count"), "{lines:?}");
+    }
+    for odd in [3, 5] {
+        assert_eq!(warnings(odd), Vec::<String>::new(), "{odd} nodes");
+    }
+}
