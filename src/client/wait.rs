@@ -35,7 +35,8 @@
 //! (`Redlock::release_on`): it releases nothing anyone waits for, and its notice woke every
 //! waiter, its own client's included, which then tried at once, failed, undid and woke itself
 //! again, for as long as the holder's key was missing on some node (issue 27). A fresh client's
-//! first wait also awaits its subscriptions (at most the connect timeout) before its next round:
+//! first wait also awaits its subscriptions (at most the connect timeout; compat mode makes
+//! none and awaits nothing) before its next round:
 //! each node's subscription wakes the waiters once it stands, which would otherwise cost one
 //! round per node.
 //!
@@ -222,6 +223,10 @@ impl Redlock {
         // been missed before): awaited here, so that the round that follows registration
         // starts after those wake-ups and is not repeated for them, five times on five nodes.
         let first_tries = async {
+            // Compat mode subscribes nowhere (`start_subscriptions`): nothing to await.
+            if self.inner.cfg.keys.is_compat() {
+                return;
+            }
             let n = self.inner.nodes.len();
             let start = Instant::now();
             let mut until = start + self.inner.cfg.connect_timeout;
