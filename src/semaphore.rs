@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::client::Redlock;
-use crate::client::wait::{KeyWait, Ticket, Woken};
+use crate::client::wait::{KeyWait, Ticket, Turn, Woken};
 use crate::core::clock;
 use crate::core::keys::check_key;
 use crate::error::{ArgumentError, Error};
@@ -286,8 +286,10 @@ impl Semaphore {
         loop {
             if let Some(w) = &waiting {
                 // Out of turn once the wait is over: the sweeps owed are made anyway.
-                let turn = w.kws[0].turn(&w.ticket, Some(give_up_at)).await;
-                if !turn
+                // A permit's queue hands no lock on (`Ticket::won` is never called): its turn
+                // comes at the head, or the timer.
+                let turn = w.kws[0].turn(&w.ticket, Some(give_up_at), 0).await;
+                if turn != Turn::Now
                     && sweep >= sweeps
                     && let Some(err) = last_err.take()
                 {

@@ -430,7 +430,8 @@ impl Redlock {
         // The nodes are told whole milliseconds: the validity counts only what they were told.
         let (ttl_ms, sent) = timing::sent_ttl(req.ttl);
         let budget_end = start + timing::budget(sent, req.drift);
-        let deadline = start + timing::acquire_round(self.inner.cfg.node_timeout, sent, req.drift);
+        let round_time = timing::acquire_round(self.inner.cfg.node_timeout, sent, req.drift);
+        let deadline = start + round_time;
         let call = self.acquire_call(&req.keys, value, ttl_ms);
         // Before any call: a node whose yes carries the token was answered on this connection
         // generation or a later one (`Node::process_generation`).
@@ -443,11 +444,13 @@ impl Redlock {
         } else {
             Seen::new()
         };
+        // The round's gate closes by itself at its deadline: none of its calls is sent after,
+        // whichever task drives them (the round, the handing task, an undo).
         let round = self
             .round(
                 Arc::new(call),
                 deadline,
-                None,
+                Some(started.saturating_add(round_time)),
                 HoldOut::Respect,
                 Op::Acquire,
                 positive,

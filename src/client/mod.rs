@@ -78,6 +78,9 @@ pub(crate) struct Inner {
     /// Background releases and the unanswered part of releases and extensions, so `flush` can
     /// wait for them. (Repairs run on their own until done: see `repair.rs`.)
     pub(crate) tasks: TaskTracker,
+    /// Held by a `flush` from the tracker's close to its reopening: flushes run one at a time
+    /// (a reopening under another flush's wait left that one waiting for ever).
+    flushing: tokio::sync::Mutex<()>,
     /// Finished rounds' unanswered calls, kept (unpolled) until their deadline so that the
     /// queued commands are written: much cheaper than a task per round (see `Redlock::settle`).
     pub(crate) parked: Mutex<VecDeque<Tail>>,
@@ -108,6 +111,7 @@ impl Redlock {
                 cfg,
                 max_ttl,
                 tasks: TaskTracker::new(),
+                flushing: tokio::sync::Mutex::new(()),
                 parked: Mutex::new(VecDeque::new()),
                 outage: AtomicBool::new(false),
                 waiting: wait::Waiting::default(),
@@ -172,8 +176,10 @@ impl Redlock {
     ///
     /// # Cancellation safety
     ///
-    /// Cancel-safe: it only waits; the background work goes on.
+    /// Cancel-safe: it only waits; the background work goes on. Concurrent calls run one after
+    /// the other.
     pub async fn flush(&self) {
+        let _one_at_a_time = self.inner.flushing.lock().await;
         let parked: Vec<Tail> = lock(&self.inner.parked).drain(..).collect();
         let tasks = &self.inner.tasks;
         tasks.close();
@@ -374,5 +380,51 @@ impl Drop for SpanOutcome {
         if !self.done {
             self.span.record("outcome", "cancelled");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+    use std::time::Duration;
+
+    use super::Redlock;
+
+    /// Two `flush` calls at once both return once the background work is done. The order that
+    /// stranded the second: the first's wait ends (task A done) but it has not run since; task
+    /// B starts and the second flush waits for it; the first then ends and reopens the tracker;
+    /// B ends on an open tracker, which wakes no one. No node is asked: a flush with nothing
+    /// parked only waits for the client's tasks.
+    #[tokio::test]
+    async fn concurrent_flushes_both_return() {
+        let client = Redlock::builder(["redis://127.0.0.1:1"]).build().unwrap();
+        let tasks = &client.inner.tasks;
+        let (a_done, a) = tokio::sync::oneshot::channel::<()>();
+        tasks.spawn(async move {
+            let _ = a.await;
+        });
+        let mut first = pin!(client.flush());
+        assert!(futures::poll!(first.as_mut()).is_pending(), "A runs");
+        a_done.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !tasks.is_empty() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("task A ends");
+        let (b_done, b) = tokio::sync::oneshot::channel::<()>();
+        tasks.spawn(async move {
+            let _ = b.await;
+        });
+        let mut second = pin!(client.flush());
+        assert!(futures::poll!(second.as_mut()).is_pending(), "B runs");
+        tokio::time::timeout(Duration::from_secs(5), first)
+            .await
+            .expect("the first flush returns (A is done)");
+        b_done.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .expect("the second flush returns once B is done");
     }
 }

@@ -38,6 +38,10 @@ pub(super) struct KeyState {
     /// the win (its quorum of notices, `released`) can arrive during or after the winning round,
     /// and the next head's round then met the winner's own release half-way.
     pub(super) handed: Option<String>,
+    /// The notice count when `handed` was set: a later notice of another release tells the
+    /// head that the key changed hands, so the lock it waits for may have ended without a
+    /// notice (forgotten, expired, lost, or released after the waiters marker lapsed).
+    pub(super) handed_at: u64,
     /// Until when the marker set on the nodes stands (less the refresh margin).
     pub(super) marker_until: Option<Instant>,
     /// Values this client released lately: a notice of one of them is a release by us.
@@ -74,6 +78,7 @@ impl Drop for Ticket {
         st.queue.retain(|&t| t != self.id);
         if was_head {
             st.handed = self.won.take();
+            st.handed_at = st.epoch;
         }
         drop(st);
         if was_head {
@@ -87,6 +92,18 @@ impl Ticket {
     pub(crate) fn won(&mut self, value: &str) {
         self.won = Some(value.to_owned());
     }
+}
+
+/// How a queued waiter's wait for its turn ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// It is the head, and the lock its predecessor won is released.
+    Now,
+    /// It is the head, still waiting for its predecessor's release, and another release was
+    /// announced: the key changed hands, so that lock may have ended without a notice.
+    Changed,
+    /// The timer fired.
+    Timer,
 }
 
 /// Why a wait ended.
@@ -165,24 +182,30 @@ impl KeyWait {
     }
 
     /// Waits until `ticket` is at the head of the queue and, if the previous head left
-    /// holding the lock, until that lock's release is announced; or until `until`. Returns
-    /// whether the turn came.
-    pub(crate) async fn turn(&self, ticket: &Ticket, until: Option<Instant>) -> bool {
+    /// holding the lock, until that lock's release is announced ([`Turn::Now`]); or, while the
+    /// head waits for that release, until another release after notice `since` (and after the
+    /// predecessor left) is announced ([`Turn::Changed`]); or until `until`.
+    pub(crate) async fn turn(&self, ticket: &Ticket, until: Option<Instant>, since: u64) -> Turn {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             {
                 let st = lock(&self.state);
-                if st.queue.front() == Some(&ticket.id) && st.handed.is_none() {
-                    return true;
+                if st.queue.front() == Some(&ticket.id) {
+                    if st.handed.is_none() {
+                        return Turn::Now;
+                    }
+                    if st.epoch > since.max(st.handed_at) {
+                        return Turn::Changed;
+                    }
                 }
             }
             match until {
                 Some(t) => {
                     tokio::select! {
                         _ = &mut notified => {}
-                        _ = tokio::time::sleep_until(t) => return false,
+                        _ = tokio::time::sleep_until(t) => return Turn::Timer,
                     }
                 }
                 None => notified.await,
@@ -207,7 +230,8 @@ impl KeyWait {
     }
 
     /// The head found the lock its predecessor won gone without a notice of its release (its
-    /// key expired, or the notices were lost): it stops waiting for that release.
+    /// key expired, it was forgotten or lost, or the notices were lost): it stops waiting for
+    /// that release.
     pub(crate) fn handover_missed(&self) {
         lock(&self.state).handed = None;
     }

@@ -100,6 +100,19 @@ impl Redlock {
             Verdict::Quorum | Verdict::Unreachable if expired => {
                 Err(state.lose(LostReason::Expired))
             }
+            // Our value was absent on more nodes than a quorum spares (lost with a node's data,
+            // deleted behind our back): it did not stand on a quorum, whatever was deleted.
+            Verdict::Quorum
+                if round.yes.iter().filter(|&&(_, v)| v == 0).count()
+                    > self.node_count() - self.quorum() =>
+            {
+                let reason = LostReason::NotOwner {
+                    owned: round.yes.iter().filter(|&&(_, v)| v == 1).count(),
+                    needed: self.quorum(),
+                };
+                tracing::debug!(key, %reason, "released a lock whose value was gone from a quorum");
+                Err(state.lose(reason))
+            }
             Verdict::Quorum => {
                 tracing::debug!(key, released = round.tally.yes(), "lock released");
                 Ok(())

@@ -51,6 +51,9 @@ pub(crate) struct Round {
     pub(super) verdict: Verdict,
     pub(super) tally: Tally,
     pub(super) yes: Yeses,
+    /// Yes-answers that do not count: their node reaches the same server as another (it set
+    /// the value all the same).
+    pub(super) revoked: Yeses,
     pub(super) refusals: Vec<Option<Vec<u8>>>,
     pub(super) failures: Vec<NodeFailure>,
     pub(super) rest: Tail,
@@ -67,9 +70,13 @@ impl Round {
         )
     }
 
-    /// The nodes that answered yes (an acquisition: they set its value).
+    /// The nodes that answered yes (an acquisition: they set its value), counted or not.
     pub(super) fn set_on(&self) -> Vec<usize> {
-        self.yes.iter().map(|&(i, _)| i).collect()
+        self.yes
+            .iter()
+            .chain(&self.revoked)
+            .map(|&(i, _)| i)
+            .collect()
     }
 
     /// Nodes holding the most common foreign value seen, or every refusal when values are
@@ -279,6 +286,9 @@ impl Redlock {
             while let Some((i, reply)) = rest.next().await {
                 tracing::trace!(node = i, op = op.as_str(), since = ?start.elapsed(), "answer");
                 answers.record(i, reply, yes, nodes[i].name());
+                if hold_out == HoldOut::Respect {
+                    answers.revoke_twins(nodes);
+                }
                 // An acquisition does not wait for nodes already known down (their last call
                 // failed): giving up a round is always safe (it is undone), and a hung node
                 // would otherwise hold every undecided round to its deadline.
@@ -287,7 +297,11 @@ impl Redlock {
                 } else {
                     0
                 };
-                if let Some(verdict) = answers.decided(classify, down) {
+                if let Some(verdict) = answers.decided(classify, down)
+                    && !(verdict == Verdict::Quorum
+                        && hold_out == HoldOut::Respect
+                        && answers.identities_unsettled(nodes))
+                {
                     return verdict;
                 }
             }
@@ -316,6 +330,8 @@ struct Answers {
     tally: Tally,
     /// The yes-answers: node index, integer reply.
     yes: Yeses,
+    /// Yes-answers revoked: their node reaches the same server as another.
+    revoked: Yeses,
     refusals: Vec<Option<Vec<u8>>>,
     failures: Vec<NodeFailure>,
     answered: Answered,
@@ -335,6 +351,7 @@ impl Answers {
             verdict,
             tally: self.tally,
             yes: self.yes,
+            revoked: self.revoked,
             refusals: self.refusals,
             failures: self.failures,
             rest: Tail {
@@ -350,6 +367,7 @@ impl Answers {
         Answers {
             tally: Tally::new(n),
             yes: Yeses::new(),
+            revoked: Yeses::new(),
             refusals: Vec::new(),
             failures: Vec::new(),
             answered: Answered::from_elem(false, n),
@@ -390,6 +408,35 @@ impl Answers {
                 self.failure(name, cause);
             }
         }
+    }
+
+    /// Turns the yes of every node that reaches the same server as another into a failure
+    /// naming both: one server is one vote at most, and a pair counts for nothing.
+    fn revoke_twins(&mut self, nodes: &[Arc<Node>]) {
+        let mut k = 0;
+        while k < self.yes.len() {
+            let (i, v) = self.yes[k];
+            if let Some(cause) = nodes[i].same_server() {
+                self.yes.remove(k);
+                self.revoked.push((i, v));
+                self.tally.revoke_yes();
+                self.failure(nodes[i].name(), cause);
+            } else {
+                k += 1;
+            }
+        }
+    }
+
+    /// Whether the yes-answers might not make a quorum once the nodes still unanswered whose
+    /// server is not known yet (never connected, not known down) have connected: each may turn
+    /// out to reach the server of a yes, which then counts for nothing.
+    fn identities_unsettled(&self, nodes: &[Arc<Node>]) -> bool {
+        let unknown = nodes
+            .iter()
+            .zip(&self.answered)
+            .filter(|&(node, &answered)| !answered && !node.identity_known() && !node.is_down())
+            .count();
+        self.tally.yes().saturating_sub(unknown) < quorum::quorum(self.tally.n())
     }
 
     fn failure(&mut self, node: &str, cause: NodeError) {

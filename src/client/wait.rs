@@ -35,7 +35,8 @@
 //! (`Redlock::release_on`): it releases nothing anyone waits for, and its notice woke every
 //! waiter, its own client's included, which then tried at once, failed, undid and woke itself
 //! again, for as long as the holder's key was missing on some node (issue 27). A fresh client's
-//! first wait also awaits its subscriptions (at most the connect timeout) before its next round:
+//! first wait also awaits its subscriptions (at most the connect timeout; compat mode makes
+//! none and awaits nothing) before its next round:
 //! each node's subscription wakes the waiters once it stands, which would otherwise cost one
 //! round per node.
 //!
@@ -54,7 +55,10 @@
 //! rounds; the others wait for their turn, so they neither collide with it (split votes) nor
 //! overtake it. A new waiter queues behind the existing ones instead of trying first
 //! (`try_acquire`, which never waits, may still overtake). When the head wins, the next waiter
-//! waits for the release of that lock before its first round. Between clients there is no queue:
+//! waits for the release of that lock before its first round; a notice of another release
+//! meanwhile makes it read the key's `PTTL`, and it takes its turn once a quorum is free (that
+//! lock ended without a notice: forgotten, expired, lost, or released after the marker
+//! lapsed). Between clients there is no queue:
 //! on a release, the head waiter of each client tries, and a split vote is resolved by the
 //! random pauses of `client/acquire.rs`; each contender has the same chance at every release.
 //! A FIFO across clients would need a queue that a quorum agrees on, kept alive through node
@@ -75,7 +79,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::Redlock;
 use super::queue::Notice;
-pub(crate) use super::queue::{KeyWait, Ticket, Woken};
+pub(crate) use super::queue::{KeyWait, Ticket, Turn, Woken};
 use super::side::until_quorum;
 use crate::core::keys::{WAITERS_SUFFIX, waiters_key_of};
 use crate::core::lock;
@@ -148,6 +152,17 @@ impl Waiting {
         self.hub.any.load(Ordering::Relaxed) && lock(&self.hub.keys).contains_key(lock_key)
     }
 
+    /// The release notices counted so far for `lock_key` (0 when this client never waited for
+    /// it).
+    pub(crate) fn epoch(&self, lock_key: &str) -> u64 {
+        if !self.hub.any.load(Ordering::Relaxed) {
+            return 0;
+        }
+        lock(&self.hub.keys)
+            .get(lock_key)
+            .map_or(0, |kw| kw.epoch())
+    }
+
     /// The waiters of `lock_key`, if this client has a queue for it that is not empty.
     pub(crate) fn queued(&self, lock_key: &str) -> Option<Arc<KeyWait>> {
         if !self.hub.any.load(Ordering::Relaxed) {
@@ -208,6 +223,10 @@ impl Redlock {
         // been missed before): awaited here, so that the round that follows registration
         // starts after those wake-ups and is not repeated for them, five times on five nodes.
         let first_tries = async {
+            // Compat mode subscribes nowhere (`start_subscriptions`): nothing to await.
+            if self.inner.cfg.keys.is_compat() {
+                return;
+            }
             let n = self.inner.nodes.len();
             let start = Instant::now();
             let mut until = start + self.inner.cfg.connect_timeout;

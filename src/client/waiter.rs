@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Redlock;
-use super::wait::{KeyWait, MARKER_REFRESH, Ticket, Woken};
+use super::wait::{KeyWait, MARKER_REFRESH, Ticket, Turn, Woken};
 use crate::core::keys::LockKeys;
 use crate::core::timing;
 
@@ -32,7 +32,8 @@ pub(super) struct Waiter<'a> {
     give_up_at: Instant,
     /// Its place in this client's queue for the key, once it has joined.
     queued: Option<(Arc<KeyWait>, Ticket)>,
-    /// The notice epoch the current round started at (0 while not queued).
+    /// The notice epoch the current round started at (0 while this client never waited for
+    /// the key).
     epoch: u64,
     /// Consecutive retries that the timer started (no notice): the backoff's attempt number.
     polls: u32,
@@ -76,9 +77,13 @@ impl<'a> Waiter<'a> {
         self.queued.is_some()
     }
 
-    /// A round starts: the notice epoch it starts at (0 while not queued).
+    /// A round starts: the notice epoch it starts at (0 while this client never waited for
+    /// the key).
     pub(super) fn start_round(&mut self) -> u64 {
-        self.epoch = self.queued.as_ref().map_or(0, |(kw, _)| kw.epoch());
+        self.epoch = match &self.queued {
+            Some((kw, _)) => kw.epoch(),
+            None => self.client.inner.waiting.epoch(self.keys.lock()),
+        };
         self.epoch
     }
 
@@ -114,46 +119,70 @@ impl<'a> Waiter<'a> {
     /// most `give_up_at`. The head waiting for that release makes a round only once the
     /// predecessor's key may have expired on a quorum (its `PTTL`, re-read after the crate's
     /// backoff, then at the expiry or within 1 s): polling it on the backoff cost a round every
-    /// few milliseconds of a short hold. Returns true when the wait is over (the caller then
-    /// makes its remaining rounds out of turn); false at once when not queued.
+    /// few milliseconds of a short hold. Another release announced meanwhile (after the last
+    /// round started) is read the same way at once: the predecessor's lock may have ended
+    /// without a notice (forgotten, expired, lost) and another holder's release is the one to
+    /// act on. Returns true when the wait is over (the caller then makes its remaining rounds
+    /// out of turn); false at once when not queued.
     pub(super) async fn turn(&mut self) -> bool {
         let Some((kw, ticket)) = &self.queued else {
             return false;
         };
         let mut next: Option<Instant> = None;
+        let mut since = self.epoch;
         loop {
             let poll = next
                 .take()
                 .unwrap_or_else(|| Instant::now() + self.client.retry_pause_after(self.polls));
             let epoch = kw.epoch();
-            let turn = kw.turn(ticket, Some(poll.min(self.give_up_at))).await;
-            tracing::trace!(turn, "queued waiter's turn");
-            if turn {
-                // Woken by a notice: take turns with other clients' waiters (`queue::defer`).
-                let defer = kw.deferral();
-                if kw.epoch() != epoch && !defer.is_zero() {
-                    tokio::time::sleep(defer).await;
+            let turn = kw
+                .turn(ticket, Some(poll.min(self.give_up_at)), since)
+                .await;
+            tracing::trace!(?turn, "queued waiter's turn");
+            match turn {
+                Turn::Now => {
+                    // Woken by a notice: take turns with other clients' waiters (`queue::defer`).
+                    if kw.epoch() != epoch {
+                        Self::defer(kw).await;
+                    }
+                    return false;
                 }
-                return false;
-            }
-            if Instant::now() >= self.give_up_at {
-                return true;
+                Turn::Changed => since = kw.epoch(),
+                Turn::Timer if Instant::now() >= self.give_up_at => return true,
+                Turn::Timer => {}
             }
             if kw.is_head(ticket) {
-                self.client.set_marker(kw, self.keys.waiters(), false).await;
+                if turn == Turn::Timer {
+                    self.client.set_marker(kw, self.keys.waiters(), false).await;
+                }
                 match self.client.holder_pause(self.keys.lock()).await {
                     Some(pause) if pause > timing::HOLDER_READ_AGAIN => {
-                        next = Some(Instant::now() + pause);
+                        next = Some(match turn {
+                            Turn::Changed => poll,
+                            _ => Instant::now() + pause,
+                        });
                     }
                     _ => {
-                        // The lock the previous head won is gone without a notice (expired):
-                        // waiting for its release is over.
+                        // The lock the previous head won is gone without a notice: waiting
+                        // for its release is over.
                         kw.handover_missed();
-                        self.polls = self.polls.saturating_add(1);
+                        if turn == Turn::Changed {
+                            Self::defer(kw).await;
+                        } else {
+                            self.polls = self.polls.saturating_add(1);
+                        }
                         return false;
                     }
                 }
             }
+        }
+    }
+
+    /// After a notice, a head takes turns with other clients' waiters (`queue::defer`).
+    async fn defer(kw: &KeyWait) {
+        let defer = kw.deferral();
+        if !defer.is_zero() {
+            tokio::time::sleep(defer).await;
         }
     }
 

@@ -59,6 +59,15 @@ impl Tally {
         }
     }
 
+    /// A yes that no longer counts (its node turned out to reach the same server as another):
+    /// a failure instead.
+    pub(crate) fn revoke_yes(&mut self) {
+        if self.yes > 0 {
+            self.yes -= 1;
+            self.failed += 1;
+        }
+    }
+
     /// The configured number of nodes.
     pub(crate) fn n(&self) -> usize {
         self.n

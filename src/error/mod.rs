@@ -391,6 +391,16 @@ pub enum NodeError {
         /// channel outside its channel patterns.
         reason: &'static str,
     },
+    /// The server does not know a command the lock protocol needs (`EVAL`: renamed or
+    /// disabled with `rename-command`). Found when connecting, so the node never votes; it
+    /// counts as failed until a connect finds the command.
+    #[error(
+        "the server does not serve {command} (renamed or disabled): it cannot run the lock protocol's scripts"
+    )]
+    Unsupported {
+        /// The missing command, as `EVAL`.
+        command: String,
+    },
 }
 
 impl NodeError {
@@ -423,7 +433,7 @@ impl NodeError {
 
     /// The cause as one stable word (`timeout`, `refused`, `dropped`, `held_out`, `repairing`,
     /// `same_server`, `evicting`, `redis`, `held`, `bad_reply`, `lost_data_recently`,
-    /// `denied`): the `error` label of
+    /// `denied`, `unsupported`): the `error` label of
     /// the node metrics and the `error_kind` of `redlock status --json`.
     ///
     /// ```
@@ -446,6 +456,7 @@ impl NodeError {
             NodeError::BadReply(_) => "bad_reply",
             NodeError::LostDataRecently { .. } => "lost_data_recently",
             NodeError::Denied { .. } => "denied",
+            NodeError::Unsupported { .. } => "unsupported",
         }
     }
 }

@@ -36,6 +36,9 @@ fn every_node_error_kind_is_in_the_documented_metrics_table() {
             command: String::new(),
             reason: "",
         },
+        NodeError::Unsupported {
+            command: String::new(),
+        },
     ];
     for e in &every {
         match e {
@@ -50,7 +53,8 @@ fn every_node_error_kind_is_in_the_documented_metrics_table() {
             | NodeError::HeldByAnother
             | NodeError::BadReply(_)
             | NodeError::LostDataRecently { .. }
-            | NodeError::Denied { .. } => {}
+            | NodeError::Denied { .. }
+            | NodeError::Unsupported { .. } => {}
         }
         assert!(
             row.contains(&format!("`{}`", e.kind())),

@@ -13,11 +13,21 @@
 //! when the marker exists), let its key expire (no notice) or acquire again when a quorum is
 //! free: each is a change of the key, bounded in number so that the model is finite.
 //!
+//! The waiter may also start behind a predecessor of its own client that won the lock and let
+//! it go silently (forgotten, expired or lost: no release notice), after which the holder took
+//! the key: its queue still waits for the predecessor's release (`handed`). Registered, it waits
+//! for its turn: a notice of another release makes it read the key (`PTTL`) and take its turn
+//! when a quorum is free; so does its timer.
+//!
 //! Checked: at most two rounds between two changes (the first one and the one after
-//! registering), mutual exclusion, and that the waiter can acquire. The mutant `self_wake` puts
-//! issue 27's bug back (every undo announces itself): the waiter, woken by its own undo's
-//! notice, makes round after round while the holder's key stands on two nodes, and the checker
-//! finds the third round.
+//! registering), mutual exclusion, that the waiter can acquire (also behind a silent
+//! predecessor), and the lower bound: a release notice that finds the key free on a quorum is
+//! followed by the waiter's round within two of its own steps (a read, a round), its timer not
+//! counted. The mutant `self_wake` puts issue 27's bug back (every undo announces itself): the
+//! waiter, woken by its own undo's notice, makes round after round while the holder's key
+//! stands on two nodes, and the checker finds the third round. The mutant `keep_handed` waits
+//! for the silent predecessor's notice only: the holder's release is announced and the waiter
+//! has no step to take but its timer.
 
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
@@ -33,6 +43,11 @@ const ROUNDS: u8 = 2;
 const BOUNDED: &str = "a waiter's rounds between two changes of the key are bounded";
 const MUTEX: &str = "mutual exclusion";
 const ACQUIRED: &str = "coverage: the waiter acquired";
+const AFTER_SILENT: &str =
+    "coverage: the waiter acquired behind a predecessor that let go silently";
+const WAKES: &str = "a release notice is followed by a round within two of the waiter's steps";
+/// The waiter's own steps (its timer not counted) within which a release notice leads to a round.
+const WAKE_STEPS: usize = 2;
 
 /// What a node's lock key holds.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -50,6 +65,8 @@ enum Phase {
     Undo,
     /// Registered, waiting for a notice or its timer.
     Waiting,
+    /// Registered, waiting for its turn: its predecessor's release (`handed`).
+    Turn,
     Won,
 }
 
@@ -60,6 +77,10 @@ struct State {
     /// The waiters marker stands (the waiter registered).
     marker: bool,
     phase: Phase,
+    /// Its queue waits for the release of the lock its predecessor won (which ended silently).
+    handed: bool,
+    /// It started behind such a predecessor.
+    silent: bool,
     /// Release notices published since the waiter's round started (its epoch).
     notices: u8,
     /// The waiter's rounds since the key last changed (saturating above the bound).
@@ -74,12 +95,18 @@ enum Action {
     HolderAcquires,
     WaiterRound,
     WaiterUndo,
+    /// A waiter waiting for its turn reads the key on a notice of another release.
+    WaiterReads,
+    /// Its timer: the key may be free on a quorum.
+    WaiterTimer,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Waiting {
     /// Every undo announces itself (issue 27's bug).
     self_wake: bool,
+    /// Only the predecessor's own release notice (or the timer) ends the wait for the turn.
+    keep_handed: bool,
 }
 
 fn count(s: &State, k: Key) -> usize {
@@ -112,15 +139,20 @@ impl Model for Waiting {
     type Action = Action;
 
     fn init_states(&self) -> Vec<State> {
-        vec![State {
-            nodes: [Key::Holder, Key::Holder, Key::Absent],
-            holder: true,
-            marker: false,
-            phase: Phase::Round,
-            notices: 0,
-            rounds: 0,
-            changes: 0,
-        }]
+        [false, true]
+            .into_iter()
+            .map(|silent| State {
+                nodes: [Key::Holder, Key::Holder, Key::Absent],
+                holder: true,
+                marker: false,
+                phase: Phase::Round,
+                handed: silent,
+                silent,
+                notices: 0,
+                rounds: 0,
+                changes: 0,
+            })
+            .collect()
     }
 
     fn actions(&self, s: &State, actions: &mut Vec<Action>) {
@@ -141,6 +173,14 @@ impl Model for Waiting {
             Phase::Undo => actions.push(Action::WaiterUndo),
             Phase::Waiting if s.notices > 0 || timer_allows_round(s) => {
                 actions.push(Action::WaiterRound);
+            }
+            Phase::Turn => {
+                if s.notices > 0 && !self.keep_handed {
+                    actions.push(Action::WaiterReads);
+                }
+                if timer_allows_round(s) {
+                    actions.push(Action::WaiterTimer);
+                }
             }
             Phase::Waiting | Phase::Won => {}
         }
@@ -208,10 +248,22 @@ impl Model for Waiting {
                 if s.marker {
                     s.phase = Phase::Waiting;
                 } else {
-                    // The first refusal: register, then one more round at once.
+                    // The first refusal: register, then one more round at once, in turn.
                     s.marker = true;
+                    s.phase = if s.handed { Phase::Turn } else { Phase::Round };
+                }
+            }
+            Action::WaiterReads => {
+                // Notices after the read start a new one.
+                s.notices = 0;
+                if timer_allows_round(&s) {
+                    s.handed = false;
                     s.phase = Phase::Round;
                 }
+            }
+            Action::WaiterTimer => {
+                s.handed = false;
+                s.phase = Phase::Round;
             }
         }
         Some(s)
@@ -224,7 +276,35 @@ impl Model for Waiting {
                 !(s.phase == Phase::Won && count(s, Key::Holder) >= quorum_of_n())
             }),
             Property::sometimes(ACQUIRED, |_, s: &State| s.phase == Phase::Won),
+            Property::sometimes(AFTER_SILENT, |_, s: &State| {
+                s.silent && s.phase == Phase::Won
+            }),
+            Property::always(WAKES, |m: &Waiting, s: &State| {
+                let woken = s.marker
+                    && matches!(s.phase, Phase::Waiting | Phase::Turn)
+                    && s.notices > 0
+                    && timer_allows_round(s);
+                !woken || m.round_within(s, WAKE_STEPS)
+            }),
         ]
+    }
+}
+
+impl Waiting {
+    /// Whether the waiter's own steps, its timer not counted, lead to a round within `steps`.
+    fn round_within(&self, s: &State, steps: usize) -> bool {
+        if steps == 0 {
+            return false;
+        }
+        let mut actions = Vec::new();
+        self.actions(s, &mut actions);
+        actions.iter().any(|&a| match a {
+            Action::WaiterRound => true,
+            Action::WaiterReads | Action::WaiterUndo => self
+                .next_state(s, a)
+                .is_some_and(|next| self.round_within(&next, steps - 1)),
+            _ => false,
+        })
     }
 }
 
@@ -241,17 +321,40 @@ fn a_waiters_rounds_between_two_changes_of_the_key_are_bounded() {
 
 #[test]
 fn mutant_self_wake_is_caught() {
-    let checker = Waiting { self_wake: true }
-        .checker()
-        .finish_when(HasDiscoveries::AnyOf([BOUNDED].into_iter().collect()))
-        .spawn_bfs()
-        .join();
+    let checker = Waiting {
+        self_wake: true,
+        ..Waiting::default()
+    }
+    .checker()
+    .finish_when(HasDiscoveries::AnyOf([BOUNDED].into_iter().collect()))
+    .spawn_bfs()
+    .join();
     let path = checker
         .discovery(BOUNDED)
         .unwrap_or_else(|| panic!("the self-wake mutant was not caught"));
     let steps = path.into_actions();
     println!(
         "[waiting, mutant self_wake] `{BOUNDED}` fails in {} steps: {steps:?}",
+        steps.len()
+    );
+}
+
+#[test]
+fn mutant_keep_handed_is_caught() {
+    let checker = Waiting {
+        keep_handed: true,
+        ..Waiting::default()
+    }
+    .checker()
+    .finish_when(HasDiscoveries::AnyOf([WAKES].into_iter().collect()))
+    .spawn_bfs()
+    .join();
+    let path = checker
+        .discovery(WAKES)
+        .unwrap_or_else(|| panic!("the keep-handed mutant was not caught"));
+    let steps = path.into_actions();
+    println!(
+        "[waiting, mutant keep_handed] `{WAKES}` fails in {} steps: {steps:?}",
         steps.len()
     );
 }

@@ -243,6 +243,8 @@ impl Node {
         if sentinel {
             pipe.cmd("INFO").arg("replication");
         }
+        // Whether the server runs `EVAL` (a server may rename it away with `rename-command`).
+        pipe.cmd("EVAL").arg("return 1").arg(0);
         for lua in scripts::on_lock_nodes() {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.code());
         }
@@ -262,12 +264,24 @@ impl Node {
         let (server, persistence) = (info()?, info()?);
         let replication = if sentinel { Some(info()?) } else { None };
         let info = server;
+        let eval = replies.next().unwrap_or(Ok(redis::Value::Nil));
         match replies.find_map(Result::err) {
             Some(e) => self.use_eval(&match scripts::denial(&e, Some("SCRIPT|LOAD")) {
                 Some(NodeError::Denied { command, .. }) => command,
                 _ => format!("SCRIPT LOAD ({})", RedisText(&e)),
             }),
             None => self.scripts_loaded(),
+        }
+        // Every script may go as `EVAL` (after a `NOSCRIPT`, on a node that refuses or does
+        // not know `EVALSHA` or `SCRIPT LOAD`): a server that does not know it cannot serve the
+        // protocol, and must not vote (a plain `SET NX` acquisition would be granted there and
+        // lost at the first extension). An ACL refusal is the ACL's error, at the call.
+        if let Err(e) = eval
+            && scripts::unknown_command(&e).is_some_and(|c| c == "EVAL")
+        {
+            return Err(NodeError::Unsupported {
+                command: "EVAL".to_owned(),
+            });
         }
         let (run_id, uptime) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;

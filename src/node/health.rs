@@ -137,6 +137,11 @@ impl Peers {
         twin(&run_ids, i)
     }
 
+    /// Whether node `i` has connected at least once (its run id is known).
+    fn known(&self, i: usize) -> bool {
+        lock(&self.run_ids).get(i).is_some_and(Option::is_some)
+    }
+
     /// Another node whose latest run id is node `i`'s: its name and the run id.
     pub(super) fn twin_of(&self, i: usize) -> Option<(&str, String)> {
         if !self.shared.load(Ordering::Acquire) {
@@ -324,6 +329,12 @@ impl Node {
     /// The node's memory policy risk as last read on connect.
     pub(crate) fn eviction(&self) -> EvictionRisk {
         lock(&self.health.state).eviction.clone()
+    }
+
+    /// Whether the server this node reaches is known (it has connected at least once): until
+    /// then it may be the same server as another node.
+    pub(crate) fn identity_known(&self) -> bool {
+        self.peers.known(self.index)
     }
 
     /// Another node reaching the same server, by name, if any.

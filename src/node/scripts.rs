@@ -5,7 +5,8 @@
 //! full body on the same connection, so ordering between our own calls is kept.
 //!
 //! A node whose user may not run `SCRIPT LOAD` or `EVALSHA` (managed services restrict them
-//! with ACL rules such as `-script|load`) gets every script as `EVAL` with its body: the node
+//! with ACL rules such as `-script|load`), or whose server does not know them (renamed away),
+//! gets every script as `EVAL` with its body: the node
 //! remembers it (logged once, at info), from the connect whose `SCRIPT LOAD` was refused or the
 //! first refused `EVALSHA`, until a later connect loads the scripts again (`docs/acl.md`).
 //!
@@ -295,11 +296,12 @@ fn script_line_commands(detail: &str) -> Option<String> {
 impl Node {
     /// Whether `e` is this node refusing `EVALSHA` itself: the node then gets its scripts as
     /// `EVAL` from now on.
+    /// A server that does not know `EVALSHA` (renamed away) is treated alike.
     pub(super) fn evalsha_refused(&self, e: &redis::RedisError) -> bool {
         let refused = matches!(
             denial(e, None),
             Some(NodeError::Denied { command, reason: COMMAND_REFUSED }) if command == "EVALSHA"
-        );
+        ) || unknown_command(e).is_some_and(|c| c == "EVALSHA");
         if refused {
             self.use_eval("EVALSHA");
         }
@@ -330,6 +332,14 @@ impl Node {
     pub(crate) fn scripts_by_eval(&self) -> bool {
         self.by_eval.load(Ordering::Relaxed)
     }
+}
+
+/// The command a server error says it does not know (`ERR unknown command 'evalsha', ...`),
+/// upper-cased.
+pub(super) fn unknown_command(e: &redis::RedisError) -> Option<String> {
+    let (_, rest) = e.detail()?.split_once("unknown command '")?;
+    let (name, _) = rest.split_once('\'')?;
+    Some(name.to_ascii_uppercase())
 }
 
 /// [`NodeError::Denied`]'s reason for a command the user may not run.
@@ -448,6 +458,16 @@ mod tests {
             ))
         );
         assert_eq!(denied("ERR unknown command 'CONFIG'", None), None);
+        assert_eq!(
+            unknown_command(&server_error(
+                "ERR unknown command 'evalsha', with args beginning with: 'abc' '1'"
+            )),
+            Some("EVALSHA".to_owned())
+        );
+        assert_eq!(
+            unknown_command(&server_error("NOSCRIPT No matching script.")),
+            None
+        );
         assert_eq!(denied("NOSCRIPT No matching script.", None), None);
     }
 }

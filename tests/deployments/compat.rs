@@ -438,3 +438,33 @@ async fn c8_owner_names_and_hand_off_work_with_a_user_limited_to_the_resource_ke
     assert!(released.is_ok(), "release: {released:?}");
     released_everywhere_with_no_key_refused(&cluster).await;
 }
+
+/// A compat-mode waiter (no subscriptions: it polls the holder's key) takes over a crashed
+/// holder's lock once its key has expired, without waiting for subscriptions compat mode never
+/// makes. The connect timeout is 30 s, so a waiter that awaited them would stall for it; the
+/// holder's ttl is 400 ms, and the takeover must come within the test's bounded wait.
+#[tokio::test]
+async fn c9_a_compat_waiter_does_not_wait_for_subscriptions() {
+    let cluster = cluster(3);
+    let holder = compat_client(&cluster);
+    let waiter = builder(&cluster)
+        .compat(true)
+        .connect_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    warm_on_orders(&holder).await;
+    warm_on_orders(&waiter).await;
+    let crashed = holder
+        .acquire("orders", Duration::from_millis(400))
+        .await
+        .unwrap();
+    crashed.forget();
+    let won = tokio::time::timeout(
+        WAIT,
+        waiter.acquire_timeout("orders", TTL, Duration::from_secs(60)),
+    )
+    .await
+    .expect("the compat waiter took the expired lock (a stall would last the 30 s connect timeout)")
+    .unwrap();
+    won.release().await.unwrap();
+}

@@ -212,3 +212,27 @@ async fn t24_a_release_reaches_every_node_and_no_extension_follows_it() {
         );
     }
 }
+
+/// A release that finds our value gone from a quorum of nodes (deleted behind the client's back,
+/// as a data loss does) reports the loss: the lock did not stand, whatever the release deleted.
+#[tokio::test]
+async fn t29_a_release_that_finds_our_value_gone_from_a_quorum_reports_the_loss() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let locks = client(&cluster);
+    warm(&locks).await;
+    let lock = locks.try_acquire("gone", LONG).await.unwrap();
+    spread(&lock, &urls).await;
+    for url in &urls[..2] {
+        let () = redis::cmd("DEL")
+            .arg(lock_key("gone"))
+            .query(&mut conn(url))
+            .map(|_: u64| ())
+            .unwrap();
+    }
+    let err = lock
+        .release()
+        .await
+        .expect_err("our value was gone from two nodes of three");
+    assert!(is_not_owner(&err), "{err}");
+}

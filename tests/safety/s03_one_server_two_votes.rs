@@ -104,3 +104,38 @@ async fn independent_servers_still_form_a_quorum_beside_a_duplicate_pair() {
         .expect("3 independent of 5");
     lock.release().await.unwrap();
 }
+
+/// Nodes `[localhost:P, 127.0.0.1:P, Q]` with both servers up: the pair counts for nothing, so
+/// one vote of three is left and not even a fresh client's first acquisition (the pair's run
+/// ids not known yet) is granted. Eight fresh clients, one first acquisition each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_clients_first_round_counts_a_duplicate_pair_for_nothing() {
+    init_tracing();
+    let cluster = LocalCluster::start(2).unwrap_or_else(|e| panic!("{e}"));
+    let port = cluster.get(0).unwrap().port();
+    let other = cluster.urls().remove(1);
+    for run in 0..8 {
+        let locks = Redlock::builder([
+            format!("redis://localhost:{port}"),
+            format!("redis://127.0.0.1:{port}"),
+            other.clone(),
+        ])
+        .node_timeout(NODE_TIMEOUT)
+        .build()
+        .expect("distinct URLs build");
+        match locks.try_acquire("dup-first", TTL).await {
+            Ok(lock) => panic!(
+                "run {run}: a fresh client's first round was granted (token {}) with one server counted",
+                lock.token()
+            ),
+            Err(e) => {
+                assert!(e.is_no_quorum(), "run {run}: {e}");
+                assert!(
+                    e.to_string().contains("same Redis server"),
+                    "run {run}: {e}"
+                );
+            }
+        }
+        locks.flush().await;
+    }
+}

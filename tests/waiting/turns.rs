@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::support::*;
-use crate::{patient, until_waiting};
+use crate::{patient, sets_since, until_waiting};
 use quorumlock::Redlock;
 
 /// The waiters of one client take turns: four tasks that each take the lock, hold it briefly
@@ -193,4 +193,60 @@ async fn w21_the_next_waiter_of_a_client_does_not_poll_its_predecessors_lock() {
         during.iter().all(|&r| r <= 2),
         "rounds per node while the first waiter held the lock: {during:?}"
     );
+}
+
+/// A client's next waiter hears another client's release even when the lock its previous
+/// waiter won ended without a release notice (here forgotten; an expiry or a loss is the same):
+/// C's first waiter wins X's released lock and forgets it; once it has expired X takes the lock
+/// again, and C's next waiter, refused by X, must wake at X's release. Its poll timer is an hour
+/// away: a waiter that acquires within the test's bounded wait was woken by the notice. Before,
+/// the queue still waited for the forgotten lock's release notice, which never comes, and the
+/// waiter slept until its timer.
+#[tokio::test]
+async fn w40_a_lock_that_ended_silently_does_not_hide_the_next_release() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let x = client(&cluster);
+    let c = patient(&cluster).await;
+    let long = Duration::from_secs(60);
+    let held = x.acquire("w40", long).await.unwrap();
+    spread(&held, &urls).await;
+    let before = sets(&urls);
+    let c1 = c.clone();
+    let first = tokio::spawn(async move {
+        c1.acquire_timeout("w40", Duration::from_millis(300), crate::NEVER)
+            .await
+    });
+    until_waiting(&urls, "w40", &before).await;
+    held.release().await.unwrap();
+    let forgotten = tokio::time::timeout(WAIT, first)
+        .await
+        .expect("C's first waiter was woken")
+        .unwrap()
+        .unwrap();
+    let forgotten_token = forgotten.token();
+    forgotten.forget();
+    let held = x
+        .acquire_timeout("w40", long, WAIT)
+        .await
+        .expect("X takes the forgotten lock once it has expired");
+    spread(&held, &urls).await;
+    let before = sets(&urls);
+    let c2 = c.clone();
+    let next = tokio::spawn(async move { c2.acquire_timeout("w40", long, crate::NEVER).await });
+    // Its first round has been refused by X on every node: it waits from then on.
+    wait_until(WAIT, "C's next waiter made its first round", || {
+        let n = sets_since(&urls, &before);
+        async move { n.iter().all(|&n| n >= 1) }
+    })
+    .await;
+    let x_token = held.token();
+    held.release().await.unwrap();
+    let won = tokio::time::timeout(WAIT, next)
+        .await
+        .expect("C's next waiter was woken by X's release (its timer is an hour away)")
+        .unwrap()
+        .unwrap();
+    assert!(won.token() > x_token && x_token > forgotten_token);
+    won.release().await.unwrap();
 }
