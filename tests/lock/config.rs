@@ -341,7 +341,9 @@ fn a_single_node_and_an_even_count_are_warned_about_at_build() {
             .map(|i| format!("redis://127.0.0.1:{}", 1 + i))
             .collect();
         tracing::subscriber::with_default(subscriber, || {
-            Redlock::builder(urls).build().expect("a valid configuration");
+            Redlock::builder(urls)
+                .build()
+                .expect("a valid configuration");
         });
         let text = String::from_utf8(buffer.0.lock().expect("buffer").clone()).expect("utf-8");
         text.lines().map(str::to_owned).collect::<Vec<_>>()
