@@ -301,6 +301,7 @@ impl Redlock {
                     && !(verdict == Verdict::Quorum
                         && hold_out == HoldOut::Respect
                         && answers.identities_unsettled(nodes))
+                    && !(verdict == Verdict::Quorum && op == Op::Release && !answers.release_told())
                 {
                     return verdict;
                 }
@@ -437,6 +438,14 @@ impl Answers {
             .filter(|&(node, &answered)| !answered && !node.identity_known() && !node.is_down())
             .count();
         self.tally.yes().saturating_sub(unknown) < quorum::quorum(self.tally.n())
+    }
+
+    /// Whether a release's answers tell if our value stood on a quorum (`quorum::release_told`):
+    /// its script answers 1 where it deleted our value, 0 where the value was gone.
+    fn release_told(&self) -> bool {
+        let deleted = self.yes.iter().filter(|&&(_, v)| v == 1).count();
+        let absent = self.yes.iter().filter(|&&(_, v)| v == 0).count();
+        quorum::release_told(self.tally.n(), deleted, absent)
     }
 
     fn failure(&mut self, node: &str, cause: NodeError) {

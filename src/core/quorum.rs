@@ -8,6 +8,14 @@ pub(crate) const fn quorum(n: usize) -> usize {
     n / 2 + 1
 }
 
+/// Whether a release's answers so far tell if our value stood on a quorum, whatever the nodes
+/// still unanswered say: `deleted` nodes held it, `absent` nodes no longer did (a node that lost
+/// its data, or a key deleted behind our back). A release that cannot tell yet waits for more
+/// answers rather than report a lock that did not stand as released.
+pub(crate) const fn release_told(n: usize, deleted: usize, absent: usize) -> bool {
+    absent == 0 || deleted >= quorum(n) || absent > n - quorum(n)
+}
+
 /// One node's answer in a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Answer {
@@ -279,6 +287,19 @@ pub(crate) fn holder_view<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_release_tells_once_its_value_stood_or_not_on_a_quorum() {
+        // Three nodes: one absence is spared, two are not.
+        assert!(release_told(3, 0, 0));
+        assert!(!release_told(3, 1, 1), "the third answer decides");
+        assert!(release_told(3, 2, 1), "stood on two of three");
+        assert!(release_told(3, 0, 2), "gone from two of three");
+        assert!(!release_told(5, 2, 2));
+        assert!(release_told(5, 3, 2));
+        assert!(release_told(5, 1, 3));
+    }
+
     use crate::core::timing::{drift, retry_delay, validity};
     use crate::core::token::{FencingToken, fencing_max};
     use proptest::prelude::*;
