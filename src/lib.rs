@@ -54,7 +54,9 @@ pub use crate::error::{
     ArgumentError, ConfigError, Error, LostReason, NodeError, NodeFailure, Result, Setting,
 };
 pub use crate::eviction::EvictionRisk;
-pub use crate::fencing::{FenceGate, FencedWrite, StaleToken, fenced_set};
+pub use crate::fencing::{
+    FenceClaim, FenceGate, FencedWrite, StaleToken, fenced_claim, fenced_set,
+};
 pub use crate::lock::builder::RedlockBuilder;
 pub use crate::lock::guard::Lock;
 pub use crate::lock::scoped::LockContext;

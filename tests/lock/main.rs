@@ -9,6 +9,7 @@
 mod support;
 
 mod acquire;
+mod claim;
 mod config;
 mod extend;
 mod fencing;
