@@ -62,6 +62,12 @@ mod imp {
             None => metrics::counter!("quorumlock_locks_lost_total").increment(1),
         }
     }
+
+    /// A revoke ran: `revoked` when it deleted a holder's value, `nothing` otherwise.
+    pub(crate) fn revoke(deleted: bool) {
+        let outcome = if deleted { "revoked" } else { "nothing" };
+        metrics::counter!("quorumlock_revokes_total", "outcome" => outcome).increment(1);
+    }
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -78,6 +84,8 @@ mod imp {
     pub(crate) fn node_abandoned(_node: &str, _op: &'static str) {}
     #[inline(always)]
     pub(crate) fn lock_lost(_lock: Option<&str>) {}
+    #[inline(always)]
+    pub(crate) fn revoke(_deleted: bool) {}
 }
 
 pub(crate) use imp::*;

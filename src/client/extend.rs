@@ -125,6 +125,10 @@ impl Redlock {
         let elapsed = decided.saturating_duration_since(started);
         let validity = timing::validity(sent, elapsed, drift);
         let outcome = timing::extension(verdict, decided < lock_deadline, validity);
+        // A refusal by a quorum: a revoke leaves a marker with our value that tells it apart.
+        let revoked = matches!(outcome, Extension::NotOwner)
+            && !self.inner.cfg.keys.is_compat()
+            && self.was_revoked(state.lock_key(), state.value()).await;
         self.conclude(
             state,
             outcome,
@@ -132,10 +136,13 @@ impl Redlock {
             decided,
             elapsed,
             ttl,
+            revoked,
         )
     }
 
-    /// What an extension round's outcome does to the lock and tells the caller.
+    /// What an extension round's outcome does to the lock and tells the caller (`revoked`: a
+    /// refusal came from a revoke).
+    #[allow(clippy::too_many_arguments)]
     fn conclude(
         &self,
         state: &LockState,
@@ -144,6 +151,7 @@ impl Redlock {
         decided: Stamp,
         elapsed: Duration,
         ttl: Duration,
+        revoked: bool,
     ) -> Result<Duration, Error> {
         let key = state.key();
         // A refusal by a node's ACL is named if the lock is lost at its deadline.
@@ -170,6 +178,10 @@ impl Redlock {
             }),
             // Only when the refusals alone rule out a quorum: refusals mixed with failures leave
             // a valid lock held (the caller, or keep-alive, tries again while validity remains).
+            Extension::NotOwner if revoked => {
+                tracing::warn!(key, "lock lost: it was revoked");
+                Err(state.lose(LostReason::Revoked))
+            }
             Extension::NotOwner => {
                 let reason = LostReason::NotOwner {
                     owned: tally.yes(),

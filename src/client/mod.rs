@@ -5,12 +5,14 @@
 //! is [`state`]; the public guard around it lives in `crate::lock`.
 
 pub(crate) mod acquire;
+pub(crate) mod check;
 pub(crate) mod config;
 pub(crate) mod engine;
 mod extend;
 mod queue;
 mod release;
 mod repair;
+pub(crate) mod revoke;
 pub(crate) mod round;
 pub(crate) mod side;
 pub(crate) mod state;

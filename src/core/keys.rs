@@ -226,6 +226,16 @@ pub(crate) fn waiters_key_of(lock_key: &str) -> String {
 /// What [`waiters_key_of`] appends to a lock key.
 pub(crate) const WAITERS_SUFFIX: &str = ":waiters";
 
+/// The revoke marker of a lock key (`quorumlock:{K}:revoked`, same hash slot): the value a
+/// revoke took away, kept about as long as that value would have lived, so that its holder's
+/// failed extension can tell a revoke from an expiry.
+pub(crate) fn revoked_key_of(lock_key: &str) -> String {
+    format!("{lock_key}{REVOKED_SUFFIX}")
+}
+
+/// What [`revoked_key_of`] appends to a lock key.
+pub(crate) const REVOKED_SUFFIX: &str = ":revoked";
+
 /// Appends the lock key of `key` (`P:{K}`, or `K` in compat mode) to `buf`.
 fn push_lock_key(buf: &mut String, prefix: &str, key: &str, compat: bool) {
     if compat {

@@ -324,3 +324,42 @@ return {1, token}
 "#,
     )
 });
+
+/// A fenced revoke (`Redlock::revoke`; sent as `EVAL` with its body, never loaded): raise the
+/// node's fencing counter to the revoke's token (above the holder's), then delete the holder's
+/// value if it stands here, leave a revoke marker holding that value for twice the key's
+/// remaining time (its holder's failed extension reads it), and notify waiters as a release
+/// does.
+///
+/// - KEYS[1]: lock key, KEYS[2]: fencing counter, KEYS[3]: waiters marker (also the channel),
+///   KEYS[4]: revoke marker
+/// - ARGV[1]: the value revoked, ARGV[2]: the revoke's token
+/// - Reply: `1` deleted, `0` the key is absent, `-1` another value holds it (left alone). The
+///   counter is raised in every case.
+pub(crate) static REVOKE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+local v = redis.call('GET', KEYS[1])
+if v ~= ARGV[1] then
+  if v == false then
+    return 0
+  end
+  return -1
+end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl < 1 then
+  ttl = 60000
+end
+redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[4], ARGV[1], 'PX', 2 * ttl)
+local n = redis.call('SCARD', KEYS[3])
+if n > 0 then
+  redis.call('PUBLISH', KEYS[3], ARGV[1] .. ' ' .. n)
+end
+return 1
+"#,
+    )
+});

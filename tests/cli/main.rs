@@ -18,6 +18,7 @@ mod demo;
 mod elect;
 mod managed;
 mod node_options;
+mod operate;
 mod restart_guard;
 mod run;
 mod run_held;

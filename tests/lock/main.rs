@@ -18,6 +18,7 @@ mod keyspace;
 mod lease;
 mod owner;
 mod pipeline;
+mod revoke;
 mod spans;
 
 use std::time::Duration;
