@@ -44,6 +44,7 @@ pub use tokio_util::sync::CancellationToken;
 pub use crate::client::Redlock;
 pub use crate::client::check::TokenCheck;
 pub use crate::client::engine::IoThread;
+pub use crate::client::inventory::{HeldLock, Inventory, MAX_LOCKS};
 pub use crate::client::revoke::Revocation;
 pub use crate::client::status::{KeyState, LockStatus, NodeStatus};
 pub use crate::core::health::{EvictionGuard, RestartGuard};

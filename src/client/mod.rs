@@ -9,6 +9,7 @@ pub(crate) mod check;
 pub(crate) mod config;
 pub(crate) mod engine;
 mod extend;
+pub(crate) mod inventory;
 mod queue;
 mod release;
 mod repair;

@@ -20,6 +20,7 @@ pub(crate) mod connection;
 pub(crate) mod fence;
 pub(crate) mod gate;
 pub(crate) mod health;
+pub(crate) mod inventory;
 mod liveness;
 pub(crate) mod lua;
 pub(crate) mod member;

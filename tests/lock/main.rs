@@ -14,6 +14,7 @@ mod config;
 mod extend;
 mod fencing;
 mod handoff;
+mod inventory;
 mod keyspace;
 mod lease;
 mod owner;

@@ -14,6 +14,7 @@ mod check;
 mod child;
 mod demo;
 mod elect;
+mod ls;
 mod nodes;
 mod once;
 mod run;
@@ -59,6 +60,7 @@ const EXIT_NOPERM: u8 = 77;
     79 lock or leadership lost while CMD ran; run --once-per: 0 when another host runs or ran \
     CMD this period (-E CODE chooses another); status: 0 when a quorum answered; \
     check: 0 the token is current, 1 it is not; break: 0 revoked, 1 nothing held; \
+    ls: 0 when a quorum was scanned; \
     outside the contract: 126/127 CMD cannot be run / not found, 128+signal interrupted \
     before CMD started, 70 unclassified internal error, 71 operating system error. \
     See docs/cli.md."
@@ -118,6 +120,14 @@ enum Command {
         64 usage error (also with --compat: no tokens)."
     )]
     Break(BreakArgs),
+    /// List every lock held under PREFIX (all when omitted): key, holder, on how many nodes,
+    /// time left on a quorum, fencing counter.
+    #[command(
+        after_help = "Exit codes: 0 when a quorum of nodes was scanned (those that were not \
+        are named on stderr), 69 otherwise, 77 the nodes' ACL refuses the scan, 64 usage \
+        error (also with --compat)."
+    )]
+    Ls(LsArgs),
     /// Start 5 throwaway local redis-servers and watch workers hand a lock over.
     Demo(demo::DemoArgs),
 }
@@ -255,6 +265,17 @@ struct CheckArgs {
     token: u64,
 }
 
+/// `redlock ls [PREFIX] [--json]`
+#[derive(Debug, Args)]
+struct LsArgs {
+    /// Print one JSON object (schema in docs/cli.md) instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// List only the keys that start with PREFIX.
+    #[arg(default_value = "")]
+    prefix: String,
+}
+
 /// `redlock break KEY [--value V]`
 #[derive(Debug, Args)]
 struct BreakArgs {
@@ -319,6 +340,13 @@ fn main() -> ExitCode {
             Command::Break(args) => match client(&cli.nodes, None) {
                 Ok(locks) => (
                     check::brk(locks.clone(), &args.key, args.value.as_deref()).await,
+                    Some(locks),
+                ),
+                Err(e) => (e.fail(), None),
+            },
+            Command::Ls(args) => match client(&cli.nodes, None) {
+                Ok(locks) => (
+                    ls::ls(locks.clone(), &args.prefix, args.json).await,
                     Some(locks),
                 ),
                 Err(e) => (e.fail(), None),
