@@ -105,6 +105,11 @@ const SWEEP: usize = 4;
 
 impl Redlock {
     pub(crate) fn from_parts(nodes: Vec<Arc<Node>>, cfg: Config, max_ttl: Arc<MaxTtl>) -> Self {
+        crate::metrics::describe();
+        // Up until a call fails: the gauge moves on each change (`node/liveness.rs`).
+        for node in &nodes {
+            crate::metrics::node_up(node.name(), true);
+        }
         Redlock {
             inner: Arc::new(Inner {
                 nodes,

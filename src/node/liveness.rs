@@ -44,11 +44,13 @@ impl Node {
         *crate::core::lock(&self.live.last_failure) = Some(e.clone());
         if let NodeError::Denied { command, .. } = e {
             if !self.live.down.swap(true, Ordering::Relaxed) {
+                metrics::node_up(&self.name, false);
                 tracing::warn!(node = %self.name, op = op.as_str(), %command, error = %e, "the node's ACL refuses a command quorumlock needs; it counts as failed until the Redis user is granted it (quorumlock::guide::acl, docs/acl.md)");
             }
             return;
         }
         if !self.live.down.swap(true, Ordering::Relaxed) {
+            metrics::node_up(&self.name, false);
             tracing::warn!(node = %self.name, op = op.as_str(), error = %e, "node unreachable; it counts as failed in every round until it answers again");
         }
     }
@@ -69,6 +71,7 @@ impl Node {
 
     pub(super) fn mark_up(&self) {
         if self.live.down.load(Ordering::Relaxed) && self.live.down.swap(false, Ordering::Relaxed) {
+            metrics::node_up(&self.name, true);
             tracing::info!(node = %self.name, "node answers again");
         }
     }
