@@ -7,14 +7,17 @@
 //! token, and the holder's next extension is refused (its key is absent and the counter is
 //! above its token: `scripts::EXTEND` does not re-set it).
 
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
 use super::Redlock;
 use crate::core::keys;
 use crate::core::quorum::HolderView;
 use crate::core::token::FencingToken;
 use crate::error::{ConfigError, Error, NodeFailure};
-use crate::node::HoldOut;
-use crate::node::commands;
 use crate::node::scripts;
+use crate::node::{HoldOut, Op};
 
 /// What [`Redlock::revoke`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,23 +126,43 @@ impl Redlock {
         let lock_keys = self.keys().lock_keys(key);
         let marker = keys::revoked_key_of(lock_keys.lock());
         let digits = token.get().to_string();
-        let cmd = commands::eval(
-            scripts::REVOKE.code(),
+        // Through each node's script path: `EVALSHA`, and on `NOSCRIPT` (the revoke is not
+        // loaded on connect) `EVAL` with the body; a Cluster member routes it by its keys.
+        let call = Arc::new(scripts::REVOKE.call(
             &[
-                lock_keys.lock(),
-                lock_keys.fence(),
-                lock_keys.waiters(),
-                &marker,
+                lock_keys.lock().as_bytes(),
+                lock_keys.fence().as_bytes(),
+                lock_keys.waiters().as_bytes(),
+                marker.as_bytes(),
             ],
-            &[&value, &digits],
-        );
-        let replies = self.on_every_node::<i64>(&cmd, HoldOut::Respect).await;
-        let raised = replies.answered();
-        let deleted = replies.answers().filter(|&&r| r == 1).count();
+            &[value.as_bytes(), digits.as_bytes()],
+        ));
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let replies = futures::future::join_all(self.inner.nodes.iter().map(|n| {
+            Arc::clone(n).run(Arc::clone(&call), deadline, HoldOut::Respect, Op::Release)
+        }))
+        .await;
+        let raised = replies.iter().filter(|r| r.is_ok()).count();
+        let deleted = replies
+            .iter()
+            .filter(|r| matches!(r, Ok(redis::Value::Int(1))))
+            .count();
+        let failures: Vec<NodeFailure> = self
+            .inner
+            .nodes
+            .iter()
+            .zip(&replies)
+            .filter_map(|(n, r)| {
+                r.as_ref().err().map(|cause| NodeFailure {
+                    node: n.name().to_owned(),
+                    cause: cause.clone(),
+                })
+            })
+            .collect();
         crate::metrics::revoke(deleted > 0);
         tracing::warn!(key, value, %token, raised, deleted, "lock revoked");
         if raised < self.quorum() {
-            return Err(no_quorum(key, raised, self, replies.failures()));
+            return Err(no_quorum(key, raised, self, failures));
         }
         Ok(Revocation {
             key: key.to_owned(),
@@ -155,10 +178,20 @@ impl Redlock {
     /// some node that answers within the node timeout.
     pub(super) async fn was_revoked(&self, lock_key: &str, value: &str) -> bool {
         let marker = keys::revoked_key_of(lock_key);
-        let replies = self
-            .on_every_node::<Option<String>>(&commands::get(&marker), HoldOut::Ignore)
+        // The status script on the marker alone: `{value, pttl, 0}`.
+        let call = Arc::new(scripts::STATUS.call(&[marker.as_bytes()], &[]));
+        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let replies =
+            futures::future::join_all(self.inner.nodes.iter().map(|n| {
+                Arc::clone(n).run(Arc::clone(&call), deadline, HoldOut::Ignore, Op::Status)
+            }))
             .await;
-        replies.answers().any(|v| v.as_deref() == Some(value))
+        replies.iter().any(|r| match r {
+            Ok(redis::Value::Array(items)) => {
+                matches!(items.first(), Some(redis::Value::BulkString(b)) if b == value.as_bytes())
+            }
+            _ => false,
+        })
     }
 }
 

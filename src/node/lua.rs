@@ -325,7 +325,8 @@ return {1, token}
     )
 });
 
-/// A fenced revoke (`Redlock::revoke`; sent as `EVAL` with its body, never loaded): raise the
+/// A fenced revoke (`Redlock::revoke`; `EVALSHA`, and `EVAL` with its body on `NOSCRIPT`: not
+/// loaded on connect, since it runs rarely): raise the
 /// node's fencing counter to the revoke's token (above the holder's), then delete the holder's
 /// value if it stands here, leave a revoke marker holding that value for twice the key's
 /// remaining time (its holder's failed extension reads it), and notify waiters as a release
