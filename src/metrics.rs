@@ -31,6 +31,7 @@ mod imp {
             metrics::describe_gauge!("quorumlock_locks_held", Unit::Count, "Locks this process holds now.");
             metrics::describe_histogram!("quorumlock_lock_hold_seconds", Unit::Seconds, "How long locks were held, from acquisition to release or loss.");
             metrics::describe_counter!("quorumlock_extensions_failed_total", Unit::Count, "Extension calls that failed, by reason (not_owner, revoked, expired, unreachable, too_slow).");
+            metrics::describe_gauge!("quorumlock_node_held_out", Unit::Count, "1 while a node answers but counts toward no quorum, by node and reason (held_out: restart hold-out, repairing, same_server, evicting).");
             metrics::describe_gauge!("quorumlock_node_up", Unit::Count, "1 while a node's last call succeeded, 0 once one failed, by node.");
             metrics::describe_counter!("quorumlock_revokes_total", Unit::Count, "Revokes run by this process (redlock break), by outcome (revoked, nothing).");
         });
@@ -87,6 +88,11 @@ mod imp {
 
     pub(crate) fn extension_failed(reason: &'static str) {
         metrics::counter!("quorumlock_extensions_failed_total", "reason" => reason).increment(1);
+    }
+
+    pub(crate) fn node_held_out(node: &str, reason: &'static str, on: bool) {
+        metrics::gauge!("quorumlock_node_held_out", "node" => node.to_owned(), "reason" => reason)
+            .set(if on { 1.0 } else { 0.0 });
     }
 
     pub(crate) fn node_up(node: &str, up: bool) {
@@ -179,6 +185,8 @@ mod imp {
     pub(crate) fn extension_failed(_reason: &'static str) {}
     #[inline(always)]
     pub(crate) fn node_up(_node: &str, _up: bool) {}
+    #[inline(always)]
+    pub(crate) fn node_held_out(_node: &str, _reason: &'static str, _on: bool) {}
 
     /// Without the feature: nothing to count.
     #[derive(Debug, Default)]
@@ -212,6 +220,7 @@ mod tests {
         "quorumlock_lock_hold_seconds",
         "quorumlock_extensions_failed_total",
         "quorumlock_node_up",
+        "quorumlock_node_held_out",
         "quorumlock_revokes_total",
     ];
 

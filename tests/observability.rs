@@ -71,10 +71,24 @@ async fn t10_the_gauges_move_as_the_scenario_does_on_a_scraped_endpoint() {
         up(&scrape(addr).await, &urls[2]) == Some(0.0)
     })
     .await;
-    cluster.restart(2).unwrap();
+    // Back empty: it answers (up), but the restart guard holds it out of quorums until its
+    // counters are safe again; the held-out gauge says so, with the reason.
+    cluster.restart_empty(2).unwrap();
     wait_until(WAIT, "node 2 reads up", || async {
         let _ = locks.status("obs:c").await;
         up(&scrape(addr).await, &urls[2]) == Some(1.0)
+    })
+    .await;
+    let held_out = |body: &str| {
+        body.lines()
+            .filter(|l| l.starts_with(&format!("quorumlock_node_held_out{{node=\"{}\"", urls[2])))
+            .any(|l| l.ends_with(" 1"))
+    };
+    wait_until(WAIT, "node 2 reads held out", || async {
+        if let Ok(lock) = locks.try_acquire("obs:d", TTL).await {
+            lock.release().await.ok();
+        }
+        held_out(&scrape(addr).await)
     })
     .await;
 
@@ -101,9 +115,8 @@ async fn t10_the_gauges_move_as_the_scenario_does_on_a_scraped_endpoint() {
         body.contains("# HELP quorumlock_lock_hold_seconds"),
         "{body}"
     );
-    assert_eq!(
-        sample(&body, "quorumlock_lock_hold_seconds_count"),
-        Some(3.0),
+    assert!(
+        sample(&body, "quorumlock_lock_hold_seconds_count").is_some_and(|n| n >= 3.0),
         "{body}"
     );
     assert_eq!(
