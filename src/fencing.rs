@@ -5,12 +5,24 @@
 //! *resource* refuse it. Every acquisition carries a [`FencingToken`] that only grows; the holder
 //! sends it with every write, and the resource rejects any token below the highest it has seen.
 //!
-//! Three ready forms of that check:
-//! - data in Redis: [`fenced_set`] (a Lua script: compare and write in one step);
+//! A resource can only refuse a stale token once it has seen a newer one. Between a new
+//! holder's acquisition and its first write, a paused earlier holder that wakes still writes
+//! with the highest token the resource knows, and is accepted. Where the effect must not happen
+//! twice (a payment, an e-mail), **claim, then act**: the new holder first raises the
+//! resource's highest token to its own without writing ([`fenced_claim`], [`FenceGate::admit`],
+//! or the SQL claim below), and only then does its work; every later write or claim with a lower
+//! token is refused from that moment.
+//!
+//! Three ready forms of the check:
+//! - data in Redis: [`fenced_claim`] and [`fenced_set`] (Lua scripts: compare and raise, or
+//!   compare and write, in one step);
 //! - data in your process or store: [`FenceGate`];
-//! - data in SQL: a conditional update, shown in `docs/safety.md`:
-//!   `UPDATE payouts SET state = $2, fence = $1 WHERE id = $3 AND fence <= $1` (use `fence < $1`
-//!   to allow one write per acquisition); zero rows updated means a newer holder wrote first.
+//! - data in SQL: a claim row per resource and conditional updates, shown in `docs/safety.md`:
+//!   claim with `UPDATE fence SET max_token = $1 WHERE name = $2 AND max_token <= $1` (zero
+//!   rows updated: a newer holder claimed first, do not act), then act only where the token is
+//!   still the highest:
+//!   `UPDATE payouts SET state = 'paid' WHERE id = $3 AND (SELECT max_token FROM fence WHERE
+//!   name = $2) = $1`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -34,7 +46,8 @@ pub struct StaleToken {
 /// connection to a system without conditional writes).
 ///
 /// [`admit`](Self::admit) accepts a token at least as high as every token admitted before (so
-/// one holder may write many times) and refuses lower ones.
+/// one holder may write many times) and refuses lower ones. Admitting is also the claim: a new
+/// holder that admits its token before it acts shuts out every lower token from then on.
 ///
 /// ```
 /// use quorumlock::{FenceGate, FencingToken};
@@ -155,6 +168,87 @@ pub async fn fenced_set<C: ConnectionLike + Send>(
         FencedWrite::Written
     } else {
         FencedWrite::Stale {
+            highest: FencingToken::new(highest),
+        }
+    })
+}
+
+/// The result of [`fenced_claim`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FenceClaim {
+    /// Claimed: the resource's highest token is now this token, and every later write or claim
+    /// with a lower one is refused.
+    Claimed,
+    /// Refused: the resource has seen `highest`, above the claimer's token.
+    Stale {
+        /// The highest token the resource has seen.
+        highest: FencingToken,
+    },
+}
+
+impl FenceClaim {
+    /// Whether the claim stands: `false` means a newer holder claimed or wrote first, and the
+    /// claimer must not act.
+    pub fn is_claimed(&self) -> bool {
+        matches!(self, FenceClaim::Claimed)
+    }
+
+    /// The highest token the resource had seen, when the claim was refused.
+    pub fn stale_by(&self) -> Option<FencingToken> {
+        match self {
+            FenceClaim::Claimed => None,
+            FenceClaim::Stale { highest } => Some(*highest),
+        }
+    }
+}
+
+/// Claims the resource behind `data_key` on your own Redis for `token`: raises its highest
+/// token seen (the one [`fenced_set`] keeps at `"{data_key}:fence"`) to `token` without writing
+/// any data, if no higher token claimed or wrote before. From then on every [`fenced_set`] and
+/// every claim with a lower token is refused.
+///
+/// Call it right after acquiring, before any effect that must not happen twice: **claim, then
+/// act**. Without the claim, a holder that was paused past its lease and wakes before the new
+/// holder's first write is still accepted (the resource has not seen the newer token yet), and
+/// both act. A claim may be repeated with the same token (a retry after a network error).
+///
+/// ```no_run
+/// # async fn demo(conn: &mut quorumlock::redis::aio::MultiplexedConnection, lock: &quorumlock::Lock) -> redis::RedisResult<()> {
+/// use quorumlock::{fenced_claim, fenced_set};
+/// let claim = fenced_claim(conn, "{payout:42}", lock.token()).await?;
+/// if !claim.is_claimed() {
+///     return Ok(()); // a newer holder has the batch
+/// }
+/// // ... prepare the payout: an older holder waking now is refused ...
+/// let write = fenced_set(conn, "{payout:42}", lock.token(), "paid").await?;
+/// assert!(write.is_written() || write.stale_by().is_some());
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// The connection's [`redis::RedisError`].
+///
+/// # Cancellation safety
+///
+/// Dropping the future may leave the claim sent; it is still checked on the server.
+pub async fn fenced_claim<C: ConnectionLike + Send>(
+    conn: &mut C,
+    data_key: &str,
+    token: FencingToken,
+) -> redis::RedisResult<FenceClaim> {
+    let fence_key = format!("{data_key}:fence");
+    let (claimed, highest): (i64, u64) = scripts::FENCED_CLAIM
+        .script()
+        .key(&fence_key)
+        .arg(token.get())
+        .invoke_async(conn)
+        .await?;
+    Ok(if claimed == 1 {
+        FenceClaim::Claimed
+    } else {
+        FenceClaim::Stale {
             highest: FencingToken::new(highest),
         }
     })

@@ -11,6 +11,7 @@
 //! | [`acl`] | managed services: the minimum ACL, and how a refusal is reported |
 //! | [`election`] | leader election and run-once scheduling |
 //! | [`cli`] | the `redlock` command: options, environment, exit codes |
+//! | [`observability`] | the metrics and spans, the alerts to set (PromQL), serving `/metrics`, a Grafana dashboard |
 //! | [`benchmarks`] | what acquiring costs, against other clients and a hand-written floor, measured |
 //!
 //! In these pages, a file name such as `docs/acl.md` names another guide (here [`acl`]), and a
@@ -30,6 +31,9 @@ pub mod election {}
 
 #[doc = include_str!("../docs/cli.md")]
 pub mod cli {}
+
+#[doc = include_str!("../docs/observability.md")]
+pub mod observability {}
 
 #[doc = include_str!("../docs/benchmarks.md")]
 pub mod benchmarks {}

@@ -42,7 +42,10 @@ pub use redis;
 pub use tokio_util::sync::CancellationToken;
 
 pub use crate::client::Redlock;
+pub use crate::client::check::TokenCheck;
 pub use crate::client::engine::IoThread;
+pub use crate::client::inventory::{HeldLock, Inventory, MAX_LOCKS};
+pub use crate::client::revoke::Revocation;
 pub use crate::client::status::{KeyState, LockStatus, NodeStatus};
 pub use crate::core::health::{EvictionGuard, RestartGuard};
 pub use crate::core::quorum::HolderView;
@@ -54,7 +57,9 @@ pub use crate::error::{
     ArgumentError, ConfigError, Error, LostReason, NodeError, NodeFailure, Result, Setting,
 };
 pub use crate::eviction::EvictionRisk;
-pub use crate::fencing::{FenceGate, FencedWrite, StaleToken, fenced_set};
+pub use crate::fencing::{
+    FenceClaim, FenceGate, FencedWrite, StaleToken, fenced_claim, fenced_set,
+};
 pub use crate::lock::builder::RedlockBuilder;
 pub use crate::lock::guard::Lock;
 pub use crate::lock::scoped::LockContext;

@@ -1,6 +1,8 @@
 //! Contention and health metrics through the [`metrics`](https://docs.rs/metrics) facade
 //! (feature `metrics`); without the feature every function here is an empty inline call. The
-//! names, kinds and labels are listed in `docs/design.md` (section "Metrics"): keep both in step.
+//! names, kinds, units and labels are listed in `docs/observability.md` (the rustdoc's
+//! `guide::observability`) and described to the recorder by [`describe`]: keep the three in step
+//! (a unit test checks the guide's table).
 //! The per-lock metrics take the lock's name as a `lock` label only when the client opted in
 //! (`RedlockBuilder::metrics_lock_label`): `None` here leaves it out.
 
@@ -9,6 +11,97 @@ use std::time::Duration;
 #[cfg(feature = "metrics")]
 mod imp {
     use super::Duration;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
+    use metrics::Unit;
+
+    /// Describes every metric to the installed recorder (`# HELP` and units in Prometheus),
+    /// once per process: called when a client is built, so after the recorder is installed.
+    pub(crate) fn describe() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            metrics::describe_counter!("quorumlock_attempts_total", Unit::Count, "Acquisition rounds started (each retry is one).");
+            metrics::describe_counter!("quorumlock_acquire_total", Unit::Count, "Acquisition calls ended, by outcome (acquired, held, no_quorum, ...).");
+            metrics::describe_histogram!("quorumlock_acquire_wait_seconds", Unit::Seconds, "Time an acquisition call took, by outcome.");
+            metrics::describe_histogram!("quorumlock_node_latency_seconds", Unit::Seconds, "Latency of calls that a node answered, by node and operation.");
+            metrics::describe_counter!("quorumlock_node_errors_total", Unit::Count, "Failed node calls, by node, operation and error kind.");
+            metrics::describe_counter!("quorumlock_node_abandoned_total", Unit::Count, "Node calls left unanswered when their round was decided, by node and operation.");
+            metrics::describe_counter!("quorumlock_locks_lost_total", Unit::Count, "Held locks lost (expired, taken over, unreachable or revoked).");
+            metrics::describe_gauge!("quorumlock_locks_held", Unit::Count, "Locks this process holds now.");
+            metrics::describe_histogram!("quorumlock_lock_hold_seconds", Unit::Seconds, "How long locks were held, from acquisition to release or loss.");
+            metrics::describe_counter!("quorumlock_extensions_failed_total", Unit::Count, "Extension calls that failed, by reason (not_owner, revoked, expired, unreachable, too_slow).");
+            metrics::describe_gauge!("quorumlock_node_held_out", Unit::Count, "1 while a node answers but counts toward no quorum, by node and reason (held_out: restart hold-out, repairing, same_server, evicting).");
+            metrics::describe_gauge!("quorumlock_node_up", Unit::Count, "1 while a node's last call succeeded, 0 once one failed, by node.");
+            metrics::describe_counter!("quorumlock_revokes_total", Unit::Count, "Revokes run by this process (redlock break), by outcome (revoked, nothing).");
+        });
+    }
+
+    /// A held lock's share of `quorumlock_locks_held` and its `quorumlock_lock_hold_seconds`:
+    /// counted from [`start`](Self::start) until the first [`end`](Self::end) (or the drop).
+    #[derive(Debug, Default)]
+    pub(crate) struct Held {
+        since: Option<(Instant, Option<String>)>,
+        ended: AtomicBool,
+    }
+
+    impl Held {
+        pub(crate) fn start(lock: Option<&str>) -> Self {
+            gauge_held(lock.map(str::to_owned)).increment(1.0);
+            Held {
+                since: Some((Instant::now(), lock.map(str::to_owned))),
+                ended: AtomicBool::new(false),
+            }
+        }
+
+        pub(crate) fn end(&self) {
+            let Some((since, lock)) = &self.since else {
+                return;
+            };
+            if self.ended.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            gauge_held(lock.clone()).decrement(1.0);
+            let held = since.elapsed().as_secs_f64();
+            match lock {
+                Some(lock) => {
+                    metrics::histogram!("quorumlock_lock_hold_seconds", "lock" => lock.clone())
+                        .record(held)
+                }
+                None => metrics::histogram!("quorumlock_lock_hold_seconds").record(held),
+            }
+        }
+    }
+
+    impl Drop for Held {
+        fn drop(&mut self) {
+            self.end();
+        }
+    }
+
+    fn gauge_held(lock: Option<String>) -> metrics::Gauge {
+        match lock {
+            Some(lock) => metrics::gauge!("quorumlock_locks_held", "lock" => lock),
+            None => metrics::gauge!("quorumlock_locks_held"),
+        }
+    }
+
+    pub(crate) fn extension_failed(reason: &'static str) {
+        metrics::counter!("quorumlock_extensions_failed_total", "reason" => reason).increment(1);
+    }
+
+    pub(crate) fn node_held_out(node: &str, reason: &'static str, on: bool) {
+        metrics::gauge!("quorumlock_node_held_out", "node" => node.to_owned(), "reason" => reason)
+            .set(if on { 1.0 } else { 0.0 });
+    }
+
+    pub(crate) fn node_up(node: &str, up: bool) {
+        metrics::gauge!("quorumlock_node_up", "node" => node.to_owned()).set(if up {
+            1.0
+        } else {
+            0.0
+        });
+    }
 
     // `lock`: the user key, when the client was built with `metrics_lock_label(true)`.
 
@@ -62,6 +155,12 @@ mod imp {
             None => metrics::counter!("quorumlock_locks_lost_total").increment(1),
         }
     }
+
+    /// A revoke ran: `revoked` when it deleted a holder's value, `nothing` otherwise.
+    pub(crate) fn revoke(deleted: bool) {
+        let outcome = if deleted { "revoked" } else { "nothing" };
+        metrics::counter!("quorumlock_revokes_total", "outcome" => outcome).increment(1);
+    }
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -78,6 +177,59 @@ mod imp {
     pub(crate) fn node_abandoned(_node: &str, _op: &'static str) {}
     #[inline(always)]
     pub(crate) fn lock_lost(_lock: Option<&str>) {}
+    #[inline(always)]
+    pub(crate) fn revoke(_deleted: bool) {}
+    #[inline(always)]
+    pub(crate) fn describe() {}
+    #[inline(always)]
+    pub(crate) fn extension_failed(_reason: &'static str) {}
+    #[inline(always)]
+    pub(crate) fn node_up(_node: &str, _up: bool) {}
+    #[inline(always)]
+    pub(crate) fn node_held_out(_node: &str, _reason: &'static str, _on: bool) {}
+
+    /// Without the feature: nothing to count.
+    #[derive(Debug, Default)]
+    pub(crate) struct Held;
+
+    impl Held {
+        #[inline(always)]
+        pub(crate) fn start(_lock: Option<&str>) -> Self {
+            Held
+        }
+        #[inline(always)]
+        pub(crate) fn end(&self) {}
+    }
 }
 
 pub(crate) use imp::*;
+
+#[cfg(test)]
+mod tests {
+    /// Every metric this module emits (the others' metrics, run-once and elections, live beside
+    /// their features).
+    const NAMES: &[&str] = &[
+        "quorumlock_attempts_total",
+        "quorumlock_acquire_total",
+        "quorumlock_acquire_wait_seconds",
+        "quorumlock_node_latency_seconds",
+        "quorumlock_node_errors_total",
+        "quorumlock_node_abandoned_total",
+        "quorumlock_locks_lost_total",
+        "quorumlock_locks_held",
+        "quorumlock_lock_hold_seconds",
+        "quorumlock_extensions_failed_total",
+        "quorumlock_node_up",
+        "quorumlock_node_held_out",
+        "quorumlock_revokes_total",
+    ];
+
+    /// The guide lists every metric of this module.
+    #[test]
+    fn every_metric_is_in_the_guide() {
+        let guide = include_str!("../docs/observability.md");
+        for name in NAMES {
+            assert!(guide.contains(&format!("| `{name}` |")), "{name}");
+        }
+    }
+}

@@ -209,6 +209,33 @@ impl Redlock {
         self.runtime.block_on(self.locks.status(key))
     }
 
+    /// Whether `token` is `key`'s current token, as [`crate::Redlock::is_current`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Redlock::is_current`].
+    pub fn is_current(&self, key: &str, token: crate::FencingToken) -> Result<bool, Error> {
+        self.runtime.block_on(self.locks.is_current(key, token))
+    }
+
+    /// Revokes `key`'s holder, as [`crate::Redlock::revoke`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Redlock::revoke`].
+    pub fn revoke(&self, key: &str) -> Result<crate::Revocation, Error> {
+        self.runtime.block_on(self.locks.revoke(key))
+    }
+
+    /// Every lock held under `prefix`, as [`crate::Redlock::locks`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Redlock::locks`].
+    pub fn locks(&self, prefix: &str) -> Result<crate::Inventory, Error> {
+        self.runtime.block_on(self.locks.locks(prefix))
+    }
+
     /// Waits for the background releases, as [`crate::Redlock::flush`]. Dropping the last
     /// clone of the client does this too.
     ///

@@ -17,6 +17,7 @@ use crate::core::quorum::Tally;
 use crate::core::timing::{self, Extension};
 use crate::core::token::FencingToken;
 use crate::error::{Error, FailureList, LostReason, NodeFailure};
+use crate::metrics;
 use crate::node::scripts;
 use crate::node::{HoldOut, Op};
 
@@ -125,6 +126,10 @@ impl Redlock {
         let elapsed = decided.saturating_duration_since(started);
         let validity = timing::validity(sent, elapsed, drift);
         let outcome = timing::extension(verdict, decided < lock_deadline, validity);
+        // A refusal by a quorum: a revoke leaves a marker with our value that tells it apart.
+        let revoked = matches!(outcome, Extension::NotOwner)
+            && !self.inner.cfg.keys.is_compat()
+            && self.was_revoked(state.lock_key(), state.value()).await;
         self.conclude(
             state,
             outcome,
@@ -132,10 +137,13 @@ impl Redlock {
             decided,
             elapsed,
             ttl,
+            revoked,
         )
     }
 
-    /// What an extension round's outcome does to the lock and tells the caller.
+    /// What an extension round's outcome does to the lock and tells the caller (`revoked`: a
+    /// refusal came from a revoke).
+    #[allow(clippy::too_many_arguments)]
     fn conclude(
         &self,
         state: &LockState,
@@ -144,6 +152,7 @@ impl Redlock {
         decided: Stamp,
         elapsed: Duration,
         ttl: Duration,
+        revoked: bool,
     ) -> Result<Duration, Error> {
         let key = state.key();
         // A refusal by a node's ACL is named if the lock is lost at its deadline.
@@ -163,14 +172,23 @@ impl Redlock {
                 tracing::debug!(key, ?validity, yes = tally.yes(), "lock extended");
                 Ok(validity)
             }
-            Extension::TooSlow => Err(Error::ValidityExpired {
-                key: key.to_owned(),
-                elapsed,
-                ttl,
-            }),
+            Extension::TooSlow => {
+                metrics::extension_failed("too_slow");
+                Err(Error::ValidityExpired {
+                    key: key.to_owned(),
+                    elapsed,
+                    ttl,
+                })
+            }
             // Only when the refusals alone rule out a quorum: refusals mixed with failures leave
             // a valid lock held (the caller, or keep-alive, tries again while validity remains).
+            Extension::NotOwner if revoked => {
+                metrics::extension_failed("revoked");
+                tracing::warn!(key, "lock lost: it was revoked");
+                Err(state.lose(LostReason::Revoked))
+            }
             Extension::NotOwner => {
+                metrics::extension_failed("not_owner");
                 let reason = LostReason::NotOwner {
                     owned: tally.yes(),
                     needed: self.quorum(),
@@ -178,6 +196,7 @@ impl Redlock {
                 Err(state.lose(reason))
             }
             Extension::Expired => {
+                metrics::extension_failed("expired");
                 tracing::warn!(
                     key,
                     yes = tally.yes(),
@@ -187,6 +206,7 @@ impl Redlock {
                 Err(state.lose(LostReason::Expired))
             }
             Extension::Unreachable => {
+                metrics::extension_failed("unreachable");
                 // The keep-alive task warns once per outage (lease.rs).
                 tracing::debug!(key, failures = %FailureList(&failures), "extension could not reach a quorum");
                 Err(self.no_quorum(key, &tally, failures))

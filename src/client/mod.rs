@@ -5,12 +5,15 @@
 //! is [`state`]; the public guard around it lives in `crate::lock`.
 
 pub(crate) mod acquire;
+pub(crate) mod check;
 pub(crate) mod config;
 pub(crate) mod engine;
 mod extend;
+pub(crate) mod inventory;
 mod queue;
 mod release;
 mod repair;
+pub(crate) mod revoke;
 pub(crate) mod round;
 pub(crate) mod side;
 pub(crate) mod state;
@@ -105,6 +108,11 @@ const SWEEP: usize = 4;
 
 impl Redlock {
     pub(crate) fn from_parts(nodes: Vec<Arc<Node>>, cfg: Config, max_ttl: Arc<MaxTtl>) -> Self {
+        crate::metrics::describe();
+        // Up until a call fails: the gauge moves on each change (`node/liveness.rs`).
+        for node in &nodes {
+            crate::metrics::node_up(node.name(), true);
+        }
         Redlock {
             inner: Arc::new(Inner {
                 nodes,

@@ -107,6 +107,9 @@ pub(crate) struct LockState {
     handed: tokio::sync::Notify,
     /// Whether this lock's metrics carry its name (`RedlockBuilder::metrics_lock_label`).
     labelled: bool,
+    /// Its share of the locks-held gauge and its hold time: from the grant to the release,
+    /// the loss or the drop, whichever comes first.
+    held: metrics::Held,
 }
 
 impl LockState {
@@ -134,6 +137,7 @@ impl LockState {
             handing: Mutex::new(None),
             handed: tokio::sync::Notify::new(),
             labelled: false,
+            held: metrics::Held::default(),
         }
     }
 
@@ -141,6 +145,7 @@ impl LockState {
     /// (`RedlockBuilder::metrics_lock_label`).
     pub(crate) fn metrics_labelled(mut self, on: bool) -> Self {
         self.labelled = on;
+        self.held = metrics::Held::start(on.then(|| self.key()));
         self
     }
 
@@ -256,6 +261,7 @@ impl LockState {
     /// Set before any release of the lock is sent (explicit release or Drop).
     pub(crate) fn mark_released(&self) {
         self.released.store(true, Ordering::SeqCst);
+        self.held.end();
     }
 
     pub(crate) fn is_released(&self) -> bool {
@@ -321,6 +327,7 @@ impl LockState {
             if r.is_none() && !self.lost.is_cancelled() {
                 *r = Some(reason.clone());
                 metrics::lock_lost(self.labelled.then(|| self.key()));
+                self.held.end();
                 tracing::warn!(key = %self.key(), token = %self.token, %reason, "lock lost");
             }
         }

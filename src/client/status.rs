@@ -172,7 +172,7 @@ impl Redlock {
             .await
     }
 
-    async fn status_inline(&self, key: &str) -> Result<LockStatus, Error> {
+    pub(super) async fn status_inline(&self, key: &str) -> Result<LockStatus, Error> {
         self.check(key, Duration::from_secs(1))?;
         let (lock_key, fence_key) = (self.keys().lock_key(key), self.keys().fence_key(key));
         // Compat mode names the lock key only (no counter: its fence reads 0).

@@ -171,6 +171,34 @@ impl KeyLayout {
         format!("{}:fence:*", self.prefix)
     }
 
+    /// The `SCAN` glob of the lock keys whose user key starts with `user_prefix` (`P:{PREFIX*`),
+    /// the glob's special characters in the prefix escaped. Also matches the other keys of a
+    /// lock's slot tag (waiters and revoke markers, an election's record, run-once markers):
+    /// [`user_key_of`](Self::user_key_of) tells lock keys apart.
+    pub(crate) fn lock_glob(&self, user_prefix: &str) -> String {
+        let mut glob = format!("{}:{{", self.prefix);
+        for c in user_prefix.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                glob.push('\\');
+            }
+            glob.push(c);
+        }
+        glob.push('*');
+        glob
+    }
+
+    /// The user key of a lock key found by a scan (`P:{K}` gives `K`); `None` for the other
+    /// keys of the namespace: counters, markers (`P:{K}:waiters`, `P:{K}:revoked`), an
+    /// election's record, run-once markers, whose names do not end at the tag's `}`.
+    pub(crate) fn user_key_of(&self, lock_key: &[u8]) -> Option<String> {
+        let key = std::str::from_utf8(lock_key).ok()?;
+        let inner = key
+            .strip_prefix(self.prefix.as_ref())?
+            .strip_prefix(":{")?
+            .strip_suffix('}')?;
+        (check_key(inner).is_ok()).then(|| inner.to_owned())
+    }
+
     /// The restart guard's durability marker of this namespace (`P:durability-marker`; see
     /// `node/health.rs`). Not a counter.
     pub(crate) fn durability_marker(&self) -> String {
@@ -225,6 +253,16 @@ pub(crate) fn waiters_key_of(lock_key: &str) -> String {
 
 /// What [`waiters_key_of`] appends to a lock key.
 pub(crate) const WAITERS_SUFFIX: &str = ":waiters";
+
+/// The revoke marker of a lock key (`quorumlock:{K}:revoked`, same hash slot): the value a
+/// revoke took away, kept about as long as that value would have lived, so that its holder's
+/// failed extension can tell a revoke from an expiry.
+pub(crate) fn revoked_key_of(lock_key: &str) -> String {
+    format!("{lock_key}{REVOKED_SUFFIX}")
+}
+
+/// What [`revoked_key_of`] appends to a lock key.
+pub(crate) const REVOKED_SUFFIX: &str = ":revoked";
 
 /// Appends the lock key of `key` (`P:{K}`, or `K` in compat mode) to `buf`.
 fn push_lock_key(buf: &mut String, prefix: &str, key: &str, compat: bool) {
@@ -540,6 +578,36 @@ mod tests {
         for bad in ["", "a b", "a\nb", &"x".repeat(1025)] {
             assert!(check_value(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn scans_find_lock_keys_only() {
+        let layout = KeyLayout::new("ql", false).unwrap();
+        assert_eq!(layout.lock_glob("job*[1]"), "ql:{job\\*\\[1\\]*");
+        assert_eq!(
+            layout.user_key_of(b"ql:{nightly}").as_deref(),
+            Some("nightly")
+        );
+        assert_eq!(
+            layout.user_key_of(b"ql:{a:permit:2}").as_deref(),
+            Some("a:permit:2")
+        );
+        for other in [
+            &b"ql:{nightly}:waiters"[..],
+            b"ql:{nightly}:revoked",
+            b"ql:{e}:leader",
+            b"ql:{job}:tick:7",
+            b"ql:fence:{3x}",
+            b"ql:durability-marker",
+            b"other:{x}",
+        ] {
+            assert_eq!(layout.user_key_of(other), None, "{other:?}");
+        }
+        let keys = layout.lock_keys("nightly");
+        assert_eq!(
+            layout.user_key_of(keys.lock().as_bytes()).as_deref(),
+            Some("nightly")
+        );
     }
 
     #[test]

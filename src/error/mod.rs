@@ -257,6 +257,10 @@ pub enum LostReason {
     },
     /// The lock was released (or its guard dropped) before this operation could run.
     Released,
+    /// An operator revoked the lock ([`Redlock::revoke`](crate::Redlock::revoke), `redlock
+    /// break`): the fencing counter was raised past our token on a quorum and our value
+    /// deleted, so resources that check tokens refuse ours from then on.
+    Revoked,
 }
 
 impl fmt::Display for LostReason {
@@ -276,6 +280,9 @@ impl fmt::Display for LostReason {
                 FailureList(failures)
             ),
             LostReason::Released => f.write_str("it was released"),
+            LostReason::Revoked => f.write_str(
+                "it was revoked (redlock break): its fencing token is superseded and fenced writes with it are refused",
+            ),
         }
     }
 }

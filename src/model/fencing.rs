@@ -12,6 +12,13 @@
 //! `N - quorum + 1` clean nodes, as `repair.rs` does. The last test shows the boundary of the
 //! first kind: lose a node that was one of only a quorum at the token, and tokens can repeat,
 //! which is why `docs/safety.md` asks for the guard, `appendfsync always` or healthy releases.
+//!
+//! Revokes (`client/revoke.rs`): a revoke reads a quorum, takes the value a quorum of the read
+//! holds, raises the counters it writes to the read's highest counter plus one, and deletes
+//! that value. A resource that checks the counter (`Redlock::check_token`) reads a quorum of
+//! clean nodes and accepts a token at least the highest counter read. Checked: once a revoke
+//! reached a quorum, no write with the revoked holder's token is accepted; the mutant that
+//! deletes without raising is caught.
 
 use proptest::prelude::*;
 
@@ -32,6 +39,12 @@ struct World {
     next_owner: u32,
     holders: Vec<(u32, u64)>,
     tokens: Vec<u64>,
+    /// Holders revoked on a quorum, with their tokens: never accepted again.
+    revoked: Vec<(u32, u64)>,
+    /// The highest counter a revoke raised a quorum to (data loss must keep it, as tokens).
+    last_revoke: u64,
+    /// The mutant: a revoke deletes the value without raising the counters.
+    revoke_without_raise: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -53,6 +66,11 @@ enum Op {
     /// Restore a crashed node's counters from the clean nodes among `sources` (the repair needs
     /// `N - quorum + 1` of them to answer, else it waits).
     Repair { node: usize, sources: Vec<bool> },
+    /// A revoke reading the nodes of `reads` and writing to those of `writes`.
+    Revoke { reads: Vec<bool>, writes: Vec<bool> },
+    /// Holder or revoked holder `which` writes to a resource that checks the counters of the
+    /// clean nodes of `reads` (when they are a quorum) and accepts a token at least their highest.
+    Write { which: usize, reads: Vec<bool> },
 }
 
 impl World {
@@ -65,6 +83,77 @@ impl World {
 
     fn last_token(&self) -> u64 {
         self.tokens.last().copied().unwrap_or(0)
+    }
+
+    /// The clean nodes among `set`, if they are a quorum.
+    fn quorum_of(&self, set: &[bool]) -> Option<Vec<usize>> {
+        let n = self.nodes.len();
+        let clean: Vec<usize> = (0..n).filter(|&i| set[i] && !self.nodes[i].dirty).collect();
+        (clean.len() >= quorum(n)).then_some(clean)
+    }
+
+    /// The revoke: the value a quorum of the read holds, the read's highest counter plus one
+    /// raised (unless the mutant) and the value deleted on the nodes written; the holder counts
+    /// as revoked once a quorum of clean nodes was written.
+    fn revoke(&mut self, reads: &[bool], writes: &[bool]) {
+        let n = self.nodes.len();
+        let Some(read) = self.quorum_of(reads) else {
+            return;
+        };
+        let owners: Vec<Option<u32>> = read.iter().map(|&i| self.nodes[i].owner).collect();
+        let Some(owner) = owners
+            .iter()
+            .flatten()
+            .copied()
+            .find(|o| owners.iter().filter(|x| **x == Some(*o)).count() >= quorum(n))
+        else {
+            return;
+        };
+        let token = read
+            .iter()
+            .map(|&i| self.nodes[i].counter)
+            .max()
+            .unwrap_or(0)
+            + 1;
+        for (i, _) in writes.iter().enumerate().filter(|(_, w)| **w) {
+            let node = &mut self.nodes[i];
+            if !self.revoke_without_raise {
+                node.counter = node.counter.max(token);
+            }
+            if node.owner == Some(owner) {
+                node.owner = None;
+            }
+        }
+        if self.quorum_of(writes).is_some()
+            && let Some(at) = self.holders.iter().position(|(o, _)| *o == owner)
+        {
+            let holder = self.holders.remove(at);
+            self.revoked.push(holder);
+            self.last_revoke = self.last_revoke.max(token);
+        }
+    }
+
+    /// A fenced write checked against the counters: refused, or accepted (an error if its
+    /// holder was revoked).
+    fn write(&self, which: usize, reads: &[bool]) -> Result<(), String> {
+        let all: Vec<(u32, u64)> = self.holders.iter().chain(&self.revoked).copied().collect();
+        let (Some(&(owner, token)), Some(read)) =
+            (all.get(which % all.len().max(1)), self.quorum_of(reads))
+        else {
+            return Ok(());
+        };
+        let highest = read
+            .iter()
+            .map(|&i| self.nodes[i].counter)
+            .max()
+            .unwrap_or(0);
+        if token >= highest && self.revoked.contains(&(owner, token)) {
+            return Err(format!(
+                "revoked token {token} accepted (highest counter read {highest}, nodes {:?})",
+                self.nodes
+            ));
+        }
+        Ok(())
     }
 
     /// The acquire script on one node: SET NX, INCR on success.
@@ -171,8 +260,10 @@ impl World {
                 }
                 self.holders.clear();
             }
+            Op::Revoke { reads, writes } => self.revoke(reads, writes),
+            Op::Write { which, reads } => self.write(*which, reads)?,
             Op::LoseData { node } => {
-                let last = self.last_token();
+                let last = self.last_token().max(self.last_revoke);
                 let intact = (0..n)
                     .filter(|&i| i != *node && self.nodes[i].counter >= last)
                     .count();
@@ -214,7 +305,9 @@ fn op(n: usize) -> impl Strategy<Value = Op> {
         2 => Just(Op::Expire),
         1 => (0..n).prop_map(|node| Op::LoseData { node }),
         1 => (0..n).prop_map(|node| Op::Crash { node }),
-        2 => (0..n, reachable).prop_map(|(node, sources)| Op::Repair { node, sources }),
+        2 => (0..n, reachable.clone()).prop_map(|(node, sources)| Op::Repair { node, sources }),
+        2 => (reachable.clone(), reachable.clone()).prop_map(|(reads, writes)| Op::Revoke { reads, writes }),
+        3 => (any::<usize>(), reachable).prop_map(|(which, reads)| Op::Write { which, reads }),
     ]
 }
 
@@ -251,6 +344,73 @@ proptest! {
     fn tokens_only_grow_across_repaired_crashes((n, ops) in crash_scenario()) {
         replay(n, &ops)?;
     }
+
+    #[test]
+    fn a_revoked_token_is_never_accepted((n, ops) in revoke_scenario()) {
+        replay(n, &ops)?;
+    }
+}
+
+/// Histories about revokes: acquisitions, revokes and checked writes through random quorums,
+/// with expiry, releases, crashes and repairs between them.
+fn revoke_scenario() -> impl Strategy<Value = (usize, Vec<Op>)> {
+    (3usize..=7).prop_flat_map(|n| {
+        let reachable = proptest::collection::vec(any::<bool>(), n);
+        let order = Just((0..n).collect::<Vec<_>>()).prop_shuffle();
+        let op = prop_oneof![
+            4 => (reachable.clone(), order).prop_map(|(reachable, order)| Op::Acquire { reachable, order }),
+            4 => (reachable.clone(), reachable.clone()).prop_map(|(reads, writes)| Op::Revoke { reads, writes }),
+            6 => (any::<usize>(), reachable.clone()).prop_map(|(which, reads)| Op::Write { which, reads }),
+            1 => (any::<usize>(), reachable.clone()).prop_map(|(which, reachable)| Op::Release { which, reachable }),
+            1 => Just(Op::Expire),
+            1 => (0..n).prop_map(|node| Op::Crash { node }),
+            2 => (0..n, reachable).prop_map(|(node, sources)| Op::Repair { node, sources }),
+        ];
+        (Just(n), proptest::collection::vec(op, 1..60))
+    })
+}
+
+/// The mutant that deletes the holder's value without raising the counters: a resource that
+/// checks them still accepts the revoked token (the revoke's own reads and writes are whole
+/// quorums; the check reads another).
+#[test]
+fn a_revoke_that_does_not_raise_is_caught() {
+    let only = |set: &[usize]| (0..5).map(|i| set.contains(&i)).collect::<Vec<_>>();
+    let steps = [
+        Op::Acquire {
+            reachable: only(&[0, 1, 2, 3, 4]),
+            order: (0..5).collect(),
+        },
+        Op::Revoke {
+            reads: only(&[0, 1, 2]),
+            writes: only(&[0, 1, 2, 3, 4]),
+        },
+        Op::Write {
+            which: 0,
+            reads: only(&[2, 3, 4]),
+        },
+    ];
+    let run = |mutant: bool| {
+        let mut world = World::new(5);
+        world.revoke_without_raise = mutant;
+        steps.iter().try_for_each(|step| world.apply(step))
+    };
+    run(false).expect("the revoked token is refused");
+    let err = run(true).expect_err("the mutant accepts the revoked token");
+    assert!(err.contains("revoked token 1 accepted"), "{err}");
+    // The property test finds the mutant by itself too.
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(512));
+    let found = runner.run(&revoke_scenario(), |(n, ops)| {
+        let mut world = World::new(n);
+        world.revoke_without_raise = true;
+        for op in &ops {
+            if let Err(e) = world.apply(op) {
+                prop_assert!(false, "{e}");
+            }
+        }
+        Ok(())
+    });
+    assert!(found.is_err(), "the random histories catch the mutant");
 }
 
 /// Applies `ops` to a fresh world of `n` nodes; fails at the first token that did not grow.

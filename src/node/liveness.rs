@@ -3,7 +3,7 @@
 //! last failure's cause.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use super::{Node, Op};
 use crate::error::NodeError;
@@ -18,7 +18,14 @@ pub(super) struct Liveness {
     /// The last failure's cause, while `down`: what a round that did not wait for the node
     /// names.
     last_failure: Mutex<Option<NodeError>>,
+    /// Why the node was last seen held out of quorums, as an index into [`HELD_OUT`] (0: it
+    /// was not): the held-out gauge moves only when this changes.
+    held_out: AtomicU8,
 }
+
+/// The reasons a node counts toward no quorum, as `NodeError::kind()` names them (index 0:
+/// none).
+const HELD_OUT: [&str; 5] = ["", "held_out", "repairing", "same_server", "evicting"];
 
 impl Node {
     /// Records a call that its round's deadline cut short.
@@ -44,11 +51,13 @@ impl Node {
         *crate::core::lock(&self.live.last_failure) = Some(e.clone());
         if let NodeError::Denied { command, .. } = e {
             if !self.live.down.swap(true, Ordering::Relaxed) {
+                metrics::node_up(&self.name, false);
                 tracing::warn!(node = %self.name, op = op.as_str(), %command, error = %e, "the node's ACL refuses a command quorumlock needs; it counts as failed until the Redis user is granted it (quorumlock::guide::acl, docs/acl.md)");
             }
             return;
         }
         if !self.live.down.swap(true, Ordering::Relaxed) {
+            metrics::node_up(&self.name, false);
             tracing::warn!(node = %self.name, op = op.as_str(), error = %e, "node unreachable; it counts as failed in every round until it answers again");
         }
     }
@@ -67,8 +76,26 @@ impl Node {
         crate::core::lock(&self.live.last_failure).clone()
     }
 
+    /// Records whether a call found the node held out of quorums (`why`), moving the
+    /// `quorumlock_node_held_out` gauge when that changed.
+    pub(super) fn note_held_out(&self, why: Option<&NodeError>) {
+        let now = why.map_or(0, |e| {
+            HELD_OUT.iter().position(|k| *k == e.kind()).unwrap_or(1)
+        });
+        let before = self.live.held_out.swap(now as u8, Ordering::Relaxed) as usize;
+        if before != now {
+            if before != 0 {
+                metrics::node_held_out(&self.name, HELD_OUT[before], false);
+            }
+            if now != 0 {
+                metrics::node_held_out(&self.name, HELD_OUT[now], true);
+            }
+        }
+    }
+
     pub(super) fn mark_up(&self) {
         if self.live.down.load(Ordering::Relaxed) && self.live.down.swap(false, Ordering::Relaxed) {
+            metrics::node_up(&self.name, true);
             tracing::info!(node = %self.name, "node answers again");
         }
     }

@@ -48,9 +48,12 @@ pub(crate) fn on_lock_nodes() -> [&'static Lua; 6] {
 
 /// Every script of the crate, for reading a refusal that names one (`denial`).
 pub(crate) fn all() -> impl Iterator<Item = &'static Lua> {
-    on_lock_nodes()
-        .into_iter()
-        .chain([&*FENCED_WRITE, &*LEADER_WRITE, &*LEADER_RESIGN])
+    on_lock_nodes().into_iter().chain([
+        &*FENCED_WRITE,
+        &*FENCED_CLAIM,
+        &*LEADER_WRITE,
+        &*LEADER_RESIGN,
+    ])
 }
 
 /// An election's leader record, written on a node where this term's lock value stands
@@ -296,6 +299,68 @@ end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2])
 return {1, token}
+"#,
+    )
+});
+
+/// The resource-side claim for data kept in Redis: raise the highest token seen to the claimer's
+/// token without writing any data, so that every later write or claim with a lower token is
+/// refused (`fencing::fenced_claim`; run on the user's own Redis, like [`FENCED_WRITE`]).
+///
+/// - KEYS[1]: the resource's "highest token seen" key (the one [`FENCED_WRITE`] keeps)
+/// - ARGV[1]: the claimer's token
+/// - Reply: `{1, token}` claimed (the token is at least the highest seen: a claim may be
+///   repeated); `{0, highest}` refused as stale, with the highest token seen.
+pub(crate) static FENCED_CLAIM: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+local seen = tonumber(redis.call('GET', KEYS[1]) or '0')
+local token = tonumber(ARGV[1])
+if token < seen then
+  return {0, seen}
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return {1, token}
+"#,
+    )
+});
+
+/// A fenced revoke (`Redlock::revoke`; `EVALSHA`, and `EVAL` with its body on `NOSCRIPT`: not
+/// loaded on connect, since it runs rarely): raise the
+/// node's fencing counter to the revoke's token (above the holder's), then delete the holder's
+/// value if it stands here, leave a revoke marker holding that value for twice the key's
+/// remaining time (its holder's failed extension reads it), and notify waiters as a release
+/// does.
+///
+/// - KEYS[1]: lock key, KEYS[2]: fencing counter, KEYS[3]: waiters marker (also the channel),
+///   KEYS[4]: revoke marker
+/// - ARGV[1]: the value revoked, ARGV[2]: the revoke's token
+/// - Reply: `1` deleted, `0` the key is absent, `-1` another value holds it (left alone). The
+///   counter is raised in every case.
+pub(crate) static REVOKE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+local v = redis.call('GET', KEYS[1])
+if v ~= ARGV[1] then
+  if v == false then
+    return 0
+  end
+  return -1
+end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl < 1 then
+  ttl = 60000
+end
+redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[4], ARGV[1], 'PX', 2 * ttl)
+local n = redis.call('SCARD', KEYS[3])
+if n > 0 then
+  redis.call('PUBLISH', KEYS[3], ARGV[1] .. ' ' .. n)
+end
+return 1
 "#,
     )
 });

@@ -20,6 +20,7 @@ pub(crate) mod connection;
 pub(crate) mod fence;
 pub(crate) mod gate;
 pub(crate) mod health;
+pub(crate) mod inventory;
 mod liveness;
 pub(crate) mod lua;
 pub(crate) mod member;
@@ -225,10 +226,12 @@ impl Node {
         // The lean form where this connection is known to have seen the token (release).
         let call = call.for_node(self.index, generation);
         // Checked after connecting: a (re)connect is what reads the node's run id and uptime.
-        if hold_out == HoldOut::Respect
-            && let Some(reason) = self.held_out()
-        {
-            return Err(reason);
+        if hold_out == HoldOut::Respect {
+            let why = self.held_out();
+            self.note_held_out(why.as_ref());
+            if let Some(reason) = why {
+                return Err(reason);
+            }
         }
         // The first poll of the send below hands the command to the connection's queue. Its
         // driver writes it to the socket later, and skips it if this future is gone by then.

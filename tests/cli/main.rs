@@ -22,6 +22,7 @@ mod elect;
 mod hostile;
 mod managed;
 mod node_options;
+mod operate;
 mod restart_guard;
 mod run;
 mod run_held;

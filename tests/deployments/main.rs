@@ -18,5 +18,6 @@ mod compat;
 mod failover;
 mod managed;
 mod members;
+mod operate;
 #[cfg(feature = "tls")]
 mod tls;

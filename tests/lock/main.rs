@@ -10,15 +10,18 @@
 mod support;
 
 mod acquire;
+mod claim;
 mod config;
 mod extend;
 mod fencing;
 mod handoff;
 mod hostile_nodes;
+mod inventory;
 mod keyspace;
 mod lease;
 mod owner;
 mod pipeline;
+mod revoke;
 mod spans;
 
 use std::time::Duration;

@@ -46,6 +46,17 @@ fn b10_a_program_without_a_runtime_acquires_extends_and_releases() {
     assert_eq!(holders(&urls, "job"), 0, "released everywhere");
     let status = locks.status("job").expect("status");
     assert_eq!(status.holder(), None);
+
+    // Operating it: the inventory, a token check, a revoke.
+    let held = locks.try_acquire("job", FACADE_TTL).expect("acquire");
+    let inventory = locks.locks("jo").expect("inventory");
+    assert_eq!(inventory.locks.len(), 1);
+    assert_eq!(inventory.locks[0].value, held.value());
+    assert!(locks.is_current("job", held.token()).expect("check"));
+    let revocation = locks.revoke("job").expect("revoke");
+    assert!(revocation.revoked() && revocation.token > held.token());
+    assert!(!locks.is_current("job", held.token()).expect("check"));
+    assert!(held.extend(FACADE_TTL).is_err());
 }
 
 /// A dropped blocking guard is released before `drop` returns (on a quorum; the rest follows

@@ -10,9 +10,11 @@ macro_rules! out {
     }};
 }
 
+mod check;
 mod child;
 mod demo;
 mod elect;
+mod ls;
 mod nodes;
 mod once;
 mod run;
@@ -61,6 +63,8 @@ const EXIT_NOPERM: u8 = 77;
     77 the nodes' ACL refuses a command redlock needs (the line names it), \
     79 lock or leadership lost while CMD ran; run --once-per: 0 when another host runs or ran \
     CMD this period (-E CODE chooses another); status: 0 when a quorum answered; \
+    check: 0 the token is current, 1 it is not; break: 0 revoked, 1 nothing held; \
+    ls: 0 when a quorum was scanned; \
     outside the contract: 126/127 CMD cannot be run / not found, 128+signal interrupted \
     before CMD started, 70 unclassified internal error, 71 operating system error. \
     See docs/cli.md."
@@ -103,6 +107,32 @@ enum Command {
         the read, 64 usage error."
     )]
     Status(StatusArgs),
+    /// Check a fencing token: whether KEY is held on a quorum and TOKEN is its highest
+    /// fencing counter (the current holder's token).
+    #[command(
+        after_help = "Exit codes: 0 TOKEN is current, 1 it is not (superseded by a later \
+        holder or a break, not held, or never handed out), 69 too few nodes answered, 77 the \
+        nodes' ACL refuses the read, 64 usage error (also with --compat: no tokens)."
+    )]
+    Check(CheckArgs),
+    /// Revoke KEY's holder: raise its fencing counter past the holder's token on a quorum,
+    /// then delete the holder's value. The old holder's token is refused from then on by
+    /// resources that check it, its next extension fails, and waiters take over.
+    #[command(
+        after_help = "Exit codes: 0 a holder was revoked, 1 nobody held KEY (or --value V held \
+        it nowhere): nothing done, 69 too few nodes answered (where the break ran, the counter \
+        is raised and the value deleted: run it again), 77 the nodes' ACL refuses the revoke, \
+        64 usage error (also with --compat: no tokens)."
+    )]
+    Break(BreakArgs),
+    /// List every lock held under PREFIX (all when omitted): key, holder, on how many nodes,
+    /// time left on a quorum, fencing counter.
+    #[command(
+        after_help = "Exit codes: 0 when a quorum of nodes was scanned (those that were not \
+        are named on stderr), 69 otherwise, 77 the nodes' ACL refuses the scan, 64 usage \
+        error (also with --compat)."
+    )]
+    Ls(LsArgs),
     /// Start 5 throwaway local redis-servers and watch workers hand a lock over.
     Demo(demo::DemoArgs),
 }
@@ -231,6 +261,37 @@ struct StatusArgs {
     key: String,
 }
 
+/// `redlock check KEY TOKEN`
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// The lock's name.
+    key: String,
+    /// The fencing token to check (a holder's `REDLOCK_TOKEN`).
+    token: u64,
+}
+
+/// `redlock ls [PREFIX] [--json]`
+#[derive(Debug, Args)]
+struct LsArgs {
+    /// Print one JSON object (schema in docs/cli.md) instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// List only the keys that start with PREFIX.
+    #[arg(default_value = "")]
+    prefix: String,
+}
+
+/// `redlock break KEY [--value V]`
+#[derive(Debug, Args)]
+struct BreakArgs {
+    /// Revoke only this value (as `redlock status` shows it): nothing is deleted where another
+    /// value holds KEY, so a break aimed at a stuck holder cannot take the lock from the next.
+    #[arg(long, value_name = "V")]
+    value: Option<String>,
+    /// The lock's name.
+    key: String,
+}
+
 fn main() -> ExitCode {
     let cli = match command()
         .try_get_matches()
@@ -270,6 +331,27 @@ fn main() -> ExitCode {
             Command::Status(args) => match client(&cli.nodes, None) {
                 Ok(locks) => (
                     status::status(locks.clone(), &args.key, args.json).await,
+                    Some(locks),
+                ),
+                Err(e) => (e.fail(), None),
+            },
+            Command::Check(args) => match client(&cli.nodes, None) {
+                Ok(locks) => (
+                    check::check(locks.clone(), &args.key, args.token).await,
+                    Some(locks),
+                ),
+                Err(e) => (e.fail(), None),
+            },
+            Command::Break(args) => match client(&cli.nodes, None) {
+                Ok(locks) => (
+                    check::brk(locks.clone(), &args.key, args.value.as_deref()).await,
+                    Some(locks),
+                ),
+                Err(e) => (e.fail(), None),
+            },
+            Command::Ls(args) => match client(&cli.nodes, None) {
+                Ok(locks) => (
+                    ls::ls(locks.clone(), &args.prefix, args.json).await,
                     Some(locks),
                 ),
                 Err(e) => (e.fail(), None),
@@ -420,7 +502,8 @@ fn describe(e: &Error) -> String {
         }
         // The CLI turns fencing off only with --compat.
         Error::Config(ConfigError::FencingRequired) => "--compat (REDLOCK_COMPAT) hands out no \
-            fencing tokens, which elections and --once-per need: use it with `run` alone"
+            fencing tokens, which elections, --once-per, check and break need: use it with \
+            `run` and `status` alone"
             .to_owned(),
         // No node failed, so there is none to name: say what the time went to.
         Error::ValidityExpired { key, elapsed, ttl } => format!(

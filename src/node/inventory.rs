@@ -1,0 +1,141 @@
+//! Inventory I/O on one node: the lock keys under a prefix, page by page (`SCAN`), each with
+//! its value, remaining time and fencing counter. The merge across nodes is the client's
+//! (`client/inventory.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Node;
+use super::member::{self, MemberConn};
+use crate::core::keys::KeyLayout;
+use crate::error::NodeError;
+
+/// One lock key as one node holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Found {
+    /// The user key.
+    pub(crate) key: String,
+    /// The value there (`None`: it expired between the scan and the read).
+    pub(crate) value: Option<String>,
+    /// Its remaining time in milliseconds (`PTTL`: negative when absent or without expiry).
+    pub(crate) pttl: i64,
+    /// The node's fencing counter for the key's slot.
+    pub(crate) fence: u64,
+}
+
+impl Node {
+    /// One page of the lock keys matching `glob` from `cursor`: the next cursor (0 when the
+    /// scan is complete) and what the page found, bounded by `timeout`. On a standalone server:
+    /// `SCAN`, then one pipeline of `MGET` (values), a `PTTL` per key and `MGET` (counters). On
+    /// a Cluster member: the masters one after the other (`SCAN` + `INFO`, the run id checked
+    /// as a repair does), then `GET`, `PTTL`, `GET` per key, each routed by its slot.
+    pub(crate) async fn lock_keys_page(
+        self: &Arc<Self>,
+        keys: &KeyLayout,
+        glob: &str,
+        cursor: u64,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<(u64, Vec<Found>), NodeError> {
+        let read = async {
+            let (mut conn, generation) = self.connection().await?;
+            let (next, scanned) = match &mut conn {
+                MemberConn::Cluster(cluster) => {
+                    let masters = crate::core::lock(&self.cluster).masters.clone();
+                    let (next, found, run_id) =
+                        member::cluster_scan_page(cluster, &masters, cursor, glob, count)
+                            .await
+                            .map_err(|e| self.call_error(e, generation))?;
+                    self.check_cluster_run_ids([run_id], generation)?;
+                    (next, found)
+                }
+                MemberConn::Single(_) => {
+                    self.scan_page(&mut conn, cursor, glob, count, generation)
+                        .await?
+                }
+            };
+            let locks: Vec<(String, String, String)> = scanned
+                .iter()
+                .filter_map(|k| {
+                    let key = keys.user_key_of(k)?;
+                    let lock = String::from_utf8_lossy(k).into_owned();
+                    let fence = keys.fence_key(&key);
+                    Some((key, lock, fence))
+                })
+                .collect();
+            if locks.is_empty() {
+                return Ok((next, Vec::new()));
+            }
+            let found = match &conn {
+                MemberConn::Cluster(cluster) => {
+                    let reads = locks.iter().map(|(_, lock, fence)| {
+                        let mut cluster = cluster.clone();
+                        let mut pipe = redis::pipe();
+                        pipe.cmd("GET").arg(lock).cmd("PTTL").arg(lock);
+                        pipe.cmd("GET").arg(fence);
+                        async move {
+                            pipe.query_async::<(Option<String>, i64, Option<u64>)>(&mut cluster)
+                                .await
+                        }
+                    });
+                    futures::future::try_join_all(reads)
+                        .await
+                        .map_err(|e| self.call_error(e, generation))?
+                }
+                MemberConn::Single(_) => {
+                    let mut pipe = redis::pipe();
+                    pipe.cmd("MGET");
+                    for (_, lock, _) in &locks {
+                        pipe.arg(lock);
+                    }
+                    for (_, lock, _) in &locks {
+                        pipe.cmd("PTTL").arg(lock);
+                    }
+                    pipe.cmd("MGET");
+                    for (_, _, fence) in &locks {
+                        pipe.arg(fence);
+                    }
+                    let mut replies: Vec<redis::Value> = pipe
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| self.call_error(e, generation))?;
+                    let bad = || NodeError::BadReply("inventory reply".to_owned());
+                    let fences: Vec<Option<u64>> =
+                        redis::from_redis_value(replies.pop().ok_or_else(bad)?)
+                            .map_err(|e| NodeError::BadReply(e.to_string()))?;
+                    let mut replies = replies.into_iter();
+                    let values: Vec<Option<String>> =
+                        redis::from_redis_value(replies.next().ok_or_else(bad)?)
+                            .map_err(|e| NodeError::BadReply(e.to_string()))?;
+                    let pttls: Vec<i64> = replies
+                        .map(redis::from_redis_value)
+                        .collect::<Result<_, _>>()
+                        .map_err(|e| NodeError::BadReply(e.to_string()))?;
+                    if values.len() != locks.len() || pttls.len() != locks.len() {
+                        return Err(bad());
+                    }
+                    values
+                        .into_iter()
+                        .zip(pttls)
+                        .zip(fences)
+                        .map(|((v, p), f)| (v, p, f))
+                        .collect()
+                }
+            };
+            let found = locks
+                .into_iter()
+                .zip(found)
+                .map(|((key, _, _), (value, pttl, fence))| Found {
+                    key,
+                    value,
+                    pttl,
+                    fence: fence.unwrap_or(0),
+                })
+                .collect();
+            Ok((next, found))
+        };
+        tokio::time::timeout(timeout, read)
+            .await
+            .unwrap_or(Err(NodeError::Timeout(timeout)))
+    }
+}

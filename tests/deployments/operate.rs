@@ -1,0 +1,71 @@
+//! Operating locks on a Redis Cluster member (o1): the inventory scans each master of the
+//! member and merges its keys with the standalone nodes'; a revoke and a token check run on it
+//! as on a standalone node (one script, its keys in the lock's hash slot).
+
+use quorumlock::testkit::RedisClusterMember;
+use quorumlock::{Redlock, TokenCheck};
+
+use crate::support::*;
+
+#[tokio::test]
+async fn o1_inventory_revoke_and_check_on_a_cluster_member() {
+    init_tracing();
+    let standalone = cluster(2);
+    let member = RedisClusterMember::start().unwrap_or_else(|e| panic!("{e}"));
+    let urls = [
+        standalone.urls()[0].clone(),
+        standalone.urls()[1].clone(),
+        member.url(),
+    ];
+    let build = || {
+        Redlock::builder(&urls)
+            .node_timeout(NODE_TIMEOUT)
+            .build()
+            .unwrap()
+    };
+    let locks = build();
+    let mut held = Vec::new();
+    for i in 0..60 {
+        held.push(
+            locks
+                .try_acquire(&format!("inv:{i:02}"), LONG_TTL)
+                .await
+                .unwrap(),
+        );
+    }
+    // Spread over the member's three masters.
+    let shards: std::collections::BTreeSet<usize> = (0..60)
+        .map(|i| member.shard_of(&lock_key(&format!("inv:{i:02}"))).unwrap())
+        .collect();
+    assert_eq!(shards.len(), 3);
+    let ops = build();
+    wait_until(WAIT, "every lock on all three members", || async {
+        ops.locks("inv:")
+            .await
+            .is_ok_and(|i| i.locks.len() == 60 && i.locks.iter().all(|l| l.held_on == 3))
+    })
+    .await;
+    let inventory = ops.locks("inv:").await.unwrap();
+    assert!(inventory.failures.is_empty(), "{:?}", inventory.failures);
+    for (lock, mine) in inventory.locks.iter().zip(&held) {
+        assert_eq!(
+            (lock.key.as_str(), lock.value.as_str()),
+            (mine.key(), mine.value())
+        );
+        assert!(lock.certain && lock.fence >= mine.token(), "{lock:?}");
+    }
+
+    let victim = &held[7];
+    assert!(ops.is_current(victim.key(), victim.token()).await.unwrap());
+    let revocation = ops.revoke(victim.key()).await.unwrap();
+    assert_eq!(
+        (revocation.deleted, revocation.raised),
+        (3, 3),
+        "{revocation:?}"
+    );
+    assert!(matches!(
+        ops.check_token(victim.key(), victim.token()).await.unwrap(),
+        TokenCheck::Superseded { .. }
+    ));
+    assert_eq!(ops.locks("inv:").await.unwrap().locks.len(), 59);
+}
