@@ -60,6 +60,6 @@ pub use crate::lock::guard::Lock;
 pub use crate::lock::scoped::LockContext;
 pub use crate::multi::MultiLock;
 pub use crate::run_once::{
-    Outcome, RanBy, RunOnce, RunOnceBuilder, RunPolicy, SkipReason, TickContext, tick_of,
+    Outcome, RanBy, RunOnce, RunOnceBuilder, RunPolicy, SkipReason, Tick, TickContext, tick_of,
 };
 pub use crate::semaphore::{Permit, Semaphore};

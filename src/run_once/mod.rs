@@ -54,8 +54,10 @@ use crate::node::HoldOut;
 use crate::node::commands;
 
 mod outcome;
+mod tick;
 
 pub use outcome::{Outcome, RanBy, SkipReason, TickContext};
+pub use tick::{Tick, tick_of};
 
 /// A job that runs at most once per tick across all instances.
 ///
@@ -65,7 +67,7 @@ pub use outcome::{Outcome, RanBy, SkipReason, TickContext};
 ///
 /// ```no_run
 /// use std::time::{Duration, SystemTime};
-/// use quorumlock::{Outcome, Redlock, RunOnce, tick_of};
+/// use quorumlock::{Outcome, Redlock, RunOnce, Tick};
 ///
 /// # async fn run(locks: Redlock) -> Result<(), quorumlock::Error> {
 /// let job = RunOnce::builder(locks, "refresh-repositories")
@@ -75,7 +77,7 @@ pub use outcome::{Outcome, RanBy, SkipReason, TickContext};
 /// let mut every = tokio::time::interval(Duration::from_secs(600));
 /// loop {
 ///     every.tick().await;
-///     let tick = tick_of(SystemTime::now(), Duration::from_secs(600));
+///     let tick = Tick::of(SystemTime::now(), Duration::from_secs(600));
 ///     match job.run(tick, |ctx| async move {
 ///         // enqueue the work, stamping it with ctx.token(); stop if ctx.lost() fires
 ///         ctx.token()
@@ -97,6 +99,7 @@ pub struct RunOnce {
     marker_ttl: Option<Duration>,
     instance: String,
     policy: RunPolicy,
+    clock_skew: Duration,
 }
 
 impl fmt::Debug for RunOnce {
@@ -107,6 +110,7 @@ impl fmt::Debug for RunOnce {
             .field("marker_ttl", &self.marker_ttl)
             .field("instance", &self.instance)
             .field("policy", &self.policy)
+            .field("clock_skew", &self.clock_skew)
             .finish()
     }
 }
@@ -138,6 +142,7 @@ pub enum RunPolicy {
 /// | tick marker expiry | [`DEFAULT_MARKER_TTL`](Self::DEFAULT_MARKER_TTL) (1 h) |
 /// | instance id (stored in markers) | `"<pid>-<4 random hex digits>"` |
 /// | what a failed job means | [`RunPolicy::AtMostOnce`]: the tick is done |
+/// | clock skew between instances | [`DEFAULT_CLOCK_SKEW`](Self::DEFAULT_CLOCK_SKEW) (1 s) |
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until .build() is called"]
 pub struct RunOnceBuilder {
@@ -147,6 +152,7 @@ pub struct RunOnceBuilder {
     marker_ttl: Option<Duration>,
     instance: Option<String>,
     policy: RunPolicy,
+    clock_skew: Duration,
 }
 
 impl RunOnceBuilder {
@@ -154,6 +160,18 @@ impl RunOnceBuilder {
     pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
     /// The default expiry of a tick marker.
     pub const DEFAULT_MARKER_TTL: Duration = Duration::from_secs(3600);
+    /// The default for how far apart the instances' clocks may be.
+    pub const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(1);
+
+    /// How far apart the instances' wall clocks may be (default 1 s). A tick whose start is
+    /// known ([`Tick::of`], [`Tick::starting`]) counts the answers of a node this client saw
+    /// lose its data when the tick began more than this after the loss was seen: an instance
+    /// whose clock runs ahead by this much began the tick (and wrote its marker) that much
+    /// earlier.
+    pub fn clock_skew(mut self, skew: Duration) -> Self {
+        self.clock_skew = skew;
+        self
+    }
 
     /// The ttl of the job's lock (extended while the job runs): how long a crashed instance's
     /// run blocks the job.
@@ -214,19 +232,9 @@ impl RunOnceBuilder {
             ttl: self.ttl,
             marker_ttl: self.marker_ttl,
             policy: self.policy,
+            clock_skew: self.clock_skew,
         })
     }
-}
-
-/// The tick a time falls in, for a period: whole periods since the Unix epoch. Instances whose
-/// clocks agree to within their scheduling jitter compute the same tick.
-pub fn tick_of(at: SystemTime, period: Duration) -> u64 {
-    let since = at
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis();
-    let period = period.as_millis().max(1);
-    u64::try_from(since / period).unwrap_or(u64::MAX)
 }
 
 enum Marker {
@@ -248,6 +256,7 @@ impl RunOnce {
             marker_ttl: Some(RunOnceBuilder::DEFAULT_MARKER_TTL),
             instance: None,
             policy: RunPolicy::default(),
+            clock_skew: RunOnceBuilder::DEFAULT_CLOCK_SKEW,
         }
     }
 
@@ -280,12 +289,12 @@ impl RunOnce {
     ///
     /// Dropping the future drops the job and releases the lock in the background; no marker is
     /// written, so another instance may run the tick.
-    pub async fn run<F, Fut, T>(&self, tick: impl fmt::Display, job: F) -> Result<Outcome<T>, Error>
+    pub async fn run<F, Fut, T>(&self, tick: impl Into<Tick>, job: F) -> Result<Outcome<T>, Error>
     where
         F: FnOnce(TickContext) -> Fut,
         Fut: Future<Output = T>,
     {
-        self.run_job(tick.to_string(), job, |_| false).await
+        self.run_job(tick.into(), job, |_| false).await
     }
 
     /// As [`run`](Self::run), for a job that can fail: an `Err` from the job marks the tick
@@ -318,14 +327,14 @@ impl RunOnce {
     /// As [`run`](Self::run).
     pub async fn try_run<F, Fut, T, E>(
         &self,
-        tick: impl fmt::Display,
+        tick: impl Into<Tick>,
         job: F,
     ) -> Result<Outcome<Result<T, E>>, Error>
     where
         F: FnOnce(TickContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_job(tick.to_string(), job, Result::is_err).await
+        self.run_job(tick.into(), job, Result::is_err).await
     }
 
     /// One call, in its `quorumlock.run_once` span (the job's name as `key`, tick, ttl,
@@ -333,7 +342,7 @@ impl RunOnce {
     /// release.
     async fn run_job<F, Fut, T>(
         &self,
-        tick: String,
+        tick: Tick,
         job: F,
         failed: Failed<T>,
     ) -> Result<Outcome<T>, Error>
@@ -344,7 +353,7 @@ impl RunOnce {
         let span = tracing::info_span!(
             "quorumlock.run_once",
             key = self.job.as_str(),
-            tick = tick.as_str(),
+            tick = tick.name(),
             ttl_ms = millis(self.ttl),
             outcome = Empty,
             token = Empty,
@@ -368,7 +377,7 @@ impl RunOnce {
 
     async fn run_tick<F, Fut, T>(
         &self,
-        tick: String,
+        tick: Tick,
         job: F,
         failed: Failed<T>,
     ) -> Result<Outcome<T>, Error>
@@ -378,8 +387,12 @@ impl RunOnce {
     {
         let (lock, ctx) = match self.start_tick(&tick).await? {
             Ok(started) => started,
-            Err(reason) => return Ok(Outcome::Skipped { tick, reason }),
+            Err(reason) => {
+                let tick = tick.name().to_owned();
+                return Ok(Outcome::Skipped { tick, reason });
+            }
         };
+        let tick = tick.name().to_owned();
         let token = lock.token();
         let Some(output) = until_lost(&lock, job(ctx)).await else {
             let reason = lock.lost_reason().unwrap_or(LostReason::Expired);
@@ -401,24 +414,25 @@ impl RunOnce {
     /// runs the job between this and [`finish`](Self::finish), on the caller's thread.
     pub(crate) async fn start_tick(
         &self,
-        tick: &str,
+        tick: &Tick,
     ) -> Result<Result<(Lock, TickContext), SkipReason>, Error> {
-        let lock = match self.take_lock(tick).await? {
+        not_before(tick.start()).await;
+        let lock = match self.take_lock(tick.name()).await? {
             Ok(lock) => lock,
             Err(reason) => return Ok(Err(reason)),
         };
         let token = lock.token();
         if let Err(reason) = self.check_marker(tick).await {
-            self.release(lock, tick).await;
+            self.release(lock, tick.name()).await;
             return Ok(Err(reason));
         }
         let ctx = TickContext {
             job: self.job.clone(),
-            tick: tick.to_owned(),
+            tick: tick.name().to_owned(),
             token,
             lost: lock.lost_token(),
         };
-        tracing::debug!(job = %self.job, tick, %token, "running");
+        tracing::debug!(job = %self.job, %tick, %token, "running");
         Ok(Ok((lock, ctx)))
     }
 
@@ -523,18 +537,18 @@ impl RunOnce {
     }
 
     /// `Err` with the reason to skip when the tick already ran or its marker cannot be read.
-    async fn check_marker(&self, tick: &str) -> Result<(), SkipReason> {
+    async fn check_marker(&self, tick: &Tick) -> Result<(), SkipReason> {
         if self.marker_ttl.is_none() {
             return Ok(());
         }
         match self.read_marker(tick).await {
             Marker::Absent => Ok(()),
             Marker::Present(by) => {
-                tracing::debug!(job = %self.job, tick, %by, "tick already ran; skipping");
+                tracing::debug!(job = %self.job, %tick, %by, "tick already ran; skipping");
                 Err(SkipReason::AlreadyRan { by })
             }
             Marker::Unreadable(e) => {
-                tracing::warn!(job = %self.job, tick, error = %e, "cannot read the tick marker from a quorum; skipping this tick");
+                tracing::warn!(job = %self.job, %tick, error = %e, "cannot read the tick marker from a quorum; skipping this tick");
                 Err(SkipReason::Unavailable(e))
             }
         }
@@ -558,8 +572,8 @@ impl RunOnce {
     /// node may have lost the marker with the rest (its counters are repaired, its markers are
     /// not), so its "absent" proves nothing until every marker it may have lost has expired
     /// anyway (`docs/safety.md`, "Run-once markers across restarts").
-    async fn read_marker(&self, tick: &str) -> Marker {
-        let key = self.marker_key(tick);
+    async fn read_marker(&self, tick: &Tick) -> Marker {
+        let key = self.marker_key(tick.name());
         let get = commands::get(&key);
         let replies = self
             .locks
@@ -569,11 +583,19 @@ impl RunOnce {
             return Marker::Present(RanBy::parse(by));
         }
         let expiry = self.marker_ttl.unwrap_or_default();
+        let now = SystemTime::now();
         let lost: Vec<Option<Duration>> = self
             .locks
             .nodes()
             .iter()
-            .map(|n| n.lost_data_within(expiry))
+            .map(|n| {
+                n.lost_data_within(expiry).filter(|&ago| {
+                    let seen = now
+                        .checked_sub(ago)
+                        .and_then(|t| t.checked_add(self.clock_skew));
+                    seen.is_none_or(|seen| quorum::loss_may_hide_marker(tick.start(), seen))
+                })
+            })
             .collect();
         let proven = replies.answered_where(|i| lost.get(i).is_some_and(Option::is_none));
         let quorum = self.locks.quorum();
@@ -622,6 +644,18 @@ impl RunOnce {
     }
 }
 
+/// Waits until the wall clock reaches a tick's start: a tick's marker is never written before
+/// its tick began, which lets readers count nodes that lost their data before that.
+async fn not_before(start: Option<SystemTime>) {
+    let Some(start) = start else { return };
+    while let Ok(early) = start.duration_since(SystemTime::now()) {
+        if early.is_zero() {
+            return;
+        }
+        tokio::time::sleep(early).await;
+    }
+}
+
 /// Runs `work` until it completes or `lock` is lost, whichever comes first: `None` when the
 /// loss came first (the work's future is dropped at its current await). The work is polled
 /// first, and once more right after the loss, so work that completes at the loss (e.g. on the
@@ -635,19 +669,5 @@ async fn until_lost<T>(lock: &Lock, work: impl Future<Output = T>) -> Option<T> 
         // Whoever noticed the loss first (this future or the lease task) fired the lost
         // signal: work waiting on it can now finish in one more poll, and keeps its output.
         () = lost => futures::FutureExt::now_or_never(work),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ticks_are_whole_periods_since_the_epoch() {
-        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(3_725);
-        assert_eq!(tick_of(at, Duration::from_secs(60)), 62);
-        assert_eq!(tick_of(at, Duration::from_secs(3_600)), 1);
-        assert_eq!(tick_of(at, Duration::ZERO), 3_725_000);
-        assert_eq!(tick_of(SystemTime::UNIX_EPOCH, Duration::from_secs(5)), 0);
     }
 }

@@ -17,6 +17,7 @@ mod campaign;
 mod handover;
 mod observe;
 mod run_once;
+mod schedule;
 mod subscription;
 
 use std::time::Duration;
