@@ -104,7 +104,7 @@ impl RunOnce {
         );
         let _entered = span.enter();
         let runtime = &self.client.runtime;
-        let (lock, ctx) = match runtime.block_on(self.inner.start_tick(&tick))? {
+        let (held, ctx) = match runtime.block_on(self.inner.start_tick(&tick, None))? {
             Ok(started) => started,
             Err(reason) => {
                 let tick = tick.name().to_owned();
@@ -116,7 +116,7 @@ impl RunOnce {
         let output = job(ctx);
         let tick = tick.name().to_owned();
         let done =
-            runtime.block_on(async { Ok(self.inner.finish(lock, tick, output, failed).await) })?;
+            runtime.block_on(async { Ok(self.inner.finish(held, tick, output, failed).await) })?;
         span.record("outcome", done.span_word());
         Ok(done)
     }

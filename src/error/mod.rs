@@ -462,6 +462,8 @@ pub enum Setting {
     ElectionPollInterval,
     /// `RunOnceBuilder::marker_ttl`.
     TickMarkerTtl,
+    /// `Schedule::every`.
+    SchedulePeriod,
 }
 
 impl fmt::Display for Setting {
@@ -475,6 +477,7 @@ impl fmt::Display for Setting {
             Setting::ElectionTtl => "election ttl",
             Setting::ElectionPollInterval => "election poll interval",
             Setting::TickMarkerTtl => "tick marker ttl",
+            Setting::SchedulePeriod => "schedule period",
         })
     }
 }

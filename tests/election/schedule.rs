@@ -1,5 +1,6 @@
 //! Scheduled ticks against real servers: ticks that know when they began keep running on
-//! long-lived instances after nodes restart empty, and never run twice.
+//! long-lived instances after nodes restart empty, and never run twice; a crashed instance's
+//! tick is caught up by another, and a catch-up never makes the current tick skip.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -7,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::support::*;
 use quorumlock::testkit::LocalCluster;
-use quorumlock::{Outcome, RunOnce, Tick};
+use quorumlock::{CancellationToken, Outcome, RunOnce, Schedule, Tick};
 
 /// Who ran each tick, across instances.
 type Runs = Arc<Mutex<HashMap<String, Vec<String>>>>;
@@ -126,4 +127,264 @@ async fn t100_ticks_keep_running_on_long_lived_instances_after_restarts() {
     for (tick, by) in runs.iter() {
         assert_eq!(by.len(), 1, "tick {tick} ran more than once: {by:?}");
     }
+}
+
+const CHILD_ENV: &str = "QUORUMLOCK_TEST_SCHEDULER_CHILD";
+/// The period of the crash tests: the default lock ttl on it is 1 s (a third).
+const PERIOD: Duration = Duration::from_secs(3);
+
+/// Not a test by itself: the scheduler instance of `t101`, which starts this test binary with
+/// the job in the environment and kills it while its job runs. Without the variable it returns
+/// at once.
+#[tokio::test]
+async fn zz_child_scheduler_process() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let (job, urls) = spec.split_once(';').expect("job;urls");
+    let locks = quorumlock::Redlock::builder(urls.split(','))
+        .node_timeout(NODE_TIMEOUT)
+        .build()
+        .unwrap();
+    let once = RunOnce::builder(locks, job)
+        .instance("child")
+        .build()
+        .unwrap();
+    let schedule = Schedule::every(PERIOD).unwrap();
+    once.run_every(&schedule, CancellationToken::new(), |ctx| async move {
+        println!("RUNNING {}", ctx.tick());
+        // Killed long before this ends.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    })
+    .await
+    .unwrap();
+}
+
+/// Kills its child process on drop, so a failed test leaves nothing behind.
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a scheduler for `job` in a child process; returns it once its job runs, with the
+/// tick it runs.
+async fn child_running(cluster: &LocalCluster, job: &str) -> (ChildGuard, String) {
+    use std::io::{BufRead, BufReader};
+    let spec = format!("{job};{}", cluster.urls().join(","));
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "schedule::zz_child_scheduler_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, spec)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the scheduler process");
+    let stdout = child.stdout.take().unwrap();
+    let child = ChildGuard(child);
+    let tick = tokio::time::timeout(
+        WAIT + PERIOD,
+        tokio::task::spawn_blocking(move || {
+            BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                .find_map(|l| l.split_once("RUNNING ").map(|(_, t)| t.trim().to_owned()))
+        }),
+    )
+    .await
+    .expect("the child runs a tick")
+    .unwrap()
+    .expect("the child printed its tick");
+    (child, tick)
+}
+
+/// Who ran each tick, and when.
+type Ledger = Arc<Mutex<Vec<(String, String, SystemTime)>>>;
+
+/// A scheduler instance in this process with the default policies, until `stop`.
+fn scheduler(
+    cluster: &LocalCluster,
+    job: &str,
+    id: &'static str,
+    ledger: &Ledger,
+    stop: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let once = RunOnce::builder(client(cluster), job)
+        .instance(id)
+        .build()
+        .unwrap();
+    let (ledger, stop) = (Arc::clone(ledger), stop.clone());
+    tokio::spawn(async move {
+        let schedule = Schedule::every(PERIOD).unwrap();
+        once.run_every(&schedule, stop, |ctx| {
+            let ledger = Arc::clone(&ledger);
+            async move {
+                let entry = (ctx.tick().to_owned(), id.to_owned(), SystemTime::now());
+                ledger.lock().unwrap().push(entry);
+            }
+        })
+        .await
+        .unwrap();
+    })
+}
+
+/// A scheduler instance (a child process) is killed with SIGKILL while its job runs. The two
+/// others, with the default policies (a lock ttl of a third of the period, catch up the
+/// latest missed tick), run the next tick and then the crashed one, before the tick after
+/// that begins; every tick runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t101_a_crashed_tick_is_caught_up_by_another_instance_once() {
+    let cluster = cluster(5);
+    let (mut child, crashed) = child_running(&cluster, "s101").await;
+    child.0.kill().unwrap();
+    let crashed_n: u64 = crashed.parse().unwrap();
+    let ledger = Ledger::default();
+    let stop = CancellationToken::new();
+    let tasks = [
+        scheduler(&cluster, "s101", "b", &ledger, &stop),
+        scheduler(&cluster, "s101", "c", &ledger, &stop),
+    ];
+    let last = (crashed_n + 3).to_string();
+    wait_until(PERIOD * 5 + WAIT, "three more ticks ran", || async {
+        ledger.lock().unwrap().iter().any(|(t, _, _)| *t == last)
+    })
+    .await;
+    stop.cancel();
+    for task in tasks {
+        tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+    }
+    let ledger = ledger.lock().unwrap();
+    let runs = |n: u64| {
+        ledger
+            .iter()
+            .filter(|(t, _, _)| *t == n.to_string())
+            .collect::<Vec<_>>()
+    };
+    let caught = runs(crashed_n);
+    assert_eq!(caught.len(), 1, "crashed tick {crashed}: {ledger:?}");
+    // Within the policy's bound: run right after the next tick, before the one after begins.
+    let next_but_one = SystemTime::UNIX_EPOCH + PERIOD * u32::try_from(crashed_n + 2).unwrap();
+    assert!(
+        caught[0].2 < next_but_one,
+        "the crashed tick {crashed} was caught up late: {ledger:?}"
+    );
+    for n in crashed_n + 1..=crashed_n + 3 {
+        assert_eq!(runs(n).len(), 1, "tick {n}: {ledger:?}");
+    }
+}
+
+/// A catch-up does not make the current tick skip: the instance that runs the current tick
+/// catches the missed one up after it, under the same lock, so another instance that arrives
+/// while the catch-up runs finds the current tick done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t102_a_catch_up_does_not_make_the_current_tick_skip() {
+    let cluster = cluster(5);
+    let schedule = Schedule::every(Duration::from_secs(600)).unwrap();
+    let job = |id: &str| {
+        RunOnce::builder(client(&cluster), "s102")
+            .instance(id)
+            .build()
+            .unwrap()
+    };
+    let (b, c) = (job("b"), job("c"));
+    // The current tick; the one before it (within the markers' hour) never ran.
+    let current = schedule.tick_at(SystemTime::now());
+    let missed = schedule.before(&current).unwrap();
+    let catching_up = Arc::new(tokio::sync::Notify::new());
+    let go_on = Arc::new(tokio::sync::Notify::new());
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let b_run = {
+        let (catching_up, go_on, ran) = (catching_up.clone(), go_on.clone(), ran.clone());
+        let (schedule, current, missed) = (schedule.clone(), current.clone(), missed.clone());
+        tokio::spawn(async move {
+            let mut work = |ctx: quorumlock::TickContext| {
+                let (catching_up, go_on, ran) = (catching_up.clone(), go_on.clone(), ran.clone());
+                let missed = missed.name().to_owned();
+                async move {
+                    ran.lock().unwrap().push(ctx.tick().to_owned());
+                    if ctx.tick() == missed {
+                        catching_up.notify_one();
+                        go_on.notified().await;
+                    }
+                }
+            };
+            b.run_scheduled(&schedule, current, &mut work)
+                .await
+                .unwrap()
+        })
+    };
+    tokio::time::timeout(WAIT, catching_up.notified())
+        .await
+        .expect("b catches the missed tick up");
+    // While b catches up, c comes for the current tick: it is done.
+    let mut must_not_run = |_ctx: quorumlock::TickContext| async { unreachable!() };
+    let late = c
+        .run_scheduled(&schedule, current.clone(), &mut must_not_run)
+        .await
+        .unwrap();
+    assert!(!late.outcome.ran(), "{late:?}");
+    assert_eq!(
+        *ran.lock().unwrap(),
+        [current.name().to_owned(), missed.name().to_owned()],
+        "the current tick ran before the catch-up"
+    );
+    go_on.notify_one();
+    let b_done = tokio::time::timeout(WAIT, b_run).await.unwrap().unwrap();
+    assert!(b_done.outcome.ran(), "{b_done:?}");
+    assert_eq!(b_done.caught_up.len(), 1, "{b_done:?}");
+    assert_eq!(b_done.caught_up[0].tick(), missed.name());
+    // Both ticks are marked: neither runs again.
+    let again = c
+        .run_scheduled(&schedule, current.clone(), &mut must_not_run)
+        .await
+        .unwrap();
+    assert!(
+        !again.outcome.ran() && again.caught_up.is_empty(),
+        "{again:?}"
+    );
+}
+
+/// The minimum hold keeps a fast job's lock until it ends (a later tick skips as running, even
+/// without markers); under `Overlap::RunAfter` a tick waits for the run that holds the lock
+/// and then runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t103_minimum_hold_and_run_after() {
+    let cluster = cluster(3);
+    let locks = client(&cluster);
+    let hold = RunOnce::builder(locks.clone(), "s103")
+        .ttl(Duration::from_secs(5))
+        .hold_at_least(Duration::from_secs(2))
+        .without_marker()
+        .build()
+        .unwrap();
+    assert!(hold.run(1, |_| async {}).await.unwrap().ran());
+    let status = locks.status("s103").await.unwrap();
+    assert!(
+        status.holder().is_some(),
+        "held after a fast job: {status:?}"
+    );
+    let skipped = hold.run(2, |_| async {}).await.unwrap();
+    assert!(
+        matches!(skipped.skip_reason(), Some(quorumlock::SkipReason::Running)),
+        "{skipped:?}"
+    );
+
+    let after = RunOnce::builder(locks.clone(), "s103")
+        .ttl(Duration::from_secs(5))
+        .overlap(quorumlock::Overlap::RunAfter)
+        .build()
+        .unwrap();
+    // Still within the hold: the tick waits for it to end (at most one ttl), then runs.
+    let ran = tokio::time::timeout(WAIT, after.run(3, |_| async {}))
+        .await
+        .expect("ran within the wait")
+        .unwrap();
+    assert!(ran.ran(), "{ran:?}");
 }
