@@ -18,6 +18,7 @@ mod handover;
 mod observe;
 mod run_once;
 mod schedule;
+mod standby;
 mod subscription;
 
 use std::time::Duration;
