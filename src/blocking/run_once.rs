@@ -109,6 +109,7 @@ impl RunOnce {
             Err(reason) => {
                 let tick = tick.name().to_owned();
                 let skipped = Outcome::Skipped { tick, reason };
+                self.inner.report(&skipped, false, false);
                 span.record("outcome", skipped.span_word());
                 return Ok(skipped);
             }
@@ -117,6 +118,8 @@ impl RunOnce {
         let tick = tick.name().to_owned();
         let done =
             runtime.block_on(async { Ok(self.inner.finish(held, tick, output, failed).await) })?;
+        let failed_run = matches!(&done, Outcome::Ran { output, .. } if failed(output));
+        self.inner.report(&done, failed_run, false);
         span.record("outcome", done.span_word());
         Ok(done)
     }

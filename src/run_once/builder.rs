@@ -224,6 +224,7 @@ impl RunOnceBuilder {
             overlap: self.overlap,
             catch_up: self.catch_up,
             hold_at_least: self.hold_at_least,
+            outage: std::sync::Arc::default(),
         })
     }
 }

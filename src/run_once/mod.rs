@@ -55,6 +55,7 @@ use crate::node::commands;
 
 mod builder;
 mod outcome;
+mod report;
 mod schedule;
 mod tick;
 
@@ -108,6 +109,7 @@ pub struct RunOnce {
     pub(super) overlap: Overlap,
     pub(super) catch_up: CatchUp,
     pub(super) hold_at_least: Duration,
+    pub(super) outage: std::sync::Arc<report::Outage>,
 }
 
 impl fmt::Debug for RunOnce {
@@ -245,6 +247,10 @@ impl RunOnce {
             .run_tick(tick, job, failed)
             .instrument(span.clone())
             .await;
+        if let Ok(done) = &result {
+            let failed = matches!(done, Outcome::Ran { output, .. } if failed(output));
+            self.report(done, failed, false);
+        }
         match &result {
             Ok(done) => {
                 if let Some(token) = done.token() {
@@ -427,11 +433,11 @@ impl RunOnce {
                 SkipReason::Running
             }
             Err(e @ Error::NoQuorum { .. }) => {
-                tracing::warn!(job = %self.job, %tick, error = %e, "too few lock nodes reachable; skipping this tick");
+                tracing::debug!(job = %self.job, %tick, error = %e, "too few lock nodes reachable; skipping this tick");
                 SkipReason::Unavailable(e)
             }
             Err(e @ Error::ValidityExpired { .. }) => {
-                tracing::warn!(job = %self.job, %tick, error = %e, "the lock nodes answered too slowly to take the job's lock; skipping this tick");
+                tracing::debug!(job = %self.job, %tick, error = %e, "the lock nodes answered too slowly to take the job's lock; skipping this tick");
                 SkipReason::Unavailable(e)
             }
             Err(e) => return Err(e),
@@ -477,7 +483,7 @@ impl RunOnce {
                 Err(SkipReason::AlreadyRan { by })
             }
             Marker::Unreadable(e) => {
-                tracing::warn!(job = %self.job, %tick, error = %e, "cannot read the tick marker from a quorum; skipping this tick");
+                tracing::debug!(job = %self.job, %tick, error = %e, "cannot read the tick marker from a quorum; skipping this tick");
                 Err(SkipReason::Unavailable(e))
             }
         }

@@ -111,7 +111,16 @@ impl RunOnce {
         F: FnMut(TickContext) -> Fut,
         Fut: Future<Output = T>,
     {
-        self.scheduled(schedule, tick, job, None).await
+        let done = self.scheduled(schedule, tick, job, None).await?;
+        self.report_scheduled(&done);
+        Ok(done)
+    }
+
+    fn report_scheduled<T>(&self, done: &ScheduledRun<T>) {
+        self.report(&done.outcome, false, false);
+        for caught in &done.caught_up {
+            self.report(caught, false, true);
+        }
     }
 
     /// Runs `job` on every tick of `schedule` from the next one on ([`run_scheduled`]), until
@@ -159,8 +168,10 @@ impl RunOnce {
                 () = not_before(tick.start()) => {}
             }
             let next = schedule.after(&tick);
-            self.scheduled(schedule, tick, &mut job, Some(&stop))
+            let done = self
+                .scheduled(schedule, tick, &mut job, Some(&stop))
                 .await?;
+            self.report_scheduled(&done);
             if stop.is_cancelled() {
                 return Ok(());
             }
