@@ -247,7 +247,7 @@ fn t12_run_once_outcomes_are_counted_per_job_and_an_outage_warns_once() {
                 let failed = job.try_run(2, |_| async { Err::<(), _>("boom") });
                 assert!(failed.await.unwrap().ran());
                 let schedule = Schedule::every(Duration::from_secs(600)).unwrap();
-                let current = schedule.tick_at(std::time::SystemTime::now());
+                let current = schedule.tick_at(std::time::SystemTime::now()).unwrap();
                 let mut work = |_ctx| async {};
                 let done = job.run_scheduled(&schedule, current, &mut work).await;
                 assert_eq!(done.unwrap().caught_up.len(), 1);

@@ -545,6 +545,14 @@ pub enum ConfigError {
     /// A timeout that must be positive is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(Setting),
+    /// A schedule's cron expression does not parse.
+    #[error("invalid cron expression {expression:?}: {reason}")]
+    Cron {
+        /// The expression.
+        expression: String,
+        /// Why it does not parse.
+        reason: String,
+    },
     /// A duration is beyond what the setting can sensibly take.
     #[error("{name} {value:?} is too long (at most {max:?})")]
     TooLong {

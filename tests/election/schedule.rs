@@ -141,7 +141,12 @@ async fn zz_child_scheduler_process() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let (job, urls) = spec.split_once(';').expect("job;urls");
+    let mut parts = spec.splitn(3, ';');
+    let (job, mode, urls) = (
+        parts.next().expect("job"),
+        parts.next().expect("mode"),
+        parts.next().expect("urls"),
+    );
     let locks = quorumlock::Redlock::builder(urls.split(','))
         .node_timeout(NODE_TIMEOUT)
         .build()
@@ -151,13 +156,28 @@ async fn zz_child_scheduler_process() {
         .build()
         .unwrap();
     let schedule = Schedule::every(PERIOD).unwrap();
-    once.run_every(&schedule, CancellationToken::new(), |ctx| async move {
+    let stop = CancellationToken::new();
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+    let on_term = stop.clone();
+    tokio::spawn(async move {
+        term.recv().await;
+        on_term.cancel();
+    });
+    let hang = mode == "hang";
+    once.run_every(&schedule, stop, |ctx| async move {
         println!("RUNNING {}", ctx.tick());
-        // Killed long before this ends.
-        tokio::time::sleep(Duration::from_secs(60)).await;
+        if hang {
+            // Killed long before this ends.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        } else {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            println!("DONE {}", ctx.tick());
+        }
     })
     .await
     .unwrap();
+    println!("LEFT");
 }
 
 /// Kills its child process on drop, so a failed test leaves nothing behind.
@@ -172,9 +192,13 @@ impl Drop for ChildGuard {
 
 /// Starts a scheduler for `job` in a child process; returns it once its job runs, with the
 /// tick it runs.
-async fn child_running(cluster: &LocalCluster, job: &str) -> (ChildGuard, String) {
+async fn child_running(
+    cluster: &LocalCluster,
+    job: &str,
+    mode: &str,
+) -> (ChildGuard, String, std::process::ChildStdout) {
     use std::io::{BufRead, BufReader};
-    let spec = format!("{job};{}", cluster.urls().join(","));
+    let spec = format!("{job};{mode};{}", cluster.urls().join(","));
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -189,20 +213,25 @@ async fn child_running(cluster: &LocalCluster, job: &str) -> (ChildGuard, String
         .expect("spawn the scheduler process");
     let stdout = child.stdout.take().unwrap();
     let child = ChildGuard(child);
-    let tick = tokio::time::timeout(
+    let (tick, stdout) = tokio::time::timeout(
         WAIT + PERIOD,
         tokio::task::spawn_blocking(move || {
-            BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-                .find_map(|l| l.split_once("RUNNING ").map(|(_, t)| t.trim().to_owned()))
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                if let Some((_, t)) = line.split_once("RUNNING ") {
+                    return Some((t.trim().to_owned(), reader.into_inner()));
+                }
+                line.clear();
+            }
+            None
         }),
     )
     .await
     .expect("the child runs a tick")
     .unwrap()
     .expect("the child printed its tick");
-    (child, tick)
+    (child, tick, stdout)
 }
 
 /// Who ran each tick, and when.
@@ -242,7 +271,7 @@ fn scheduler(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t101_a_crashed_tick_is_caught_up_by_another_instance_once() {
     let cluster = cluster(5);
-    let (mut child, crashed) = child_running(&cluster, "s101").await;
+    let (mut child, crashed, _out) = child_running(&cluster, "s101", "hang").await;
     child.0.kill().unwrap();
     let crashed_n: u64 = crashed.parse().unwrap();
     let ledger = Ledger::default();
@@ -295,7 +324,7 @@ async fn t102_a_catch_up_does_not_make_the_current_tick_skip() {
     };
     let (b, c) = (job("b"), job("c"));
     // The current tick; the one before it (within the markers' hour) never ran.
-    let current = schedule.tick_at(SystemTime::now());
+    let current = schedule.tick_at(SystemTime::now()).unwrap();
     let missed = schedule.before(&current).unwrap();
     let catching_up = Arc::new(tokio::sync::Notify::new());
     let go_on = Arc::new(tokio::sync::Notify::new());
@@ -387,4 +416,41 @@ async fn t103_minimum_hold_and_run_after() {
         .expect("ran within the wait")
         .unwrap();
     assert!(ran.ran(), "{ran:?}");
+}
+
+/// SIGTERM to a scheduler (a child process running `run_every` with the signal wired to its
+/// stop token) while its job runs: the job finishes, the tick is marked, the process leaves
+/// with status 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t104_sigterm_finishes_the_running_job_and_leaves_cleanly() {
+    use std::io::Read;
+    let cluster = cluster(3);
+    let (mut child, tick, mut out) = child_running(&cluster, "s104", "term").await;
+    let pid = child.0.id().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (exit, rest) = tokio::task::spawn_blocking(move || {
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+        (child.0.wait().unwrap(), rest)
+    })
+    .await
+    .unwrap();
+    assert!(exit.success(), "{exit:?}: {rest}");
+    assert!(
+        rest.contains(&format!("DONE {tick}")) && rest.contains("LEFT"),
+        "the job finished, then the loop returned: {rest}"
+    );
+    let late = RunOnce::builder(client(&cluster), "s104").build().unwrap();
+    let again = late.run(tick.as_str(), |_| async {}).await.unwrap();
+    assert!(
+        matches!(
+            again.skip_reason(),
+            Some(quorumlock::SkipReason::AlreadyRan { .. })
+        ),
+        "the tick was marked: {again:?}"
+    );
 }
