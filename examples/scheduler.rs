@@ -64,7 +64,7 @@ async fn instance(
         .instance(&id)
         .build()?;
     let schedule = Schedule::every(period)?;
-    job.run_every(&schedule, stop, |ctx| {
+    job.run_every(schedule, stop, |ctx| {
         let (ledger, id) = (Arc::clone(&ledger), id.clone());
         async move {
             let tick: u64 = ctx.tick().parse().unwrap_or_default();

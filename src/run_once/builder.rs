@@ -125,7 +125,7 @@ impl RunOnceBuilder {
     pub const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(1);
 
     /// How far apart the instances' wall clocks may be (default 1 s). A tick whose start is
-    /// known ([`Tick::of`], [`Tick::starting`]) counts the answers of a node this client saw
+    /// known ([`Tick::of`](super::Tick::of), [`Tick::starting`](super::Tick::starting)) counts the answers of a node this client saw
     /// lose its data when the tick began more than this after the loss was seen: an instance
     /// whose clock runs ahead by this much began the tick (and wrote its marker) that much
     /// earlier.
@@ -202,7 +202,7 @@ impl RunOnceBuilder {
     /// [`ConfigError::ZeroDuration`] for a zero marker expiry,
     /// [`ConfigError::FencingRequired`] for a lock client with fencing off (runs are told
     /// apart by their tokens). An invalid job name or ttl is reported by the first
-    /// [`run`](RunOnce::run) as [`Error::InvalidArgument`].
+    /// [`run`](RunOnce::run) as [`Error::InvalidArgument`](crate::Error::InvalidArgument).
     pub fn build(self) -> Result<RunOnce, ConfigError> {
         if self.marker_ttl.is_some_and(|t| t.as_millis() == 0) {
             return Err(ConfigError::ZeroDuration(Setting::TickMarkerTtl));

@@ -15,7 +15,7 @@ const MAX_CATCH_UP: usize = 1000;
 
 /// When a job's ticks begin: every fixed period counted from the Unix epoch
 /// ([`every`](Self::every)), or at the times a cron expression names, in UTC
-/// ([`cron`](Self::cron), feature `cron`). Instances whose clocks agree compute the same ticks.
+/// (`Schedule::cron`, feature `cron`). Instances whose clocks agree compute the same ticks.
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
@@ -225,7 +225,7 @@ impl RunOnce {
     ///     .build()?;
     /// let stop = CancellationToken::new();
     /// // e.g. cancelled on SIGTERM
-    /// job.run_every(&Schedule::every(Duration::from_secs(60))?, stop, |ctx| async move {
+    /// job.run_every(Schedule::every(Duration::from_secs(60))?, stop, |ctx| async move {
     ///     tracing::info!(tick = ctx.tick(), token = %ctx.token(), "refreshing");
     /// })
     /// .await?;
@@ -239,7 +239,7 @@ impl RunOnce {
     /// As [`run`](Self::run).
     pub async fn run_every<F, Fut, T>(
         &self,
-        schedule: &Schedule,
+        schedule: Schedule,
         stop: CancellationToken,
         mut job: F,
     ) -> Result<(), Error>
@@ -257,7 +257,7 @@ impl RunOnce {
             }
             let following = schedule.after(&tick);
             let done = self
-                .scheduled(schedule, tick, &mut job, Some(&stop))
+                .scheduled(&schedule, tick, &mut job, Some(&stop))
                 .await?;
             self.report_scheduled(&done);
             if stop.is_cancelled() {

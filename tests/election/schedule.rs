@@ -165,7 +165,7 @@ async fn zz_child_scheduler_process() {
         on_term.cancel();
     });
     let hang = mode == "hang";
-    once.run_every(&schedule, stop, |ctx| async move {
+    once.run_every(schedule, stop, |ctx| async move {
         println!("RUNNING {}", ctx.tick());
         if hang {
             // Killed long before this ends.
@@ -252,7 +252,7 @@ fn scheduler(
     let (ledger, stop) = (Arc::clone(ledger), stop.clone());
     tokio::spawn(async move {
         let schedule = Schedule::every(PERIOD).unwrap();
-        once.run_every(&schedule, stop, |ctx| {
+        once.run_every(schedule, stop, |ctx| {
             let ledger = Arc::clone(&ledger);
             async move {
                 let entry = (ctx.tick().to_owned(), id.to_owned(), SystemTime::now());
