@@ -7,7 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/ensure-redis.sh || exit 1
-features=testkit,metrics,cli,tls,blocking
+features=testkit,metrics,cli,tls,blocking,cron
 status=0
 cargo test --no-fail-fast --features "$features" "$@" || status=1
 if [ "$#" = 0 ]; then

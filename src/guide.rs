@@ -10,6 +10,7 @@
 //! | [`deployments`] | what a quorum member can be: standalone masters, a Redis Cluster, a Sentinel-managed primary, your own `redis::Client`; TLS; the Redis settings that matter |
 //! | [`acl`] | managed services: the minimum ACL, and how a refusal is reported |
 //! | [`election`] | leader election and run-once scheduling |
+//! | [`scheduling`] | jobs on a schedule across a fleet: policies, catch-up, metrics, guarantees; ShedLock side by side |
 //! | [`cli`] | the `redlock` command: options, environment, exit codes |
 //! | [`observability`] | the metrics and spans, the alerts to set (PromQL), serving `/metrics`, a Grafana dashboard |
 //! | [`benchmarks`] | what acquiring costs, against other clients and a hand-written floor, measured |
@@ -28,6 +29,9 @@ pub mod acl {}
 
 #[doc = include_str!("../docs/election.md")]
 pub mod election {}
+
+#[doc = include_str!("../docs/scheduling.md")]
+pub mod scheduling {}
 
 #[doc = include_str!("../docs/cli.md")]
 pub mod cli {}

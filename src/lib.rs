@@ -65,6 +65,7 @@ pub use crate::lock::guard::Lock;
 pub use crate::lock::scoped::LockContext;
 pub use crate::multi::MultiLock;
 pub use crate::run_once::{
-    Outcome, RanBy, RunOnce, RunOnceBuilder, RunPolicy, SkipReason, TickContext, tick_of,
+    CatchUp, Outcome, Overlap, RanBy, RunOnce, RunOnceBuilder, RunPolicy, Schedule, ScheduledRun,
+    SkipReason, Tick, TickContext, tick_of,
 };
 pub use crate::semaphore::{Permit, Semaphore};

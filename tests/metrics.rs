@@ -201,3 +201,110 @@ fn t11_the_lock_name_label_is_opt_in() {
         .sum();
     assert_eq!(unlabelled, 1, "{entries:?}");
 }
+
+/// A `MakeWriter` keeping what a subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Every run-once tick's outcome is counted with the job's name (ran, failed, caught up,
+/// skipped as held, as already run, as unavailable with its reason); an outage is logged at
+/// warn once per job, not once per tick. On a recorder and a subscriber of this thread's own.
+#[test]
+fn t12_run_once_outcomes_are_counted_per_job_and_an_outage_warns_once() {
+    use quorumlock::{RunOnce, Schedule};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let dispatch = tracing::Dispatch::new(subscriber);
+    tracing::dispatcher::with_default(&dispatch, || {
+        metrics::with_local_recorder(&recorder, || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let mut cluster = cluster(5);
+                let locks = client(&cluster);
+                let job = RunOnce::builder(locks.clone(), "r12").build().unwrap();
+                assert!(job.run(1, |_| async {}).await.unwrap().ran());
+                assert!(!job.run(1, |_| async {}).await.unwrap().ran());
+                let failed = job.try_run(2, |_| async { Err::<(), _>("boom") });
+                assert!(failed.await.unwrap().ran());
+                let schedule = Schedule::every(Duration::from_secs(600)).unwrap();
+                let current = schedule.tick_at(std::time::SystemTime::now()).unwrap();
+                let mut work = |_ctx| async {};
+                let done = job.run_scheduled(&schedule, current, &mut work).await;
+                assert_eq!(done.unwrap().caught_up.len(), 1);
+                let other = locks
+                    .try_acquire("r12", Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                assert!(!job.run(3, |_| async {}).await.unwrap().ran());
+                other.release().await.unwrap();
+                for i in [0, 1, 2] {
+                    cluster.kill(i).unwrap();
+                }
+                for tick in 4..7 {
+                    assert!(!job.run(tick, |_| async {}).await.unwrap().ran());
+                }
+            });
+            drop(runtime);
+        });
+    });
+    let snapshot: Entries = snapshotter.snapshot().into_vec();
+    let ticks = |outcome: &str| -> u64 {
+        snapshot
+            .iter()
+            .filter(|(key, _, _, _)| {
+                let labels: Vec<(&str, &str)> =
+                    key.key().labels().map(|l| (l.key(), l.value())).collect();
+                key.key().name() == "quorumlock_run_once_ticks_total"
+                    && labels.contains(&("job", "r12"))
+                    && labels.contains(&("outcome", outcome))
+            })
+            .map(|(_, _, _, value)| match value {
+                DebugValue::Counter(c) => *c,
+                _ => 0,
+            })
+            .sum()
+    };
+    assert_eq!(ticks("ran"), 2, "tick 1 and the scheduled tick");
+    assert_eq!(ticks("skipped_already_ran"), 1);
+    assert_eq!(ticks("failed"), 1);
+    assert_eq!(ticks("caught_up"), 1);
+    assert_eq!(ticks("skipped_held"), 1);
+    assert_eq!(ticks("skipped_unavailable"), 3);
+    assert_eq!(
+        counter(
+            &snapshot,
+            "quorumlock_run_once_ticks_total",
+            Some(("reason", "no_quorum"))
+        ),
+        3
+    );
+    let log = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let warned = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("quorumlock::run_once"))
+        .count();
+    assert_eq!(
+        warned, 1,
+        "one warning for the outage, not one per tick:\n{log}"
+    );
+}

@@ -1,7 +1,5 @@
 //! Run-once scheduling, blocking: [`Redlock::run_once`] and [`RunOnce`].
 
-use std::fmt;
-
 use super::Redlock;
 use crate::error::Error;
 use crate::run_once::Failed;
@@ -68,10 +66,10 @@ impl RunOnce {
     /// As [`crate::RunOnce::run`].
     pub fn run<T>(
         &self,
-        tick: impl fmt::Display,
+        tick: impl Into<crate::Tick>,
         job: impl FnOnce(TickContext) -> T,
     ) -> Result<Outcome<T>, Error> {
-        self.run_job(tick.to_string(), job, |_| false)
+        self.run_job(tick.into(), job, |_| false)
     }
 
     /// As [`run`](Self::run), for a job that can fail, as [`crate::RunOnce::try_run`]: an `Err`
@@ -84,39 +82,44 @@ impl RunOnce {
     /// As [`run`](Self::run).
     pub fn try_run<T, E>(
         &self,
-        tick: impl fmt::Display,
+        tick: impl Into<crate::Tick>,
         job: impl FnOnce(TickContext) -> Result<T, E>,
     ) -> Result<Outcome<Result<T, E>>, Error> {
-        self.run_job(tick.to_string(), job, Result::is_err)
+        self.run_job(tick.into(), job, Result::is_err)
     }
 
     /// The async form's phases with the job between them, on this thread, in a
     /// `quorumlock.run_once` span.
     fn run_job<T>(
         &self,
-        tick: String,
+        tick: crate::Tick,
         job: impl FnOnce(TickContext) -> T,
         failed: Failed<T>,
     ) -> Result<Outcome<T>, Error> {
         let span = tracing::info_span!(
             "quorumlock.run_once",
             key = self.inner.job(),
-            tick = tick.as_str(),
+            tick = tick.name(),
             outcome = tracing::field::Empty,
         );
         let _entered = span.enter();
         let runtime = &self.client.runtime;
-        let (lock, ctx) = match runtime.block_on(self.inner.start_tick(&tick))? {
+        let (held, ctx) = match runtime.block_on(self.inner.start_tick(&tick, None))? {
             Ok(started) => started,
             Err(reason) => {
+                let tick = tick.name().to_owned();
                 let skipped = Outcome::Skipped { tick, reason };
+                self.inner.report(&skipped, false, false);
                 span.record("outcome", skipped.span_word());
                 return Ok(skipped);
             }
         };
         let output = job(ctx);
+        let tick = tick.name().to_owned();
         let done =
-            runtime.block_on(async { Ok(self.inner.finish(lock, tick, output, failed).await) })?;
+            runtime.block_on(async { Ok(self.inner.finish(held, tick, output, failed).await) })?;
+        let failed_run = matches!(&done, Outcome::Ran { output, .. } if failed(output));
+        self.inner.report(&done, failed_run, false);
         span.record("outcome", done.span_word());
         Ok(done)
     }

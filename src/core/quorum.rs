@@ -236,6 +236,16 @@ pub(crate) const fn marker_absent(clean: usize, quorum: usize) -> bool {
     clean >= quorum
 }
 
+/// Whether a node that this client saw lose its data at `loss_seen` (plus the clock skew
+/// allowed between instances) may have lost the marker of a tick scheduled to start at
+/// `tick_start`: when the start is unknown, or the tick began no later than that. A marker is
+/// written only after its tick began (on the writer's clock), so a node that lost its data
+/// before then never held it, and its "absent" counts (`model/markers.rs` checks it and
+/// catches the rule that held out a tick starting at the very time of the loss too little).
+pub(crate) fn loss_may_hide_marker<T: Ord>(tick_start: Option<T>, loss_seen: T) -> bool {
+    tick_start.is_none_or(|start| start <= loss_seen)
+}
+
 /// Decides an acquisition round. `refusal` is asked only for a refused round (it classifies
 /// the refusals: see [`refusal_of`]).
 pub(crate) fn acquisition(verdict: Verdict, refusal: impl FnOnce() -> Refusal) -> Acquisition {

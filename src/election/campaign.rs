@@ -3,7 +3,9 @@
 //! After a refused attempt a standby reads the lock's remaining time to live on every node and
 //! sleeps until a quorum of them would have expired it (that is what makes crash handover take
 //! about one ttl), and never longer than the poll interval (with jitter); a resign notice wakes
-//! it at once. When that read shows a split vote (`LockStatus::is_split_vote`) it retries after the
+//! it at once. When its timer fires it reads the key's `PTTL` again (one command per node, at
+//! most once a second) and attempts only once a quorum may be free: a leader that keeps its
+//! term alive costs a standby no attempt and no fencing token. When that read shows a split vote (`LockStatus::is_split_vote`) it retries after the
 //! short retry pause instead, up to [`SPLIT_ROUNDS`] times in a row.
 
 use std::sync::{Arc, Mutex};
@@ -159,15 +161,42 @@ impl Election {
             };
             #[cfg(feature = "testkit")]
             self.inner.standbys.send_modify(|n| *n += 1);
-            let fresh = &mut state.fresh;
-            wait_for(notices, next, |n| {
-                fresh.first_copy(n) && !matches!(n, Notice::Elected { .. })
-            })
-            .await;
+            self.until_free(notices, state, next).await;
             match self.attempt(state).await {
                 Ok(lock) => return Ok(lock),
                 Err(e) if !e.is_retryable() => return Err(e),
                 Err(e) => state.last = Some(e),
+            }
+        }
+    }
+
+    /// Waits until `next`, or a resign notice; then, while a leader held the lock at the last
+    /// attempt and no notice came, reads the lock's key on every node (`PTTL`, one command
+    /// each) and waits again until a quorum may have let it expire, at most a second at a
+    /// time: a standby attempts (and moves the fencing counter) only when the term may be
+    /// over, as lock waiters do (`client/wait.rs`).
+    async fn until_free(
+        &self,
+        notices: &mut broadcast::Receiver<Notice>,
+        state: &mut Campaign,
+        mut next: Instant,
+    ) {
+        let key = self.locks().keys().lock_key(self.name());
+        loop {
+            let fresh = &mut state.fresh;
+            let notified = wait_for(notices, next, |n| {
+                fresh.first_copy(n) && !matches!(n, Notice::Elected { .. })
+            })
+            .await;
+            if notified || !matches!(state.last, Some(Error::Held { .. })) {
+                return;
+            }
+            match self.locks().holder_pause(&key).await {
+                Some(pause) if !pause.is_zero() => {
+                    tracing::trace!(election = %self.name(), ?pause, "the leader's term goes on; standing by");
+                    next = Instant::now() + pause;
+                }
+                _ => return,
             }
         }
     }

@@ -160,22 +160,23 @@ impl Fresh {
     }
 }
 
-/// Waits until `until`, or until a notice for which `wake` says yes (or notices were missed).
+/// Waits until `until`, or until a notice for which `wake` says yes (or notices were missed):
+/// true when a notice (or missed notices) ended the wait, false when the time did.
 pub(crate) async fn wait_for(
     notices: &mut broadcast::Receiver<Notice>,
     until: Instant,
     mut wake: impl FnMut(&Notice) -> bool,
-) {
+) -> bool {
     loop {
         tokio::select! {
-            _ = tokio::time::sleep_until(until) => return,
+            _ = tokio::time::sleep_until(until) => return false,
             notice = notices.recv() => match notice {
-                Ok(n) if wake(&n) => return,
+                Ok(n) if wake(&n) => return true,
                 Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(_)) => return,
+                Err(broadcast::error::RecvError::Lagged(_)) => return true,
                 Err(broadcast::error::RecvError::Closed) => {
                     tokio::time::sleep_until(until).await;
-                    return;
+                    return false;
                 }
             }
         }

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::text::{RedisText, UrlText};
+use super::text::{RedisText, UrlText, one_line};
 use super::{fine, humanize};
 
 /// A per-call argument that cannot work.
@@ -76,6 +76,8 @@ pub enum Setting {
     ElectionPollInterval,
     /// `RunOnceBuilder::marker_ttl`.
     TickMarkerTtl,
+    /// `Schedule::every`.
+    SchedulePeriod,
 }
 
 impl fmt::Display for Setting {
@@ -89,6 +91,7 @@ impl fmt::Display for Setting {
             Setting::ElectionTtl => "election ttl",
             Setting::ElectionPollInterval => "election poll interval",
             Setting::TickMarkerTtl => "tick marker ttl",
+            Setting::SchedulePeriod => "schedule period",
         })
     }
 }
@@ -156,6 +159,14 @@ pub enum ConfigError {
     /// A timeout that must be positive is zero.
     #[error("{0} must be greater than zero")]
     ZeroDuration(Setting),
+    /// A schedule's cron expression does not parse.
+    #[error("invalid cron expression {expression:?}: {}", one_line(.reason))]
+    Cron {
+        /// The expression.
+        expression: String,
+        /// Why it does not parse.
+        reason: String,
+    },
     /// A duration is beyond what the setting can sensibly take.
     #[error("{name} {value:?} is too long (at most {max:?})")]
     TooLong {

@@ -48,14 +48,21 @@ use tracing::field::Empty;
 use crate::client::{Redlock, SpanOutcome, millis, span_outcome};
 use crate::core::quorum;
 use crate::core::token::FencingToken;
-use crate::error::{ConfigError, Error, FailureList, LostReason, NodeError, NodeFailure, Setting};
+use crate::error::{Error, FailureList, LostReason, NodeError, NodeFailure};
 use crate::lock::guard::Lock;
 use crate::node::HoldOut;
 use crate::node::commands;
 
+mod builder;
 mod outcome;
+mod report;
+mod schedule;
+mod tick;
 
+pub use builder::{CatchUp, Overlap, RunOnceBuilder, RunPolicy};
 pub use outcome::{Outcome, RanBy, SkipReason, TickContext};
+pub use schedule::{Schedule, ScheduledRun};
+pub use tick::{Tick, tick_of};
 
 /// A job that runs at most once per tick across all instances.
 ///
@@ -65,7 +72,7 @@ pub use outcome::{Outcome, RanBy, SkipReason, TickContext};
 ///
 /// ```no_run
 /// use std::time::{Duration, SystemTime};
-/// use quorumlock::{Outcome, Redlock, RunOnce, tick_of};
+/// use quorumlock::{Outcome, Redlock, RunOnce, Tick};
 ///
 /// # async fn run(locks: Redlock) -> Result<(), quorumlock::Error> {
 /// let job = RunOnce::builder(locks, "refresh-repositories")
@@ -75,7 +82,7 @@ pub use outcome::{Outcome, RanBy, SkipReason, TickContext};
 /// let mut every = tokio::time::interval(Duration::from_secs(600));
 /// loop {
 ///     every.tick().await;
-///     let tick = tick_of(SystemTime::now(), Duration::from_secs(600));
+///     let tick = Tick::of(SystemTime::now(), Duration::from_secs(600));
 ///     match job.run(tick, |ctx| async move {
 ///         // enqueue the work, stamping it with ctx.token(); stop if ctx.lost() fires
 ///         ctx.token()
@@ -91,12 +98,18 @@ pub use outcome::{Outcome, RanBy, SkipReason, TickContext};
 /// ```
 #[derive(Clone)]
 pub struct RunOnce {
-    locks: Redlock,
-    job: String,
-    ttl: Duration,
-    marker_ttl: Option<Duration>,
-    instance: String,
-    policy: RunPolicy,
+    pub(super) locks: Redlock,
+    pub(super) job: String,
+    pub(super) ttl: Duration,
+    pub(super) ttl_given: bool,
+    pub(super) marker_ttl: Option<Duration>,
+    pub(super) instance: String,
+    pub(super) policy: RunPolicy,
+    pub(super) clock_skew: Duration,
+    pub(super) overlap: Overlap,
+    pub(super) catch_up: CatchUp,
+    pub(super) hold_at_least: Duration,
+    pub(super) outage: std::sync::Arc<report::Outage>,
 }
 
 impl fmt::Debug for RunOnce {
@@ -107,129 +120,21 @@ impl fmt::Debug for RunOnce {
             .field("marker_ttl", &self.marker_ttl)
             .field("instance", &self.instance)
             .field("policy", &self.policy)
+            .field("clock_skew", &self.clock_skew)
+            .field("overlap", &self.overlap)
+            .field("catch_up", &self.catch_up)
+            .field("hold_at_least", &self.hold_at_least)
             .finish()
     }
 }
 
-/// What a job's failure ([`RunOnce::try_run`] returning `Err`) means for its tick, set with
-/// [`RunOnceBuilder::policy`]. [`RunOnce::run`] never looks at its job's output: for it the
-/// tick is done once the job returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum RunPolicy {
-    /// The tick is marked done whatever the job returned: no instance runs it again. The
-    /// default: the library cannot know whether a job that failed halfway is safe to repeat,
-    /// and repeating one that is not (mail sent, a payment made) is worse than a missed tick,
-    /// which the job's own monitoring sees.
-    #[default]
-    AtMostOnce,
-    /// A job that returned `Err` leaves no marker: the next instance that calls for the same
-    /// tick (before the next tick makes it moot) runs it again. For idempotent jobs.
-    RetryOnFailure,
+/// The job's lock while this instance holds it, and when it was taken (for the minimum hold).
+pub(crate) struct Held {
+    pub(super) lock: Lock,
+    taken: std::time::Instant,
 }
 
-/// Configures a [`RunOnce`]. Obtained from [`RunOnce::builder`].
-///
-/// # Defaults
-///
-/// | setting | default |
-/// | --- | --- |
-/// | lock ttl | [`DEFAULT_TTL`](Self::DEFAULT_TTL) (30 s), extended every ttl / 3 while the job runs |
-/// | tick marker expiry | [`DEFAULT_MARKER_TTL`](Self::DEFAULT_MARKER_TTL) (1 h) |
-/// | instance id (stored in markers) | `"<pid>-<4 random hex digits>"` |
-/// | what a failed job means | [`RunPolicy::AtMostOnce`]: the tick is done |
-#[derive(Debug, Clone)]
-#[must_use = "a builder does nothing until .build() is called"]
-pub struct RunOnceBuilder {
-    locks: Redlock,
-    job: String,
-    ttl: Duration,
-    marker_ttl: Option<Duration>,
-    instance: Option<String>,
-    policy: RunPolicy,
-}
-
-impl RunOnceBuilder {
-    /// The default ttl of the job's lock.
-    pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-    /// The default expiry of a tick marker.
-    pub const DEFAULT_MARKER_TTL: Duration = Duration::from_secs(3600);
-
-    /// The ttl of the job's lock (extended while the job runs): how long a crashed instance's
-    /// run blocks the job.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How long a tick stays marked as done. Make it longer than the latest an instance may
-    /// start a tick (at least the tick period).
-    pub fn marker_ttl(mut self, ttl: Duration) -> Self {
-        self.marker_ttl = Some(ttl);
-        self
-    }
-
-    /// No tick markers: only the lock keeps instances apart, so an instance that arrives after
-    /// the job finished runs it again for the same tick.
-    pub fn without_marker(mut self) -> Self {
-        self.marker_ttl = None;
-        self
-    }
-
-    /// This instance's id, stored in the markers it writes (for operators).
-    pub fn instance(mut self, id: impl Into<String>) -> Self {
-        self.instance = Some(id.into());
-        self
-    }
-
-    /// What a job that fails ([`RunOnce::try_run`] returning `Err`) means for its tick: done
-    /// ([`RunPolicy::AtMostOnce`], the default) or to be run again by the next instance
-    /// ([`RunPolicy::RetryOnFailure`]).
-    pub fn policy(mut self, policy: RunPolicy) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// Builds the helper. No connection is made.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::ZeroDuration`] for a zero marker expiry,
-    /// [`ConfigError::FencingRequired`] for a lock client with fencing off (runs are told
-    /// apart by their tokens). An invalid job name or ttl is reported by the first
-    /// [`run`](RunOnce::run) as [`Error::InvalidArgument`].
-    pub fn build(self) -> Result<RunOnce, ConfigError> {
-        if self.marker_ttl.is_some_and(|t| t.as_millis() == 0) {
-            return Err(ConfigError::ZeroDuration(Setting::TickMarkerTtl));
-        }
-        if !self.locks.fencing() {
-            return Err(ConfigError::FencingRequired);
-        }
-        Ok(RunOnce {
-            instance: self
-                .instance
-                .unwrap_or_else(|| format!("{}-{:04x}", std::process::id(), rand::random::<u16>())),
-            locks: self.locks,
-            job: self.job,
-            ttl: self.ttl,
-            marker_ttl: self.marker_ttl,
-            policy: self.policy,
-        })
-    }
-}
-
-/// The tick a time falls in, for a period: whole periods since the Unix epoch. Instances whose
-/// clocks agree to within their scheduling jitter compute the same tick.
-pub fn tick_of(at: SystemTime, period: Duration) -> u64 {
-    let since = at
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis();
-    let period = period.as_millis().max(1);
-    u64::try_from(since / period).unwrap_or(u64::MAX)
-}
-
-enum Marker {
+pub(super) enum Marker {
     Absent,
     Present(RanBy),
     Unreadable(Error),
@@ -239,18 +144,6 @@ enum Marker {
 pub(crate) type Failed<T> = fn(&T) -> bool;
 
 impl RunOnce {
-    /// Starts configuring the run-once helper for a job over the nodes of `locks`.
-    pub fn builder(locks: Redlock, job: impl Into<String>) -> RunOnceBuilder {
-        RunOnceBuilder {
-            locks,
-            job: job.into(),
-            ttl: RunOnceBuilder::DEFAULT_TTL,
-            marker_ttl: Some(RunOnceBuilder::DEFAULT_MARKER_TTL),
-            instance: None,
-            policy: RunPolicy::default(),
-        }
-    }
-
     /// The job's name.
     pub fn job(&self) -> &str {
         &self.job
@@ -280,12 +173,12 @@ impl RunOnce {
     ///
     /// Dropping the future drops the job and releases the lock in the background; no marker is
     /// written, so another instance may run the tick.
-    pub async fn run<F, Fut, T>(&self, tick: impl fmt::Display, job: F) -> Result<Outcome<T>, Error>
+    pub async fn run<F, Fut, T>(&self, tick: impl Into<Tick>, job: F) -> Result<Outcome<T>, Error>
     where
         F: FnOnce(TickContext) -> Fut,
         Fut: Future<Output = T>,
     {
-        self.run_job(tick.to_string(), job, |_| false).await
+        self.run_job(tick.into(), job, |_| false).await
     }
 
     /// As [`run`](Self::run), for a job that can fail: an `Err` from the job marks the tick
@@ -318,14 +211,14 @@ impl RunOnce {
     /// As [`run`](Self::run).
     pub async fn try_run<F, Fut, T, E>(
         &self,
-        tick: impl fmt::Display,
+        tick: impl Into<Tick>,
         job: F,
     ) -> Result<Outcome<Result<T, E>>, Error>
     where
         F: FnOnce(TickContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_job(tick.to_string(), job, Result::is_err).await
+        self.run_job(tick.into(), job, Result::is_err).await
     }
 
     /// One call, in its `quorumlock.run_once` span (the job's name as `key`, tick, ttl,
@@ -333,7 +226,7 @@ impl RunOnce {
     /// release.
     async fn run_job<F, Fut, T>(
         &self,
-        tick: String,
+        tick: Tick,
         job: F,
         failed: Failed<T>,
     ) -> Result<Outcome<T>, Error>
@@ -344,7 +237,7 @@ impl RunOnce {
         let span = tracing::info_span!(
             "quorumlock.run_once",
             key = self.job.as_str(),
-            tick = tick.as_str(),
+            tick = tick.name(),
             ttl_ms = millis(self.ttl),
             outcome = Empty,
             token = Empty,
@@ -354,6 +247,10 @@ impl RunOnce {
             .run_tick(tick, job, failed)
             .instrument(span.clone())
             .await;
+        if let Ok(done) = &result {
+            let failed = matches!(done, Outcome::Ran { output, .. } if failed(output));
+            self.report(done, failed, false);
+        }
         match &result {
             Ok(done) => {
                 if let Some(token) = done.token() {
@@ -368,7 +265,7 @@ impl RunOnce {
 
     async fn run_tick<F, Fut, T>(
         &self,
-        tick: String,
+        tick: Tick,
         job: F,
         failed: Failed<T>,
     ) -> Result<Outcome<T>, Error>
@@ -376,64 +273,98 @@ impl RunOnce {
         F: FnOnce(TickContext) -> Fut,
         Fut: Future<Output = T>,
     {
-        let (lock, ctx) = match self.start_tick(&tick).await? {
+        let (held, ctx) = match self.start_tick(&tick, None).await? {
             Ok(started) => started,
-            Err(reason) => return Ok(Outcome::Skipped { tick, reason }),
+            Err(reason) => {
+                let tick = tick.name().to_owned();
+                return Ok(Outcome::Skipped { tick, reason });
+            }
         };
+        let tick = tick.name().to_owned();
+        let Some(output) = until_lost(&held.lock, job(ctx)).await else {
+            return Ok(self.stopped(&held.lock, tick));
+        };
+        Ok(self.finish(held, tick, output, failed).await)
+    }
+
+    /// The outcome of a job stopped by the loss of its lock (the caller drops the lock).
+    pub(super) fn stopped<T>(&self, lock: &Lock, tick: String) -> Outcome<T> {
         let token = lock.token();
-        let Some(output) = until_lost(&lock, job(ctx)).await else {
-            let reason = lock.lost_reason().unwrap_or(LostReason::Expired);
-            tracing::warn!(job = %self.job, %tick, %token, %reason, "lost the job's lock while running; the job was stopped");
-            drop(lock);
-            let output = None;
-            return Ok(Outcome::Lost {
-                tick,
-                token,
-                reason,
-                output,
-            });
-        };
-        Ok(self.finish(lock, tick, output, failed).await)
+        let reason = lock.lost_reason().unwrap_or(LostReason::Expired);
+        tracing::warn!(job = %self.job, %tick, %token, %reason, "lost the job's lock while running; the job was stopped");
+        Outcome::Lost {
+            tick,
+            token,
+            reason,
+            output: None,
+        }
     }
 
     /// What comes before the job: the job's lock (kept alive from then on) and the tick's
     /// context, or why the tick is skipped (the lock is then released). The blocking facade
-    /// runs the job between this and [`finish`](Self::finish), on the caller's thread.
+    /// runs the job between this and [`finish`](Self::finish), on the caller's thread. Under
+    /// [`Overlap::RunAfter`] a held lock is waited for until `give_up` (one ttl without it).
     pub(crate) async fn start_tick(
         &self,
-        tick: &str,
-    ) -> Result<Result<(Lock, TickContext), SkipReason>, Error> {
-        let lock = match self.take_lock(tick).await? {
-            Ok(lock) => lock,
+        tick: &Tick,
+        give_up: Option<SystemTime>,
+    ) -> Result<Result<(Held, TickContext), SkipReason>, Error> {
+        not_before(tick.start()).await;
+        let held = match self.take_lock(tick.name(), give_up).await? {
+            Ok(held) => held,
             Err(reason) => return Ok(Err(reason)),
         };
-        let token = lock.token();
         if let Err(reason) = self.check_marker(tick).await {
-            self.release(lock, tick).await;
+            self.release(held, tick.name()).await;
             return Ok(Err(reason));
         }
-        let ctx = TickContext {
+        let ctx = self.context(tick, &held.lock);
+        Ok(Ok((held, ctx)))
+    }
+
+    /// The context of a run of `tick` under `lock`.
+    pub(super) fn context(&self, tick: &Tick, lock: &Lock) -> TickContext {
+        let token = lock.token();
+        tracing::debug!(job = %self.job, %tick, %token, "running");
+        TickContext {
             job: self.job.clone(),
-            tick: tick.to_owned(),
+            tick: tick.name().to_owned(),
             token,
             lost: lock.lost_token(),
-        };
-        tracing::debug!(job = %self.job, tick, %token, "running");
-        Ok(Ok((lock, ctx)))
+        }
     }
 
     /// After the job returned: marks the tick (unless the policy leaves a failed one to
     /// another instance) and releases the lock, unless the lock was lost by then.
     pub(crate) async fn finish<T>(
         &self,
-        lock: Lock,
+        held: Held,
         tick: String,
         output: T,
         failed: Failed<T>,
     ) -> Outcome<T> {
+        match self.record(&held.lock, tick, output, failed).await {
+            Ok(ran) => {
+                self.release(held, ran.tick()).await;
+                ran
+            }
+            Err(lost) => lost,
+        }
+    }
+
+    /// Marks a tick whose job returned (unless the policy leaves a failed one to another
+    /// instance), keeping the lock: [`Outcome::Ran`], or `Err` with [`Outcome::Lost`] when the
+    /// lock was lost by then (the caller then drops it).
+    pub(super) async fn record<T>(
+        &self,
+        lock: &Lock,
+        tick: String,
+        output: T,
+        failed: Failed<T>,
+    ) -> Result<Outcome<T>, Outcome<T>> {
         let token = lock.token();
         if lock.is_lost() {
-            return self.lost_at_the_end(lock, tick, output, "no tick marker written");
+            return Err(self.lost_at_the_end(lock, tick, output, "no tick marker written"));
         }
         let retry = failed(&output) && self.policy == RunPolicy::RetryOnFailure;
         let marked = match self.marker_ttl {
@@ -445,25 +376,28 @@ impl RunOnce {
             None => false,
         };
         if lock.is_lost() {
-            return self.lost_at_the_end(lock, tick, output, "lost while writing the tick marker");
+            return Err(self.lost_at_the_end(
+                lock,
+                tick,
+                output,
+                "lost while writing the tick marker",
+            ));
         }
-        self.release(lock, &tick).await;
         tracing::debug!(job = %self.job, %tick, %token, marked, "ran");
-        Outcome::Ran {
+        Ok(Outcome::Ran {
             tick,
             token,
             output,
             marked,
-        }
+        })
     }
 
     /// The outcome of a job that completed, but whose lock was lost by the time it did (or
     /// while its marker was being written).
-    fn lost_at_the_end<T>(&self, lock: Lock, tick: String, output: T, what: &str) -> Outcome<T> {
+    fn lost_at_the_end<T>(&self, lock: &Lock, tick: String, output: T, what: &str) -> Outcome<T> {
         let token = lock.token();
         let reason = lock.lost_reason().unwrap_or(LostReason::Expired);
         tracing::warn!(job = %self.job, %tick, %token, %reason, "the job completed, but its lock was lost by then ({what}); another instance may run this tick too");
-        drop(lock);
         Outcome::Lost {
             tick,
             token,
@@ -473,22 +407,37 @@ impl RunOnce {
     }
 
     /// Takes the job's lock (kept alive from then on), or says why this tick is skipped.
-    async fn take_lock(&self, tick: &str) -> Result<Result<Lock, SkipReason>, Error> {
-        let skip = match self.try_lock().await {
+    pub(super) async fn take_lock(
+        &self,
+        tick: &str,
+        give_up: Option<SystemTime>,
+    ) -> Result<Result<Held, SkipReason>, Error> {
+        let taken = std::time::Instant::now();
+        let mut attempt = self.try_lock().await;
+        if self.overlap == Overlap::RunAfter && attempt.as_ref().is_err_and(Error::is_held) {
+            let wait = give_up
+                .map_or(Some(self.ttl), |at| {
+                    at.duration_since(SystemTime::now()).ok()
+                })
+                .unwrap_or_default();
+            tracing::debug!(job = %self.job, %tick, ?wait, "the previous run is still going; waiting for it");
+            attempt = self.locks.acquire_timeout(&self.job, self.ttl, wait).await;
+        }
+        let skip = match attempt {
             Ok(lock) => {
                 lock.keep_alive();
-                return Ok(Ok(lock));
+                return Ok(Ok(Held { lock, taken }));
             }
             Err(e) if e.is_held() => {
                 tracing::debug!(job = %self.job, %tick, "another instance is running; skipping");
                 SkipReason::Running
             }
             Err(e @ Error::NoQuorum { .. }) => {
-                tracing::warn!(job = %self.job, %tick, error = %e, "too few lock nodes reachable; skipping this tick");
+                tracing::debug!(job = %self.job, %tick, error = %e, "too few lock nodes reachable; skipping this tick");
                 SkipReason::Unavailable(e)
             }
             Err(e @ Error::ValidityExpired { .. }) => {
-                tracing::warn!(job = %self.job, %tick, error = %e, "the lock nodes answered too slowly to take the job's lock; skipping this tick");
+                tracing::debug!(job = %self.job, %tick, error = %e, "the lock nodes answered too slowly to take the job's lock; skipping this tick");
                 SkipReason::Unavailable(e)
             }
             Err(e) => return Err(e),
@@ -523,24 +472,36 @@ impl RunOnce {
     }
 
     /// `Err` with the reason to skip when the tick already ran or its marker cannot be read.
-    async fn check_marker(&self, tick: &str) -> Result<(), SkipReason> {
+    pub(super) async fn check_marker(&self, tick: &Tick) -> Result<(), SkipReason> {
         if self.marker_ttl.is_none() {
             return Ok(());
         }
         match self.read_marker(tick).await {
             Marker::Absent => Ok(()),
             Marker::Present(by) => {
-                tracing::debug!(job = %self.job, tick, %by, "tick already ran; skipping");
+                tracing::debug!(job = %self.job, %tick, %by, "tick already ran; skipping");
                 Err(SkipReason::AlreadyRan { by })
             }
             Marker::Unreadable(e) => {
-                tracing::warn!(job = %self.job, tick, error = %e, "cannot read the tick marker from a quorum; skipping this tick");
+                tracing::debug!(job = %self.job, %tick, error = %e, "cannot read the tick marker from a quorum; skipping this tick");
                 Err(SkipReason::Unavailable(e))
             }
         }
     }
 
-    async fn release(&self, lock: Lock, tick: &str) {
+    /// Releases the job's lock, or, within the minimum hold
+    /// ([`RunOnceBuilder::hold_at_least`]), leaves it to expire at the end of the hold.
+    pub(super) async fn release(&self, held: Held, tick: &str) {
+        let Held { lock, taken } = held;
+        let rest = self.hold_at_least.saturating_sub(taken.elapsed());
+        if !rest.is_zero() {
+            match lock.extend(rest).await {
+                Ok(_) => return lock.forget(),
+                Err(e) => {
+                    tracing::debug!(job = %self.job, tick, error = %e, "cannot shorten the lock to the minimum hold; releasing it")
+                }
+            }
+        }
         if let Err(e) = lock.release().await {
             tracing::warn!(job = %self.job, tick, error = %e, "release failed; the lock expires with its ttl");
         }
@@ -558,8 +519,8 @@ impl RunOnce {
     /// node may have lost the marker with the rest (its counters are repaired, its markers are
     /// not), so its "absent" proves nothing until every marker it may have lost has expired
     /// anyway (`docs/safety.md`, "Run-once markers across restarts").
-    async fn read_marker(&self, tick: &str) -> Marker {
-        let key = self.marker_key(tick);
+    pub(super) async fn read_marker(&self, tick: &Tick) -> Marker {
+        let key = self.marker_key(tick.name());
         let get = commands::get(&key);
         let replies = self
             .locks
@@ -569,11 +530,19 @@ impl RunOnce {
             return Marker::Present(RanBy::parse(by));
         }
         let expiry = self.marker_ttl.unwrap_or_default();
+        let now = SystemTime::now();
         let lost: Vec<Option<Duration>> = self
             .locks
             .nodes()
             .iter()
-            .map(|n| n.lost_data_within(expiry))
+            .map(|n| {
+                n.lost_data_within(expiry).filter(|&ago| {
+                    let seen = now
+                        .checked_sub(ago)
+                        .and_then(|t| t.checked_add(self.clock_skew));
+                    seen.is_none_or(|seen| quorum::loss_may_hide_marker(tick.start(), seen))
+                })
+            })
             .collect();
         let proven = replies.answered_where(|i| lost.get(i).is_some_and(Option::is_none));
         let quorum = self.locks.quorum();
@@ -622,11 +591,23 @@ impl RunOnce {
     }
 }
 
+/// Waits until the wall clock reaches a tick's start: a tick's marker is never written before
+/// its tick began, which lets readers count nodes that lost their data before that.
+pub(super) async fn not_before(start: Option<SystemTime>) {
+    let Some(start) = start else { return };
+    while let Ok(early) = start.duration_since(SystemTime::now()) {
+        if early.is_zero() {
+            return;
+        }
+        tokio::time::sleep(early).await;
+    }
+}
+
 /// Runs `work` until it completes or `lock` is lost, whichever comes first: `None` when the
 /// loss came first (the work's future is dropped at its current await). The work is polled
 /// first, and once more right after the loss, so work that completes at the loss (e.g. on the
 /// lost signal itself) keeps its output (the caller still sees the loss on the lock).
-async fn until_lost<T>(lock: &Lock, work: impl Future<Output = T>) -> Option<T> {
+pub(super) async fn until_lost<T>(lock: &Lock, work: impl Future<Output = T>) -> Option<T> {
     let lost = lock.lost();
     let mut work = std::pin::pin!(work);
     tokio::select! {
@@ -635,19 +616,5 @@ async fn until_lost<T>(lock: &Lock, work: impl Future<Output = T>) -> Option<T> 
         // Whoever noticed the loss first (this future or the lease task) fired the lost
         // signal: work waiting on it can now finish in one more poll, and keeps its output.
         () = lost => futures::FutureExt::now_or_never(work),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ticks_are_whole_periods_since_the_epoch() {
-        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(3_725);
-        assert_eq!(tick_of(at, Duration::from_secs(60)), 62);
-        assert_eq!(tick_of(at, Duration::from_secs(3_600)), 1);
-        assert_eq!(tick_of(at, Duration::ZERO), 3_725_000);
-        assert_eq!(tick_of(SystemTime::UNIX_EPOCH, Duration::from_secs(5)), 0);
     }
 }

@@ -92,6 +92,15 @@ pub enum Outcome<T> {
 }
 
 impl<T> Outcome<T> {
+    /// The tick.
+    pub fn tick(&self) -> &str {
+        match self {
+            Outcome::Ran { tick, .. }
+            | Outcome::Skipped { tick, .. }
+            | Outcome::Lost { tick, .. } => tick,
+        }
+    }
+
     /// True for [`Outcome::Ran`].
     pub fn ran(&self) -> bool {
         matches!(self, Outcome::Ran { .. })

@@ -192,3 +192,27 @@ async fn t47_unreachable_nodes_or_an_unrunnable_cmd_are_not_quiet_and_mark_nothi
     assert_eq!(out.code(), 64, "{out:?}");
     assert!(out.one_line_error().contains("--wait"), "{out:?}");
 }
+
+#[tokio::test]
+async fn t48_a_period_under_a_second_is_a_usage_error() {
+    let cluster = cluster(3);
+    let (_dir, marker, script) = marker_cmd();
+    for period in ["0s", "0", "999ms", "0.5"] {
+        let mut cmd = redlock(&cluster);
+        cmd.args(["run", "--once-per", period, KEY, "--", "sh", "-c", &script]);
+        let out = output(cmd).await;
+        assert_eq!(out.code(), 64, "--once-per {period}: {out:?}");
+        let line = out.one_line_error();
+        assert!(
+            line.contains("--once-per") && line.contains("at least 1s"),
+            "--once-per {period}: {line:?}"
+        );
+        assert!(!marker.exists(), "--once-per {period}: CMD must not run");
+    }
+    // A second is accepted.
+    let mut cmd = redlock(&cluster);
+    cmd.args(["run", "--once-per", "1s", KEY, "--", "sh", "-c", &script]);
+    let out = output(cmd).await;
+    assert_eq!(out.code(), 0, "{out:?}");
+    assert!(marker.exists(), "CMD ran");
+}

@@ -17,6 +17,8 @@ mod campaign;
 mod handover;
 mod observe;
 mod run_once;
+mod schedule;
+mod standby;
 mod subscription;
 
 use std::time::Duration;

@@ -164,9 +164,9 @@ struct RunArgs {
     conflict_exit_code: Option<u8>,
     /// Run CMD on one host only per period of this length (ticks counted from the Unix epoch:
     /// 1h runs at most once each clock hour), however many hosts run this command; the others
-    /// exit 0 (or -E CODE) without running it. Not with --wait.
+    /// exit 0 (or -E CODE) without running it. At least 1s. Not with --wait.
     #[arg(long, value_name = "PERIOD", conflicts_with = "wait",
-          value_parser = duration_up_to(MAX_PERIOD, MAX_PERIOD_TEXT))]
+          value_parser = period_parser())]
     once_per: Option<Duration>,
     /// Treat KEY as a semaphore of N permits: run CMD when one of the N is free (at most N
     /// CMDs at once across hosts), under that permit's lock; N is 1 to 1000. Not with
@@ -397,6 +397,22 @@ const MAX_KILL_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// library's (Redis') limit on a ttl.
 const MAX_PERIOD: Duration = Duration::from_secs(24 * 86_400);
 const MAX_PERIOD_TEXT: &str = "24days";
+
+/// The shortest `--once-per` period: a shorter one is almost certainly a mistake (a period of
+/// 0 would run CMD on every call).
+const MIN_PERIOD: Duration = Duration::from_secs(1);
+
+/// The `--once-per` parser: a duration between [`MIN_PERIOD`] and [`MAX_PERIOD`].
+fn period_parser() -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    let up_to = duration_up_to(MAX_PERIOD, MAX_PERIOD_TEXT);
+    move |s: &str| {
+        let d = up_to(s)?;
+        if d < MIN_PERIOD {
+            return Err("too short: at least 1s".to_owned());
+        }
+        Ok(d)
+    }
+}
 
 /// A clap value parser for a humantime duration no longer than `max` (spelt `max_text` in the
 /// message): every duration option is bounded, so that no later arithmetic on instants can

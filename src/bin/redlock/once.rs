@@ -1,7 +1,7 @@
 //! `redlock run --once-per PERIOD KEY -- CMD`: CMD runs on one host per period, however many
 //! hosts' cron fire (the library's `RunOnce` underneath).
 //!
-//! The period's tick is `tick_of(now, PERIOD)` (whole periods since the Unix epoch), so hosts
+//! The period's tick is `Schedule::every(PERIOD).tick_at(now)` (whole periods since the Unix epoch), so hosts
 //! whose clocks agree compute the same tick. `RunOnce` takes KEY's lock without waiting, reads
 //! the tick's marker, runs the job and writes the marker before it releases the lock. The job
 //! here starts CMD and hands it to this module, which supervises it exactly as `redlock run`
@@ -11,7 +11,7 @@
 use std::ffi::OsString;
 use std::time::{Duration, SystemTime};
 
-use quorumlock::{LostReason, Outcome, Redlock, RunOnce, SkipReason, TickContext, tick_of};
+use quorumlock::{LostReason, Outcome, Redlock, RunOnce, Schedule, SkipReason, TickContext};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -37,7 +37,16 @@ pub(crate) async fn once_per(locks: Redlock, args: RunArgs, period: Duration) ->
         Ok(once) => once,
         Err(e) => return fail(&e.into()),
     };
-    let tick = tick_of(SystemTime::now(), period);
+    // The period's tick on the library's schedule: its name, and its start (so that a node's
+    // data loss seen before the period began does not hold this period out).
+    let schedule = match Schedule::every(period) {
+        Ok(schedule) => schedule,
+        Err(e) => return fail(&e.into()),
+    };
+    // An interval always has a tick; `Tick::of` is what it computes.
+    let tick = schedule
+        .tick_at(SystemTime::now())
+        .unwrap_or_else(|| quorumlock::Tick::of(SystemTime::now(), period));
     let (started_tx, started_rx) = oneshot::channel::<Started>();
     let (exited_tx, exited_rx) = oneshot::channel::<u8>();
     let (cmd, key, foreground) = (args.cmd.clone(), args.key.clone(), args.foreground);
