@@ -33,6 +33,10 @@ mod imp {
             metrics::describe_counter!("quorumlock_extensions_failed_total", Unit::Count, "Extension calls that failed, by reason (not_owner, revoked, expired, unreachable, too_slow).");
             metrics::describe_gauge!("quorumlock_node_held_out", Unit::Count, "1 while a node answers but counts toward no quorum, by node and reason (held_out: restart hold-out, repairing, same_server, evicting).");
             metrics::describe_gauge!("quorumlock_node_up", Unit::Count, "1 while a node's last call succeeded, 0 once one failed, by node.");
+            metrics::describe_gauge!("quorumlock_leader", Unit::Count, "Terms this process leads now, by election (1 while it is the leader).");
+            metrics::describe_counter!("quorumlock_terms_total", Unit::Count, "Terms this process won, by election.");
+            metrics::describe_counter!("quorumlock_terms_lost_total", Unit::Count, "Terms this process led that ended lost (not resigned), by election.");
+            metrics::describe_counter!("quorumlock_run_once_ticks_total", Unit::Count, "Ticks a run-once job was called for, by job, outcome (ran, failed, caught_up, lost, skipped_held, skipped_already_ran, skipped_unavailable) and reason.");
             metrics::describe_counter!("quorumlock_revokes_total", Unit::Count, "Revokes run by this process (redlock break), by outcome (revoked, nothing).");
         });
     }
@@ -76,6 +80,62 @@ mod imp {
     impl Drop for Held {
         fn drop(&mut self) {
             self.end();
+        }
+    }
+
+    /// A term this process leads in an election: `quorumlock_leader{election}` counts it from
+    /// [`start`](Self::start) until the first [`end`](Self::end); each term counts once in
+    /// `quorumlock_terms_total`, and a term that ended lost (not resigned) in
+    /// `quorumlock_terms_lost_total`.
+    #[derive(Debug)]
+    pub(crate) struct Leading {
+        election: String,
+        ended: AtomicBool,
+        done: tokio_util::sync::CancellationToken,
+    }
+
+    impl Leading {
+        pub(crate) fn start(election: &str) -> std::sync::Arc<Self> {
+            metrics::gauge!("quorumlock_leader", "election" => election.to_owned()).increment(1.0);
+            metrics::counter!("quorumlock_terms_total", "election" => election.to_owned())
+                .increment(1);
+            std::sync::Arc::new(Leading {
+                election: election.to_owned(),
+                ended: AtomicBool::new(false),
+                done: tokio_util::sync::CancellationToken::new(),
+            })
+        }
+
+        /// Ends the term's count at the first of `lost` firing (then `lost_term()` tells a loss
+        /// from a resignation) and [`end`](Self::end): a task on the current runtime, if any.
+        pub(crate) fn watch(
+            self: &std::sync::Arc<Self>,
+            lost: tokio_util::sync::CancellationToken,
+            lost_term: impl Fn() -> bool + Send + 'static,
+        ) {
+            let Ok(handle) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            let leading = std::sync::Arc::clone(self);
+            handle.spawn(async move {
+                tokio::select! {
+                    () = lost.cancelled() => leading.end(lost_term()),
+                    () = leading.done.cancelled() => {}
+                }
+            });
+        }
+
+        pub(crate) fn end(&self, lost: bool) {
+            if self.ended.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            self.done.cancel();
+            let election = self.election.clone();
+            metrics::gauge!("quorumlock_leader", "election" => election.clone()).decrement(1.0);
+            if lost {
+                metrics::counter!("quorumlock_terms_lost_total", "election" => election)
+                    .increment(1);
+            }
         }
     }
 
@@ -190,6 +250,26 @@ mod imp {
 
     /// Without the feature: nothing to count.
     #[derive(Debug, Default)]
+    pub(crate) struct Leading;
+
+    impl Leading {
+        #[inline(always)]
+        pub(crate) fn start(_election: &str) -> std::sync::Arc<Self> {
+            std::sync::Arc::new(Leading)
+        }
+        #[inline(always)]
+        pub(crate) fn watch(
+            self: &std::sync::Arc<Self>,
+            _lost: tokio_util::sync::CancellationToken,
+            _lost_term: impl Fn() -> bool + Send + 'static,
+        ) {
+        }
+        #[inline(always)]
+        pub(crate) fn end(&self, _lost: bool) {}
+    }
+
+    /// Without the feature: nothing to count.
+    #[derive(Debug, Default)]
     pub(crate) struct Held;
 
     impl Held {
@@ -206,8 +286,7 @@ pub(crate) use imp::*;
 
 #[cfg(test)]
 mod tests {
-    /// Every metric this module emits (the others' metrics, run-once and elections, live beside
-    /// their features).
+    /// Every metric this module describes.
     const NAMES: &[&str] = &[
         "quorumlock_attempts_total",
         "quorumlock_acquire_total",
@@ -222,6 +301,10 @@ mod tests {
         "quorumlock_node_up",
         "quorumlock_node_held_out",
         "quorumlock_revokes_total",
+        "quorumlock_leader",
+        "quorumlock_terms_total",
+        "quorumlock_terms_lost_total",
+        "quorumlock_run_once_ticks_total",
     ];
 
     /// The guide lists every metric of this module.

@@ -275,7 +275,7 @@ fn t12_run_once_outcomes_are_counted_per_job_and_an_outage_warns_once() {
                 let labels: Vec<(&str, &str)> =
                     key.key().labels().map(|l| (l.key(), l.value())).collect();
                 key.key().name() == "quorumlock_run_once_ticks_total"
-                    && labels.contains(&("job", "r12"))
+                    && labels.contains(&("run_once", "r12"))
                     && labels.contains(&("outcome", outcome))
             })
             .map(|(_, _, _, value)| match value {

@@ -137,6 +137,37 @@ async fn t10_the_gauges_move_as_the_scenario_does_on_a_scraped_endpoint() {
         Some(1.0),
         "{body}"
     );
+
+    // A leadership: the leader gauge while this process leads, the term counted; resigned,
+    // the gauge goes back and no term is counted lost. A term revoked under its leader is.
+    let leader = |body: &str| sample(body, "quorumlock_leader{election=\"obs:e\"}");
+    let election = quorumlock::Election::builder(client(&cluster), "obs:e")
+        .candidate("a")
+        .build()
+        .unwrap();
+    let term = election.campaign().await.unwrap();
+    let body = scrape(addr).await;
+    assert!(body.contains("# HELP quorumlock_leader"), "{body}");
+    assert_eq!(leader(&body), Some(1.0), "{body}");
+    term.resign().await.unwrap();
+    let body = scrape(addr).await;
+    assert_eq!(leader(&body), Some(0.0), "{body}");
+    let term = election.campaign().await.unwrap();
+    let body = scrape(addr).await;
+    assert_eq!(leader(&body), Some(1.0), "{body}");
+    assert_eq!(
+        sample(&body, "quorumlock_terms_total{election=\"obs:e\"}"),
+        Some(2.0),
+        "{body}"
+    );
+    assert!(client(&cluster).revoke("obs:e").await.unwrap().revoked());
+    wait_until(WAIT, "the revoked term reads lost", || async {
+        let body = scrape(addr).await;
+        leader(&body) == Some(0.0)
+            && sample(&body, "quorumlock_terms_lost_total{election=\"obs:e\"}") == Some(1.0)
+    })
+    .await;
+    drop(term);
 }
 
 /// Every query of the committed Grafana dashboard names only metrics that some

@@ -306,6 +306,11 @@ impl Election {
             lost: lost.clone(),
             lock: Arc::clone(&shared),
         });
+        let leading = crate::metrics::Leading::start(self.name());
+        let term = Arc::clone(&shared);
+        leading.watch(lost.clone(), move || {
+            crate::core::lock(&term).as_ref().is_some_and(Lock::is_lost)
+        });
         // The guard exists before the next await: a cancelled campaign resigns through its Drop.
         let mut leadership = Leadership {
             election: self.clone(),
@@ -314,6 +319,7 @@ impl Election {
             lost,
             record: None,
             since: std::time::Instant::now(),
+            leading,
         };
         leadership.record = self.publish_record(&leadership).await;
         tracing::info!(election = %self.name(), candidate = %self.candidate(), %token, "elected leader");

@@ -98,6 +98,8 @@ pub struct Leadership {
     pub(crate) lost: CancellationToken,
     pub(crate) record: Option<Record>,
     pub(crate) since: std::time::Instant,
+    /// This term's share of the leader metrics (feature `metrics`).
+    pub(crate) leading: std::sync::Arc<crate::metrics::Leading>,
 }
 
 impl fmt::Debug for Leadership {
@@ -206,6 +208,7 @@ impl Leadership {
 
 impl Drop for Leadership {
     fn drop(&mut self) {
+        self.leading.end(false);
         let Some(lock) = lock(&self.lock).take() else {
             return;
         };

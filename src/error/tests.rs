@@ -2,13 +2,13 @@
 
 use super::*;
 
-/// Every `NodeError::kind()` word is in the metrics table of `docs/design.md` (the label
+/// Every `NodeError::kind()` word is in the metrics table of `docs/observability.md` (the label
 /// values of `quorumlock_node_errors_total`). The match below has no wildcard: a new
 /// variant fails to compile here until it is listed, and then until it is documented.
 #[test]
 fn every_node_error_kind_is_in_the_documented_metrics_table() {
-    let design = include_str!("../../docs/design.md");
-    let row = design
+    let guide = include_str!("../../docs/observability.md");
+    let row = guide
         .lines()
         .find(|l| l.starts_with("| `quorumlock_node_errors_total`"))
         .expect("the metrics table's node errors row");
@@ -58,7 +58,7 @@ fn every_node_error_kind_is_in_the_documented_metrics_table() {
         }
         assert!(
             row.contains(&format!("`{}`", e.kind())),
-            "`{}` is not in docs/design.md's metrics table: {row}",
+            "`{}` is not in docs/observability.md's metrics table: {row}",
             e.kind()
         );
     }

@@ -397,8 +397,8 @@ impl RedlockBuilder {
     /// so that the one hot or failing lock among many can be found. Off by default because
     /// each name is a time series in the metrics backend: turn it on when the set of names is
     /// small and fixed (jobs, resources), not when names carry ids (`order-81723`). The node
-    /// metrics are per node, never per lock. The table of every metric is in `docs/design.md`
-    /// ("Metrics").
+    /// metrics are per node, never per lock. The table of every metric is in `docs/observability.md`
+    /// ([`guide::observability`](crate::guide::observability)).
     ///
     /// ```
     /// use quorumlock::Redlock;

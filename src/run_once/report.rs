@@ -1,7 +1,7 @@
 //! What a tick's outcome tells operators: a counter per job and outcome (feature `metrics`),
 //! and one warning per outage per job rather than one per tick.
 //!
-//! `quorumlock_run_once_ticks_total{job, outcome}` counts every tick an instance called for,
+//! `quorumlock_run_once_ticks_total{run_once, outcome}` counts every tick an instance called for,
 //! once, by what happened: `ran`, `failed` (ran and returned `Err`, under
 //! [`RunOnce::try_run`](super::RunOnce::try_run)), `caught_up` (a missed tick run late),
 //! `lost` (the lock was lost while it ran), `skipped_held` (another instance was running),
@@ -66,10 +66,10 @@ impl RunOnce {
 #[cfg(feature = "metrics")]
 fn count(job: &str, outcome: &'static str, reason: &'static str) {
     if reason.is_empty() {
-        metrics::counter!("quorumlock_run_once_ticks_total", "job" => job.to_owned(), "outcome" => outcome)
+        metrics::counter!("quorumlock_run_once_ticks_total", "run_once" => job.to_owned(), "outcome" => outcome)
             .increment(1);
     } else {
-        metrics::counter!("quorumlock_run_once_ticks_total", "job" => job.to_owned(), "outcome" => outcome, "reason" => reason)
+        metrics::counter!("quorumlock_run_once_ticks_total", "run_once" => job.to_owned(), "outcome" => outcome, "reason" => reason)
             .increment(1);
     }
 }
