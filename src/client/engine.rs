@@ -1,6 +1,5 @@
 //! The I/O thread (opt-in, [`IoThread::Always`]): the client's node connections and whole
-//! operations run on a current-thread runtime of its own, on one thread the client owns
-//! (issue 30).
+//! operations run on a current-thread runtime of its own, on one thread the client owns.
 //!
 //! A redis-rs multiplexed connection spawns its driver task on the runtime that opens it, and a
 //! round's calls go from the task that runs the round to each connection's driver and back. On
@@ -9,7 +8,7 @@
 //! retries, an extension, a release, a status read, keep-alive) runs where the connections are,
 //! and the caller pays two hand-offs per operation (the request, the answer).
 //!
-//! Measured (`docs/benchmarks.md`, "Issue 30"), that does not pay on the 2-core machines the
+//! Measured (`docs/benchmarks.md`, the `quorumlock-io` rows), that does not pay on the 2-core machines the
 //! figures come from: sequential latency is no better than running inline on the caller's
 //! multi-thread runtime (the runtime keeps a round's tasks on one worker most of the time), and
 //! under concurrency the one thread and its hand-offs cost about three times the client CPU per

@@ -206,7 +206,7 @@ impl Redlock {
     /// redis-rs to write them, so they are parked (no task, no timer). A parked tail is dropped
     /// once all its calls have answered (collected, oldest first, without a waker, whenever a
     /// round settles), at its deadline at the latest: kept until the deadline, hundreds of
-    /// tails piled up under load and their frees cost the client a fifth of its time (issue 17).
+    /// tails piled up under load and their frees cost the client a fifth of its time.
     /// A release's calls still waiting for a connection, or a full parking queue, get a task
     /// that drives them, in `span` (the span of the operation's caller: the operation's own
     /// span ends when it returns).
@@ -223,7 +223,7 @@ impl Redlock {
             // At most `SWEEP` tails leave per settle, dropped once the lock is let go: after
             // an idle spell every parked tail has expired, and dropping them all at once (a
             // few hundred, each with a call still pending to a hung node) cost the first
-            // operation after it 0.5–0.9 ms (docs/benchmarks.md, wave 10).
+            // operation after it 0.5–0.9 ms (`tools/compare --bin tail --gap-ms 200 --paused`).
             let mut done: [Option<Tail>; SWEEP] = Default::default();
             let mut parked = lock(&self.inner.parked);
             let now = Instant::now();

@@ -184,7 +184,7 @@ impl Tail {
     /// integer answers (node, counter) to `on_counter` (the lock: `LockState::late_yes`). A call to a node whose connection was
     /// still being made at the verdict is sent once it is up, instead of giving up: the lock
     /// then stands on every node that answers within the node timeout, not only on the quorum
-    /// that answered first (issue 27). When this returns, every call handed was handed in one
+    /// that answered first. When this returns, every call handed was handed in one
     /// of its polls, so it is queued on its connection before anything sent afterwards.
     pub(super) async fn hand(&mut self, mut on_counter: impl FnMut(usize, i64)) {
         let deadline = self.deadline;

@@ -34,7 +34,7 @@
 //! attempt (a round refused, or split between contenders) publishes nothing
 //! (`Redlock::release_on`): it releases nothing anyone waits for, and its notice woke every
 //! waiter, its own client's included, which then tried at once, failed, undid and woke itself
-//! again, for as long as the holder's key was missing on some node (issue 27). A fresh client's
+//! again, for as long as the holder's key was missing on some node. A fresh client's
 //! first wait also awaits its subscriptions (at most the connect timeout; compat mode makes
 //! none and awaits nothing) before its next round:
 //! each node's subscription wakes the waiters once it stands, which would otherwise cost one

@@ -112,8 +112,7 @@ impl Tally {
     ///   could not exceed `n - quorum` even if every pending node refused. While they still
     ///   could, the round waits for the pending answers (bounded by its deadline, after which
     ///   they count as failed): the failure is certain, but whether it is an outage or a holder
-    ///   is not, and answering `Held` to an outage (or `NoQuorum` to a holder) is what item 6
-    ///   of issue 12 was about.
+    ///   is not, and `Held` must never answer an outage (nor `NoQuorum` a holder).
     pub(crate) fn verdict(&self) -> Option<Verdict> {
         let q = quorum(self.n);
         let spare = self.n - q;
@@ -220,8 +219,8 @@ pub(crate) enum Acquisition {
 /// quorum (its round won, then failed), holding others off. An undo of a round that did not
 /// win releases nothing anyone waits for, and its notice woke every waiter, its own client's
 /// included, which tried again at once, failed, undid and woke itself again for as long as the
-/// holder's key was missing on some node (issue 27; `model/waiting.rs` checks the bound and
-/// catches that mutant).
+/// holder's key was missing on some node (`model/waiting.rs` checks the bound and catches
+/// that mutant).
 pub(crate) const fn undo_announces(stood_on_quorum: bool) -> bool {
     stood_on_quorum
 }
@@ -372,7 +371,7 @@ mod tests {
         assert_eq!(t.verdict(), Some(Verdict::Refused));
     }
 
-    /// Issue 12 item 6: nodes 3 and 4 down, a stale foreign key on node 2.
+    /// A refusal among failures: nodes 3 and 4 down, a stale foreign key on node 2.
     #[test]
     fn one_refusal_and_two_failures_of_five_is_unreachable_not_refused() {
         let mut t = Tally::new(5);
@@ -421,7 +420,7 @@ mod tests {
         assert_eq!(refusal(5, &[], 3, 0, 0), Refusal::Held);
     }
 
-    /// Issue 12 item 5: the leader's key on {0,1,2}, an observer reaching {1,2,3,4}.
+    /// A partial view: the leader's key on {0,1,2}, an observer reaching {1,2,3,4}.
     #[test]
     fn a_partial_view_that_misses_a_holder_is_unknown() {
         let v = Some("leader");

@@ -124,7 +124,7 @@ pub(crate) fn backoff(base: Duration, jitter: Duration, attempt: u32, unit: f64)
 /// notice comes (unless the configured retry delay is longer): the retry policy's own cap.
 /// It bounds how late a waiter notices a release that published nothing (another Redlock
 /// client in compat mode, a Redis Cluster member, a notice lost with every subscription), and
-/// it is one round a second per waiting client, a quarter of issue 27's target of four.
+/// it is one round a second per waiting client.
 pub(crate) const HOLDER_WAIT_CAP: Duration = BACKOFF_CAP;
 
 /// A waiter whose timer fired reads the holder's key again and sleeps on, without a round,

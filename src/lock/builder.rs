@@ -433,7 +433,7 @@ impl RedlockBuilder {
     /// releases, status reads, keep-alive, waiting) run on a current-thread runtime on one
     /// thread the client owns, started at its first operation and ended when the last handle on
     /// the client is dropped; an operation then costs its caller two hand-offs between threads.
-    /// Measured on 2-core machines (`docs/benchmarks.md`, "Issue 30"), it gives no lower
+    /// Measured on 2-core machines (`docs/benchmarks.md`, the `quorumlock-io` rows), it gives no lower
     /// latency than the default on a multi-thread runtime and costs about three times the
     /// client CPU per operation under concurrency: keep the default unless your own figures
     /// say otherwise.

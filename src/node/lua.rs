@@ -236,7 +236,7 @@ return r
 /// `ScriptCall::with_lean`; nor does the undo of a failed attempt, which has no token), and the
 /// marker only where a release may publish. Each key and argument of a script call costs the
 /// node time to pass into Lua, about a tenth of the whole call for the two the lean form leaves
-/// out (`docs/benchmarks.md`, "Wave 8").
+/// out (`tools/compare/release-forms.py` measures each form).
 ///
 /// - KEYS[1]: lock key; KEYS[2] (optional): waiters marker, also the channel (omitted in compat
 ///   mode, and by the undo of an attempt that did not win: it publishes nothing,
