@@ -21,6 +21,7 @@ use crate::eviction::EvictionRisk;
 
 #[derive(Default)]
 pub(crate) struct Health {
+    /// The identity (run id and replication id) the last connect met.
     run_id: Option<String>,
     /// Whether the last connect found the node durable: `appendfsync always`, with its
     /// durability marker in place.
@@ -400,12 +401,16 @@ impl Node {
         health.eviction = risk;
     }
 
-    /// The restart guard: compares the run id with the last one seen. A node whose data
-    /// demonstrably survived its start ([`data_survived`]: `appendfsync always` and a durability
-    /// marker from an earlier run) is neither held out nor repaired.
+    /// The restart guard: compares the server's identity (`identity`: its run id and
+    /// replication id, see [`server_identity`]) with the last one seen. `uptime` is its age
+    /// (zero for a server promoted during its current process); `run_id` is what its
+    /// durability marker is compared with. A node whose data demonstrably survived its start
+    /// ([`data_survived`]: `appendfsync always` and a durability marker from an earlier run) is
+    /// neither held out nor repaired.
     pub(super) fn observe_start(
         &self,
-        run_id: String,
+        identity: String,
+        run_id: &str,
         uptime: Duration,
         fsync_always: bool,
         marker: Option<String>,
@@ -413,14 +418,14 @@ impl Node {
         let mut health = lock(&self.health.state);
         let meeting = match &health.run_id {
             None => Meeting::First,
-            Some(previous) if *previous == run_id => Meeting::Same,
+            Some(previous) if *previous == identity => Meeting::Same,
             Some(_) => Meeting::Restarted,
         };
         if meeting == Meeting::Restarted {
             self.health.incarnation.fetch_add(1, Ordering::AcqRel);
         }
         let durable_before = (meeting == Meeting::Restarted).then_some(health.durable);
-        let survived = data_survived(fsync_always, marker.as_deref(), &run_id, durable_before);
+        let survived = data_survived(fsync_always, marker.as_deref(), run_id, durable_before);
         let (hold, repair) = restart_verdict(self.health.guard, meeting, survived);
         if hold {
             // Counted from now with the youngest age the uptime allows: the latest it can have
@@ -459,7 +464,7 @@ impl Node {
             );
         }
         health.durable = fsync_always && marker.is_some();
-        health.run_id = Some(run_id);
+        health.run_id = Some(identity);
     }
 }
 
