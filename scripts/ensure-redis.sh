@@ -9,6 +9,11 @@ if ! command -v redis-server >/dev/null 2>&1 && [ -z "${REDIS_SERVER_BIN:-}" ]; 
 fi
 command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+# libfaketime steps a test server's clock (tests/safety/s16_clock_jump.rs); not required to run
+# the rest, so its absence alone is not fatal below.
+if ! ls /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1 >/dev/null 2>&1; then
+  missing+=(libfaketime)
+fi
 if [ "${#missing[@]}" = 0 ]; then
   return 0 2>/dev/null || exit 0
 fi

@@ -48,6 +48,11 @@ mod imp {
             .increment(1);
     }
 
+    pub(crate) fn node_clock_jump(node: &str) {
+        metrics::counter!("quorumlock_node_clock_jumps_total", "node" => node.to_owned())
+            .increment(1);
+    }
+
     pub(crate) fn node_abandoned(node: &str, op: &'static str) {
         metrics::counter!("quorumlock_node_abandoned_total", "node" => node.to_owned(), "op" => op)
             .increment(1);
@@ -74,6 +79,8 @@ mod imp {
     pub(crate) fn acquire(_outcome: &'static str, _wait: Duration, _lock: Option<&str>) {}
     #[inline(always)]
     pub(crate) fn node_error(_node: &str, _op: &'static str, _kind: &'static str) {}
+    #[inline(always)]
+    pub(crate) fn node_clock_jump(_node: &str) {}
     #[inline(always)]
     pub(crate) fn node_abandoned(_node: &str, _op: &'static str) {}
     #[inline(always)]

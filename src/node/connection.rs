@@ -242,14 +242,17 @@ impl Node {
         pipe.cmd("INFO").arg("server");
         pipe.cmd("INFO").arg("persistence");
         pipe.cmd("INFO").arg("replication");
+        pipe.cmd("TIME");
         let sentinel = self.member.kind() == MemberKind::Sentinel;
         for lua in scripts::on_lock_nodes() {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.code());
         }
+        let sent = super::wallclock::ours();
         let replies: Vec<redis::Value> = pipe
             .query_async(&mut conn)
             .await
             .map_err(|e| self.connect_error(e))?;
+        let received = super::wallclock::ours();
         let mut replies = replies.into_iter().map(redis::Value::extract_error);
         let mut info = || -> Result<String, NodeError> {
             let value = replies
@@ -259,6 +262,17 @@ impl Node {
             redis::from_redis_value(value).map_err(|e| NodeError::BadReply(e.to_string()))
         };
         let (info, persistence, replication) = (info()?, info()?, info()?);
+        // The clock-jump check's baseline; a refused `TIME` leaves the connection unchecked.
+        let clock = replies
+            .next()
+            .and_then(Result::ok)
+            .and_then(super::wallclock::parse_time)
+            .map(|server| crate::core::health::ClockReading {
+                sent,
+                received,
+                server,
+            });
+        self.clock_baseline(generation, clock);
         match replies.find_map(Result::err) {
             Some(e) => self.use_eval(&match scripts::denial(&e, Some("SCRIPT|LOAD")) {
                 Some(NodeError::Denied { command, .. }) => command,

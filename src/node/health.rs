@@ -468,6 +468,25 @@ impl Node {
     }
 }
 
+impl Node {
+    /// The clock-jump check's verdict (`wallclock.rs`): the node may have expired lock keys
+    /// early, as a restart without its data may have lost them. Held out for the max ttl from
+    /// now and repaired, unless the restart guard is off.
+    pub(super) fn observe_clock_jump(&self) {
+        if self.health.guard == RestartGuard::Off {
+            return;
+        }
+        let mut health = lock(&self.health.state);
+        let now = nanos(self.health.epoch.elapsed());
+        self.health.started.store(now, Ordering::Release);
+        self.health.holding.store(true, Ordering::Relaxed);
+        self.health.lost_data.store(now, Ordering::Release);
+        health.repair = Repair::Needed;
+        health.repair_epoch += 1;
+        self.health.suspect.store(true, Ordering::Release);
+    }
+}
+
 /// The settings read from a node with `CONFIG GET`; `None` where unreadable.
 #[derive(Debug, Default)]
 pub(crate) struct NodeConfig {

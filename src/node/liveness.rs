@@ -35,6 +35,7 @@ impl Node {
         if matches!(
             e,
             NodeError::HeldOut { .. }
+                | NodeError::ClockJumped { .. }
                 | NodeError::Repairing
                 | NodeError::SameServer { .. }
                 | NodeError::Evicting(_)

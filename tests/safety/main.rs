@@ -22,3 +22,4 @@ mod s12d_strict_hold_out;
 mod s13_model_findings;
 mod s14_repair_after_hold_out;
 mod s15_resp3_config;
+mod s16_clock_jump;
