@@ -272,7 +272,6 @@ impl Node {
                 received,
                 server,
             });
-        self.clock_baseline(generation, clock);
         match replies.find_map(Result::err) {
             Some(e) => self.use_eval(&match scripts::denial(&e, Some("SCRIPT|LOAD")) {
                 Some(NodeError::Denied { command, .. }) => command,
@@ -313,8 +312,10 @@ impl Node {
         // current process counts as just started: its uptime says nothing about when it was
         // promoted.
         let identity = server_identity(&run_id, &replication);
+        let same_server = self.met_before(&identity);
         let age = if was_replica { Duration::ZERO } else { uptime };
         self.observe_start(identity, &run_id, age, fsync_always, marker);
+        self.clock_baseline(generation, clock, same_server);
         tracing::debug!(node = %self.name, "connected");
         Ok(MemberConn::Single(conn))
     }

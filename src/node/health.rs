@@ -469,6 +469,11 @@ impl Node {
 }
 
 impl Node {
+    /// Whether the last connect met the server of this identity (run id and replication id).
+    pub(super) fn met_before(&self, identity: &str) -> bool {
+        lock(&self.health.state).run_id.as_deref() == Some(identity)
+    }
+
     /// The clock-jump check's verdict (`wallclock.rs`): the node may have expired lock keys
     /// early, as a restart without its data may have lost them. Held out for the max ttl from
     /// now and repaired, unless the restart guard is off.

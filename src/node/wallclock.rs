@@ -49,9 +49,28 @@ pub(super) fn ours() -> Duration {
 
 impl Node {
     /// Records the reading a connect made: the baseline of connection `generation` (`None`:
-    /// `TIME` unreadable, the connection is not checked).
-    pub(super) fn clock_baseline(&self, generation: u64, reading: Option<ClockReading>) {
-        *lock(&self.wallclock.last) = reading.map(|r| (generation, r));
+    /// `TIME` unreadable, the connection is not checked). When the connect met the server the
+    /// last reading was made on (`same_server`: the same run id and replication id), the
+    /// reading is also compared with that one, so a jump while the client was disconnected is
+    /// seen too; a jump there holds the node out as [`check_clock`](Self::check_clock) does.
+    pub(super) fn clock_baseline(
+        &self,
+        generation: u64,
+        reading: Option<ClockReading>,
+        same_server: bool,
+    ) {
+        let mut last = lock(&self.wallclock.last);
+        let jump = match (*last, reading) {
+            (Some((_, earlier)), Some(later)) if same_server => {
+                clock_jump(earlier, later, self.wallclock.drift_factor)
+            }
+            _ => None,
+        };
+        *last = reading.map(|r| (generation, r));
+        drop(last);
+        if let Some(forward) = jump {
+            self.clock_jumped(forward);
+        }
     }
 
     /// Whether connection `generation` is checked (its connect read `TIME`).
@@ -100,6 +119,12 @@ impl Node {
         let Some(forward) = jump else {
             return Ok(());
         };
+        self.clock_jumped(forward);
+        Err(NodeError::ClockJumped { forward })
+    }
+
+    /// A jump seen: counted, logged once, and the node held out and marked for repair.
+    fn clock_jumped(&self, forward: Duration) {
         crate::metrics::node_clock_jump(&self.name);
         tracing::warn!(
             node = %self.name,
@@ -108,6 +133,5 @@ impl Node {
              toward no quorum for the max ttl and its fencing counters are checked"
         );
         self.observe_clock_jump();
-        Err(NodeError::ClockJumped { forward })
     }
 }

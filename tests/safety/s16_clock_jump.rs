@@ -67,8 +67,21 @@ fn faketime_server(offset_file: &Path) -> Option<RedisServer> {
 /// `NodeError::ClockJumped`), then repairs it; afterwards tokens keep growing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s16_a_node_whose_clock_steps_forward_is_held_out() {
+    clock_step(false).await;
+}
+
+/// As s16, with C2's connection to J broken before the step: the reconnect's `TIME` is
+/// compared with the last reading of the same server (the same run id), so the jump is seen at
+/// the connect and J is held out (its calls fail as held out, not as `ClockJumped`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s16b_a_clock_step_while_disconnected_is_seen_at_the_reconnect() {
+    clock_step(true).await;
+}
+
+async fn clock_step(reconnect: bool) {
     init_tracing();
-    let dir = std::env::temp_dir().join(format!("quorumlock-s16-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("quorumlock-s16-{}-{reconnect}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a directory for the offset file");
     let offset = dir.join("faketime");
     let Some(j) = faketime_server(&offset) else {
@@ -118,12 +131,22 @@ async fn s16_a_node_whose_clock_steps_forward_is_held_out() {
     let t1 = lock.token().get();
     assert!(value_on(&j_url, "job").is_some(), "C1 holds on J");
 
+    if reconnect {
+        // Every client connection to J breaks (ours reconnect on their next call).
+        let _: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .query(&mut conn(&j_url))
+            .expect("CLIENT KILL");
+    }
     // J's clock steps forward past the ttl: C1's key there expires at once.
     std::fs::write(&offset, "+50s\n").expect("step the clock");
     let stepped = Instant::now();
     assert!(value_on(&j_url, "job").is_none(), "C1's key expired on J");
 
-    let mut jumped = false;
+    let mut jumped = reconnect;
+    let mut held_out = false;
     let mut attempts = 0;
     while lock.validity() > Duration::from_millis(500) {
         match c2.try_acquire("job", JUMP_TTL).await {
@@ -135,6 +158,9 @@ async fn s16_a_node_whose_clock_steps_forward_is_held_out() {
                 lock.validity().as_millis()
             ),
             Err(Error::NoQuorum { failures, .. }) => {
+                held_out |= failures
+                    .iter()
+                    .any(|f| matches!(f.cause, NodeError::HeldOut { .. } | NodeError::Repairing));
                 jumped |= failures
                     .iter()
                     .any(|f| matches!(f.cause, NodeError::ClockJumped { .. }));
@@ -146,6 +172,7 @@ async fn s16_a_node_whose_clock_steps_forward_is_held_out() {
     }
     assert!(attempts > 3, "C2 tried {attempts} times only");
     assert!(jumped, "the jump was named (NodeError::ClockJumped)");
+    assert!(held_out, "J was held out after the jump");
 
     // Then J counts again, repaired: tokens never go backwards.
     let deadline = Instant::now() + WAIT + JUMP_TTL;
