@@ -9,6 +9,14 @@ if ! command -v redis-server >/dev/null 2>&1 && [ -z "${REDIS_SERVER_BIN:-}" ]; 
 fi
 command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+# libfaketime steps a test server's clock (tests/safety/s16_clock_jump.rs); not required to run
+# the rest, so its absence alone is not fatal below.
+_ql_faketime=
+for _ql_lib in /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1; do
+  [ -e "$_ql_lib" ] && _ql_faketime=1
+done
+[ -n "$_ql_faketime" ] || missing+=(libfaketime)
+unset _ql_faketime _ql_lib
 if [ "${#missing[@]}" = 0 ]; then
   return 0 2>/dev/null || exit 0
 fi

@@ -33,6 +33,7 @@ mod imp {
             metrics::describe_counter!("quorumlock_extensions_failed_total", Unit::Count, "Extension calls that failed, by reason (not_owner, revoked, expired, unreachable, too_slow).");
             metrics::describe_gauge!("quorumlock_node_held_out", Unit::Count, "1 while a node answers but counts toward no quorum, by node and reason (held_out: restart hold-out, repairing, same_server, evicting).");
             metrics::describe_gauge!("quorumlock_node_up", Unit::Count, "1 while a node's last call succeeded, 0 once one failed, by node.");
+            metrics::describe_counter!("quorumlock_node_clock_jumps_total", Unit::Count, "A node's wall clock seen jumping forward between two readings of its TIME (held out for the max ttl and repaired), by node.");
             metrics::describe_gauge!("quorumlock_leader", Unit::Count, "Terms this process leads now, by election (1 while it is the leader).");
             metrics::describe_counter!("quorumlock_terms_total", Unit::Count, "Terms this process won, by election.");
             metrics::describe_counter!("quorumlock_terms_lost_total", Unit::Count, "Terms this process led that ended lost (not resigned), by election.");
@@ -201,6 +202,11 @@ mod imp {
             .increment(1);
     }
 
+    pub(crate) fn node_clock_jump(node: &str) {
+        metrics::counter!("quorumlock_node_clock_jumps_total", "node" => node.to_owned())
+            .increment(1);
+    }
+
     pub(crate) fn node_abandoned(node: &str, op: &'static str) {
         metrics::counter!("quorumlock_node_abandoned_total", "node" => node.to_owned(), "op" => op)
             .increment(1);
@@ -233,6 +239,8 @@ mod imp {
     pub(crate) fn acquire(_outcome: &'static str, _wait: Duration, _lock: Option<&str>) {}
     #[inline(always)]
     pub(crate) fn node_error(_node: &str, _op: &'static str, _kind: &'static str) {}
+    #[inline(always)]
+    pub(crate) fn node_clock_jump(_node: &str) {}
     #[inline(always)]
     pub(crate) fn node_abandoned(_node: &str, _op: &'static str) {}
     #[inline(always)]
@@ -301,6 +309,7 @@ mod tests {
         "quorumlock_node_up",
         "quorumlock_node_held_out",
         "quorumlock_revokes_total",
+        "quorumlock_node_clock_jumps_total",
         "quorumlock_leader",
         "quorumlock_terms_total",
         "quorumlock_terms_lost_total",

@@ -42,6 +42,7 @@ impl Config {
             restart_guard: self.restart_guard,
             eviction_guard: self.eviction_guard,
             fenced: self.fencing,
+            drift_factor: self.drift_factor,
             durability_marker: self.keys.durability_marker(),
             #[cfg(feature = "testkit")]
             force_script: false,

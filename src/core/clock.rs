@@ -57,8 +57,8 @@ impl Stamp {
         self.0.saturating_sub(earlier.0)
     }
 
-    /// The time since the clock's origin (for the testkit's clock readings, and the tests).
-    #[cfg(any(test, feature = "testkit"))]
+    /// The time since the clock's origin (for the testkit's clock readings, the tests, and
+    /// the clock-jump check's readings).
     pub(crate) fn since_origin(self) -> Duration {
         self.0
     }

@@ -141,6 +141,34 @@ fn share_a_server(a: &str, b: &str) -> bool {
     ids(a).iter().any(|x| theirs.contains(x))
 }
 
+/// One reading of a node's wall clock (its `TIME`) against our deadline clock: ours just before
+/// the command was sent and just after its reply arrived, the node's in between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClockReading {
+    /// Our clock before the send.
+    pub(crate) sent: Duration,
+    /// Our clock after the reply.
+    pub(crate) received: Duration,
+    /// The node's wall clock (since the Unix epoch).
+    pub(crate) server: Duration,
+}
+
+/// How far a node's wall clock moved forward beyond what can have passed between two readings
+/// of it, or `None` when it moved no more than that plus the drift allowance. At most
+/// `later.received − earlier.sent` passed (on our clock, which counts through a suspend); the
+/// allowance is `drift_factor` of that plus 2 ms (the lock's own drift rule). A clock that
+/// moved backward is no jump here: it keeps keys longer, never drops them early. Pure.
+pub(crate) fn clock_jump(
+    earlier: ClockReading,
+    later: ClockReading,
+    drift_factor: f64,
+) -> Option<Duration> {
+    let passed = later.received.saturating_sub(earlier.sent);
+    let moved = later.server.checked_sub(earlier.server)?;
+    let allowed = passed + super::timing::drift(passed, drift_factor);
+    moved.checked_sub(allowed).filter(|d| !d.is_zero())
+}
+
 /// The youngest a node that reports `uptime` can be: `uptime − 1 s`.
 ///
 /// `uptime_in_seconds` is the difference of two whole-second wall-clock readings (now and the
@@ -174,6 +202,28 @@ mod tests {
         assert_eq!(hold_out_for(s(10), s(30)), Some(s(21)));
         assert_eq!(hold_out_for(s(31), s(30)), None);
         assert_eq!(hold_out_for(s(40), s(30)), None);
+    }
+
+    #[test]
+    fn a_clock_jump_is_what_the_node_moved_beyond_what_passed_here() {
+        let ms = Duration::from_millis;
+        let at = |sent, received, server| ClockReading {
+            sent: ms(sent),
+            received: ms(received),
+            server: ms(server),
+        };
+        let first = at(1_000, 1_001, 500_000);
+        // 10 s passed here and there: no jump.
+        assert_eq!(clock_jump(first, at(11_000, 11_001, 510_000), 0.01), None);
+        // Within the allowance (1 % of 10.001 s plus 2 ms).
+        assert_eq!(clock_jump(first, at(11_000, 11_001, 510_100), 0.01), None);
+        // 30 s forward on the node.
+        assert_eq!(
+            clock_jump(first, at(11_000, 11_001, 540_000), 0.01),
+            Some(ms(29_897) - Duration::from_micros(10))
+        );
+        // Backward: no jump.
+        assert_eq!(clock_jump(first, at(11_000, 11_001, 400_000), 0.01), None);
     }
 
     #[test]

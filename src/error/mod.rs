@@ -335,6 +335,18 @@ pub enum NodeError {
         /// How long until the node counts again.
         remaining: Duration,
     },
+    /// The node's wall clock moved forward by `forward` more than the time that passed here
+    /// between two of our readings of its `TIME` (with the drift allowance): Redis expires keys
+    /// on that clock, so it may have dropped lock keys early. The node is held out of quorums
+    /// for the max ttl from then and its fencing counters are checked, as after a restart.
+    #[error(
+        "its clock jumped forward by {} since our last reading and it may have expired lock keys early: held out of quorums for the max ttl",
+        humanize(*.forward)
+    )]
+    ClockJumped {
+        /// How far the node's clock ran ahead of ours between the two readings.
+        forward: Duration,
+    },
     /// The node restarted and its fencing counters are being restored from the other nodes; it
     /// counts toward no quorum until that is done.
     #[error(
@@ -458,6 +470,7 @@ impl NodeError {
             NodeError::Refused(_) => "refused",
             NodeError::Dropped(_) => "dropped",
             NodeError::HeldOut { .. } => "held_out",
+            NodeError::ClockJumped { .. } => "clock_jump",
             NodeError::Repairing => "repairing",
             NodeError::SameServer { .. } => "same_server",
             NodeError::Evicting(_) => "evicting",

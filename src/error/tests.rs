@@ -20,6 +20,9 @@ fn every_node_error_kind_is_in_the_documented_metrics_table() {
         NodeError::HeldOut {
             remaining: Duration::ZERO,
         },
+        NodeError::ClockJumped {
+            forward: Duration::ZERO,
+        },
         NodeError::Repairing,
         NodeError::SameServer {
             other: String::new(),
@@ -46,6 +49,7 @@ fn every_node_error_kind_is_in_the_documented_metrics_table() {
             | NodeError::Refused(_)
             | NodeError::Dropped(_)
             | NodeError::HeldOut { .. }
+            | NodeError::ClockJumped { .. }
             | NodeError::Repairing
             | NodeError::SameServer { .. }
             | NodeError::Evicting(_)

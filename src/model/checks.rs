@@ -324,8 +324,29 @@ fn a_client_clock_stalling_beyond_the_drift_bound_breaks_mutual_exclusion() {
     expect_counterexample("stall beyond drift", cfg, MUTEX);
 }
 
+/// A node's clock jumping forward drops the holder's key there early. Without the clock-jump
+/// check (the mutant) that breaks mutual exclusion.
 #[test]
-fn a_node_clock_jumping_forward_breaks_mutual_exclusion() {
+fn mutant_clock_jump_undetected_is_caught() {
+    let cfg = Config {
+        node_jumps: 1,
+        jump: 2,
+        attempts: 1,
+        extensions: 0,
+        mutants: Mutants {
+            clock_jump_undetected: true,
+            ..Mutants::default()
+        },
+        ..Config::base()
+    };
+    expect_counterexample("node clock jump, undetected", cfg, MUTEX);
+}
+
+/// With the check, a client that read the node's clock before the jump (every long-lived
+/// client) sees it at its next acquire or reconnect and holds the node out: mutual exclusion
+/// holds, checked one step past the 9 in which the mutant fails.
+#[test]
+fn a_node_clock_jump_is_held_out() {
     let cfg = Config {
         node_jumps: 1,
         jump: 2,
@@ -333,7 +354,22 @@ fn a_node_clock_jumping_forward_breaks_mutual_exclusion() {
         extensions: 0,
         ..Config::base()
     };
-    expect_counterexample("node clock jump", cfg, MUTEX);
+    assert_safe_to("node clock jump", cfg, env("DEPTH", 10).into());
+}
+
+/// The check's documented boundary: a client whose first reading of the node's clock comes
+/// after the jump has nothing to compare it with.
+#[test]
+fn a_fresh_client_after_a_node_clock_jump_breaks_mutual_exclusion() {
+    let cfg = Config {
+        fresh_clients: true,
+        node_jumps: 1,
+        jump: 2,
+        attempts: 1,
+        extensions: 0,
+        ..Config::base()
+    };
+    expect_counterexample("node clock jump, fresh client", cfg, MUTEX);
 }
 
 #[test]

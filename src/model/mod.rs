@@ -101,6 +101,13 @@ pub(crate) struct Mutants {
     /// Issue 26, item 2 put back: a node's identity is its run id alone, so a failback to a
     /// server that kept its run id (demoted, resynchronised, promoted again) is not seen.
     pub(crate) run_id_only_identity: bool,
+    /// A standalone member promoted from a replica (its address moved to it) is trusted for
+    /// the durability marker it replicated from its old master, as before the fix: with
+    /// `appendfsync always` it then counts at once, unrepaired.
+    pub(crate) promoted_marker_trusted: bool,
+    /// No clock-jump check: a node whose clock jumped forward (and dropped lock keys early)
+    /// counts as before.
+    pub(crate) clock_jump_undetected: bool,
 }
 
 /// How an acquisition is sent to each node.
@@ -297,6 +304,11 @@ pub(crate) struct NodeS {
     counter: u8,
     /// The durability marker (issue 12 item 2's fix): an id written at first contact.
     marker: Option<u8>,
+    /// Promoted from a replica during its current process: its data, the marker included,
+    /// came by replication.
+    promoted: bool,
+    /// How many times its clock jumped forward (what comparing two `TIME` readings shows).
+    clock: u8,
 }
 
 /// One client's view of one node: the connection and the restart guard's state (`node.rs`).
@@ -309,6 +321,8 @@ pub(crate) struct ConnS {
     /// Hold-out left, on the client's clock.
     held_until: Option<Duration>,
     repair: bool,
+    /// The node's clock jumps as of this client's last reading of its `TIME`.
+    seen_clock: u8,
     /// The node is known down: a round call of this client to it failed, and no round call has
     /// answered since (`Node::is_down`). An acquisition round does not wait for it.
     down: bool,

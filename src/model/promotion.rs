@@ -95,3 +95,61 @@ fn a_promoted_replica_is_held_out_so_the_history_stops_at_its_repair() {
     assert_eq!(a, Action::Repair { c: 1, n: 0 });
     assert_eq!(i, 7);
 }
+
+/// A standalone member under `appendfsync always` whose address moves to a promoted replica
+/// (a failover: a new run id) that replicated the old master's durability marker but missed
+/// c0's write: c1, which met the old master, meets the promoted one and, trusting the marker,
+/// counts it at once: granted on n0 and n2 while c0's lock is valid.
+fn durable_history() -> Vec<Action> {
+    let d = |c, n| Action::Deliver { c, n };
+    vec![
+        Action::Start(0),
+        d(0, 0),
+        d(0, 1), // c0 granted token 1
+        Action::Promote {
+            n: 0,
+            failback: false,
+        },
+        Action::Start(1), // n0 met again: a new run id, an old marker
+        d(1, 1),          // n1: held by c0
+        d(1, 2),          // n2: yes
+        d(1, 0),          // n0: yes under the mutant (its call is never sent with the fix)
+    ]
+}
+
+fn durable_config(promoted_marker_trusted: bool) -> Config {
+    Config {
+        durable: true,
+        mutants: Mutants {
+            promoted_marker_trusted,
+            ..Mutants::default()
+        },
+        ..config(false)
+    }
+}
+
+#[test]
+fn mutant_promoted_marker_trusted_is_caught() {
+    let m = Redlock::new(durable_config(true));
+    let path = match replay(&m, &durable_history()) {
+        Ok(path) => path,
+        Err((i, a, enabled)) => panic!("step {i} {a:?} not offered; offered: {enabled:?}"),
+    };
+    println!(
+        "a promoted replica trusted for its replicated marker:\n{}",
+        timeline(&m, &path)
+    );
+    let end = &path.last().expect("a path has a state").0;
+    let valid = (0..2).filter(|&c| m.valid(end, c)).count();
+    assert_eq!(valid, 2, "two clients hold the lock under the mutant");
+}
+
+#[test]
+fn a_promoted_replica_is_not_trusted_for_its_replicated_marker() {
+    let m = Redlock::new(durable_config(false));
+    // The promoted n0 is held out and repairing: c1's call to it fails at once, so there is
+    // nothing to deliver to n0, and c1 is not granted.
+    let (i, a, _) = replay(&m, &durable_history()).expect_err("n0 must not be asked");
+    assert_eq!(a, Action::Deliver { c: 1, n: 0 });
+    assert_eq!(i, 7);
+}

@@ -133,12 +133,16 @@ impl Redlock {
         let run_id = node.epoch.to_string();
         let marker = node.marker.map(|m| m.to_string());
         let durable_before = conn.seen_epoch.map(|_| self.cfg.durable);
+        // mirrors node/connection.rs meet_server(): a server promoted from a replica is not
+        // taken for durable (its marker came by replication)
+        let durable =
+            self.cfg.durable && (!node.promoted || self.cfg.mutants.promoted_marker_trusted);
         let survived = if self.cfg.mutants.trust_durable_empty {
-            self.cfg.durable
+            durable
         } else if self.cfg.mutants.marker_presence_only {
-            self.cfg.durable && marker.is_some()
+            durable && marker.is_some()
         } else {
-            data_survived(self.cfg.durable, marker.as_deref(), &run_id, durable_before)
+            data_survived(durable, marker.as_deref(), &run_id, durable_before)
         };
         let (hold_out, repair) = restart_verdict(self.cfg.guard, meeting, survived);
         if hold_out {
@@ -150,9 +154,36 @@ impl Redlock {
         conn.live = true;
         conn.seen_epoch = Some(node.epoch);
         conn.seen_replid = node.replid;
+        // mirrors node/wallclock.rs clock_baseline(): the same server's clock compared with
+        // the last reading; another server's reading is a new baseline
+        if meeting == Meeting::Same {
+            self.clock_check(s, c, n, false);
+        } else {
+            s.clients[c].conns[n].seen_clock = s.nodes[n].clock;
+        }
         // The marker: written at first contact, and again where it is missing.
         let marker = node.marker.unwrap_or(node.epoch);
         s.nodes[n].marker = Some(marker);
+    }
+
+    /// Client `c` reads node `n`'s clock: a jump since its last reading holds the node out
+    /// for the max ttl and marks it for repair, as a restart does (unless the guard is off or
+    /// the check is mutated away). `true` when a jump was seen on an `acquire` reading.
+    // mirrors node/wallclock.rs check_clock() and node/health.rs observe_clock_jump()
+    pub(super) fn clock_check(&self, s: &mut State, c: usize, n: usize, acquire: bool) -> bool {
+        let clock = s.nodes[n].clock;
+        let conn = &mut s.clients[c].conns[n];
+        let jumped = conn.seen_clock != clock;
+        conn.seen_clock = clock;
+        if !jumped
+            || self.cfg.mutants.clock_jump_undetected
+            || self.cfg.guard == crate::core::health::RestartGuard::Off
+        {
+            return false;
+        }
+        conn.held_until = hold_out_for(Duration::ZERO, self.cfg.ttl());
+        conn.repair = true;
+        acquire
     }
 
     // mirrors node.rs held_out()

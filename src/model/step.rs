@@ -13,6 +13,9 @@ impl Redlock {
     /// with the connection. `None` when there is no such request.
     fn deliver(&self, s: &mut State, c: usize, n: usize, lose_reply: bool) -> Option<()> {
         let req = s.req[self.ix(c, n)].pop_front()?;
+        // mirrors node/mod.rs run_now(): an acquire's `TIME` runs on the node just before it
+        let jumped =
+            matches!(req.op, Op::Acquire(_) | Op::SetNx(_)) && self.clock_check(s, c, n, true);
         let reply = self.apply(s, n, req.op);
         if lose_reply {
             // The call in flight fails (`break_conn` marks the node down).
@@ -23,6 +26,8 @@ impl Redlock {
             // A round call answered: the node is up again for this client.
             s.clients[c].conns[n].down = false;
             let ans = match (&s.clients[c].phase, req.op, int > 0) {
+                // The node's clock jumped since the last reading: its answer does not count.
+                _ if jumped => Ans::Failed,
                 (_, Op::SetNx(_), _) => Ans::Set(holder),
                 (_, Op::Incr, _) => Ans::Yes(int as u8),
                 (Phase::Raise { .. }, _, _) if int == 1 => Ans::Yes(1),
@@ -74,6 +79,7 @@ impl Model for Redlock {
                 seen_replid: 0,
                 held_until: None,
                 repair: false,
+                seen_clock: 0,
                 down: false,
             }
         };
@@ -88,6 +94,8 @@ impl Model for Redlock {
                     key: None,
                     counter: 0,
                     marker,
+                    promoted: false,
+                    clock: 0,
                 };
                 n
             ],
@@ -225,6 +233,7 @@ impl Model for Redlock {
                 node.up = true;
                 node.epoch += 1;
                 node.age = 0;
+                node.promoted = false;
                 if empty {
                     node.key = None;
                     node.counter = 0;
@@ -234,6 +243,7 @@ impl Model for Redlock {
             Action::JumpClock(n) => {
                 s.jumps += 1;
                 let node = &mut s.nodes[usize::from(n)];
+                node.clock += 1;
                 if let Some((_, ttl)) = node.key.as_mut() {
                     *ttl = ttl.saturating_sub(self.cfg.jump);
                     if *ttl == 0 {
@@ -255,6 +265,8 @@ impl Model for Redlock {
                     node.epoch += 1;
                 }
                 node.replid += 1;
+                // The marker stays: the replica received it by replication.
+                node.promoted = true;
                 if !self.cfg.mutants.promoted_uptime_trusted {
                     node.age = 0;
                 }

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::address::redact;
 use super::gate::QUEUE;
-use super::health::{durability_marker, parse_info, read_config};
+use super::health::{durability_marker, parse_info, promoted, read_config, server_identity};
 use super::member::{self, MemberConn, MemberKind};
 use super::{Node, scripts};
 use crate::core::health::classify_eviction;
@@ -197,9 +197,11 @@ impl Node {
     /// identity is their run ids, its age its youngest master's, a promoted one counting as
     /// just started) and loads the scripts on every node; `CONFIG` and the
     /// durability marker are skipped (its shards may not share a configuration; it is never
-    /// taken for durable). A Sentinel member's primary is met like a standalone master, except
-    /// that a new run id counts from now (a promotion does not reset the uptime) and the
-    /// durability marker is not trusted (it arrives by replication).
+    /// taken for durable). A standalone master and a Sentinel member's primary are met alike
+    /// (`meet_server`): their identity is the run id and replication id, and a server that was
+    /// a replica during its current process (every Sentinel member's primary, and a standalone
+    /// master promoted from a replica: a virtual IP or DNS name moved to it) counts as just
+    /// started, with its durability marker not trusted (it arrives by replication).
     pub(super) async fn connect(&self, generation: u64) -> Result<MemberConn, NodeError> {
         let mut cluster = match self.open_member().await? {
             MemberConn::Single(conn) => return self.meet_server(conn, generation).await,
@@ -219,7 +221,7 @@ impl Node {
         let (run_id, uptime) = (view.run_id(), view.uptime);
         *lock(&self.cluster) = view;
         self.peers.record(self.index, &run_id);
-        self.observe_start(run_id, uptime, false, None);
+        self.observe_start(run_id.clone(), &run_id, uptime, false, None);
         tracing::debug!(node = %self.name, "connected to the cluster");
         Ok(MemberConn::Cluster(cluster))
     }
@@ -239,19 +241,20 @@ impl Node {
         pipe.ignore_errors();
         pipe.cmd("INFO").arg("server");
         pipe.cmd("INFO").arg("persistence");
+        pipe.cmd("INFO").arg("replication");
+        pipe.cmd("TIME");
         let sentinel = self.member.kind() == MemberKind::Sentinel;
-        if sentinel {
-            pipe.cmd("INFO").arg("replication");
-        }
         // Whether the server runs `EVAL` (a server may rename it away with `rename-command`).
         pipe.cmd("EVAL").arg("return 1").arg(0);
         for lua in scripts::on_lock_nodes() {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.code());
         }
+        let sent = super::wallclock::ours();
         let replies: Vec<redis::Value> = pipe
             .query_async(&mut conn)
             .await
             .map_err(|e| self.connect_error(e))?;
+        let received = super::wallclock::ours();
         let mut replies = replies.into_iter().map(redis::Value::extract_error);
         let mut info = || -> Result<String, NodeError> {
             let value = replies
@@ -261,9 +264,17 @@ impl Node {
             redis::from_redis_value(value)
                 .map_err(|_| NodeError::BadReply("INFO did not answer with text".to_owned()))
         };
-        let (server, persistence) = (info()?, info()?);
-        let replication = if sentinel { Some(info()?) } else { None };
-        let info = server;
+        let (info, persistence, replication) = (info()?, info()?, info()?);
+        // The clock-jump check's baseline; a refused `TIME` leaves the connection unchecked.
+        let clock = replies
+            .next()
+            .and_then(Result::ok)
+            .and_then(super::wallclock::parse_time)
+            .map(|server| crate::core::health::ClockReading {
+                sent,
+                received,
+                server,
+            });
         let eval = replies.next().unwrap_or(Ok(redis::Value::Nil));
         match replies.find_map(Result::err) {
             Some(e) => self.use_eval(&match scripts::denial(&e, Some("SCRIPT|LOAD")) {
@@ -289,7 +300,11 @@ impl Node {
         let aof = persistence.lines().any(|l| l.trim() == "aof_enabled:1");
         let config = read_config(&mut conn).await;
         self.observe_config(&config);
-        let fsync_always = aof && config.appendfsync.as_deref() == Some("always");
+        // A server that was a replica during its current process (a Sentinel member's primary
+        // may always have been one) holds what replication brought it: its durability marker
+        // came from another server and proves nothing about the writes that did not arrive.
+        let was_replica = sentinel || promoted(&replication);
+        let fsync_always = !was_replica && aof && config.appendfsync.as_deref() == Some("always");
         let marker = if fsync_always {
             durability_marker(&mut conn, self.health.marker_key(), &run_id).await
         } else {
@@ -307,14 +322,15 @@ impl Node {
             config.maxmemory.as_deref(),
             config.policy.as_deref(),
         ));
-        if let Some(replication) = replication {
-            // The primary's run id and replication id: a failback to a server that kept its
-            // run id (demoted, resynchronised, promoted again) reads as a new primary.
-            let identity = super::health::server_identity(&run_id, &replication);
-            self.observe_start(identity, Duration::ZERO, false, None);
-        } else {
-            self.observe_start(run_id, uptime, fsync_always, marker);
-        }
+        // The run id and replication id: a failback to a server that kept its run id (demoted,
+        // resynchronised, promoted again) reads as a new server. A server promoted during its
+        // current process counts as just started: its uptime says nothing about when it was
+        // promoted.
+        let identity = server_identity(&run_id, &replication);
+        let same_server = self.met_before(&identity);
+        let age = if was_replica { Duration::ZERO } else { uptime };
+        self.observe_start(identity, &run_id, age, fsync_always, marker);
+        self.clock_baseline(generation, clock, same_server);
         tracing::debug!(node = %self.name, "connected");
         Ok(MemberConn::Single(conn))
     }

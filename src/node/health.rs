@@ -21,6 +21,7 @@ use crate::eviction::EvictionRisk;
 
 #[derive(Default)]
 pub(crate) struct Health {
+    /// The identity (run id and replication id) the last connect met.
     run_id: Option<String>,
     /// Whether the last connect found the node durable: `appendfsync always`, with its
     /// durability marker in place.
@@ -411,12 +412,16 @@ impl Node {
         health.eviction = risk;
     }
 
-    /// The restart guard: compares the run id with the last one seen. A node whose data
-    /// demonstrably survived its start ([`data_survived`]: `appendfsync always` and a durability
-    /// marker from an earlier run) is neither held out nor repaired.
+    /// The restart guard: compares the server's identity (`identity`: its run id and
+    /// replication id, see [`server_identity`]) with the last one seen. `uptime` is its age
+    /// (zero for a server promoted during its current process); `run_id` is what its
+    /// durability marker is compared with. A node whose data demonstrably survived its start
+    /// ([`data_survived`]: `appendfsync always` and a durability marker from an earlier run) is
+    /// neither held out nor repaired.
     pub(super) fn observe_start(
         &self,
-        run_id: String,
+        identity: String,
+        run_id: &str,
         uptime: Duration,
         fsync_always: bool,
         marker: Option<String>,
@@ -424,14 +429,14 @@ impl Node {
         let mut health = lock(&self.health.state);
         let meeting = match &health.run_id {
             None => Meeting::First,
-            Some(previous) if *previous == run_id => Meeting::Same,
+            Some(previous) if *previous == identity => Meeting::Same,
             Some(_) => Meeting::Restarted,
         };
         if meeting == Meeting::Restarted {
             self.health.incarnation.fetch_add(1, Ordering::AcqRel);
         }
         let durable_before = (meeting == Meeting::Restarted).then_some(health.durable);
-        let survived = data_survived(fsync_always, marker.as_deref(), &run_id, durable_before);
+        let survived = data_survived(fsync_always, marker.as_deref(), run_id, durable_before);
         let (hold, repair) = restart_verdict(self.health.guard, meeting, survived);
         if hold {
             // Counted from now with the youngest age the uptime allows: the latest it can have
@@ -470,7 +475,31 @@ impl Node {
             );
         }
         health.durable = fsync_always && marker.is_some();
-        health.run_id = Some(run_id);
+        health.run_id = Some(identity);
+    }
+}
+
+impl Node {
+    /// Whether the last connect met the server of this identity (run id and replication id).
+    pub(super) fn met_before(&self, identity: &str) -> bool {
+        lock(&self.health.state).run_id.as_deref() == Some(identity)
+    }
+
+    /// The clock-jump check's verdict (`wallclock.rs`): the node may have expired lock keys
+    /// early, as a restart without its data may have lost them. Held out for the max ttl from
+    /// now and repaired, unless the restart guard is off.
+    pub(super) fn observe_clock_jump(&self) {
+        if self.health.guard == RestartGuard::Off {
+            return;
+        }
+        let mut health = lock(&self.health.state);
+        let now = nanos(self.health.epoch.elapsed());
+        self.health.started.store(now, Ordering::Release);
+        self.health.holding.store(true, Ordering::Relaxed);
+        self.health.lost_data.store(now, Ordering::Release);
+        health.repair = Repair::Needed;
+        health.repair_epoch += 1;
+        self.health.suspect.store(true, Ordering::Release);
     }
 }
 

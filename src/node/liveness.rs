@@ -42,6 +42,7 @@ impl Node {
         if matches!(
             e,
             NodeError::HeldOut { .. }
+                | NodeError::ClockJumped { .. }
                 | NodeError::Repairing
                 | NodeError::SameServer { .. }
                 | NodeError::Evicting(_)

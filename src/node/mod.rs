@@ -27,6 +27,7 @@ pub(crate) mod member;
 pub(crate) mod pubsub;
 mod repair;
 pub(crate) mod scripts;
+mod wallclock;
 
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
@@ -83,6 +84,8 @@ pub(crate) struct NodeSettings {
     pub(crate) eviction_guard: EvictionGuard,
     /// Whether acquires carry a fencing counter (`fence.rs`).
     pub(crate) fenced: bool,
+    /// The clock-drift factor: the clock-jump check (`wallclock.rs`) allows this much drift.
+    pub(crate) drift_factor: f64,
     /// Keep this node on the acquire script whatever it runs (a test hook).
     #[cfg(feature = "testkit")]
     pub(crate) force_script: bool,
@@ -117,6 +120,8 @@ pub(crate) struct Node {
     by_eval_logged: AtomicBool,
     /// The script or the pipelined fenced acquire (`fence.rs`).
     fence: fence::FencePath,
+    /// The node's wall clock as last read on each connection (`wallclock.rs`).
+    wallclock: wallclock::WallClock,
 }
 
 impl std::fmt::Debug for Node {
@@ -142,6 +147,7 @@ impl Node {
             peers,
             conn: ConnSlot::new(settings.connect_timeout),
             fence: fence::FencePath::new(&settings),
+            wallclock: wallclock::WallClock::new(settings.drift_factor),
             health: NodeHealth::new(settings, max_ttl),
             live: Liveness::default(),
             by_eval: AtomicBool::new(false),
@@ -198,7 +204,7 @@ impl Node {
     ) -> Result<Value, NodeError> {
         #[cfg(feature = "metrics")]
         let start = Instant::now();
-        match self.run_now(&call, hold_out, gate).await {
+        match self.run_now(&call, hold_out, op, gate).await {
             Ok(Some(value)) => {
                 #[cfg(feature = "metrics")]
                 crate::metrics::node_latency(&self.name, op.as_str(), start.elapsed());
@@ -220,6 +226,7 @@ impl Node {
         self: &Arc<Self>,
         call: &ScriptCall,
         hold_out: HoldOut,
+        op: Op,
         gate: Option<(RoundGate, usize)>,
     ) -> Result<Option<Value>, NodeError> {
         let (conn, generation) = self.connection().await?;
@@ -244,13 +251,17 @@ impl Node {
         // this call keeps while it waits for the reply is that future's, not a copy of it
         // beside the locals above (a round moves every call's future several times).
         match conn {
-            MemberConn::Single(conn) => match call.pipelined() {
-                // The fenced acquire without Lua, where the node takes it (`fence.rs`).
-                Some(pipe) if self.pipelines_on(generation) => {
-                    self.send_pipelined(conn, pipe, generation).await.map(Some)
-                }
-                _ => self.send_script(conn, call, gate, generation).await,
-            },
+            // An acquire reads the node's clock first, on the same connection (the clock-jump
+            // check, `wallclock.rs`): a node whose clock jumped since the last reading does not
+            // count, whatever the script answered.
+            MemberConn::Single(conn) if op == Op::Acquire && self.clock_checked(generation) => {
+                let clock = Self::read_clock(conn.clone());
+                let send = self.send_single(conn, call, gate, generation);
+                let (clock, reply) = futures::join!(clock, send);
+                self.check_clock(generation, clock)?;
+                reply
+            }
+            MemberConn::Single(conn) => self.send_single(conn, call, gate, generation).await,
             // Boxed, as the fallback below: the cold paths stay out of the call's future, which
             // a round moves several times per node (`FuturesUnordered::push`), so its size is
             // paid in copies on every call.
@@ -259,6 +270,23 @@ impl Node {
                     .await
                     .map(Some)
             }
+        }
+    }
+
+    /// Sends a call on a single server's connection: the pipelined fenced acquire where the
+    /// node takes it (`fence.rs`), else the script.
+    async fn send_single(
+        &self,
+        conn: MultiplexedConnection,
+        call: &ScriptCall,
+        gate: Option<(RoundGate, usize)>,
+        generation: u64,
+    ) -> Result<Option<Value>, NodeError> {
+        match call.pipelined() {
+            Some(pipe) if self.pipelines_on(generation) => {
+                self.send_pipelined(conn, pipe, generation).await.map(Some)
+            }
+            _ => self.send_script(conn, call, gate, generation).await,
         }
     }
 

@@ -174,6 +174,7 @@ impl RedisServer {
             .arg(self.log_path())
             .args(["--daemonize", "no"]);
         self.option_args(&mut cmd);
+        cmd.envs(self.options.env.iter().map(|(k, v)| (k, v)));
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());

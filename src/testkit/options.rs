@@ -32,6 +32,9 @@ pub struct ServerOptions {
     /// Connect as this ACL user (name, password): the URLs carry it and the readiness check
     /// authenticates as it (which needs `+ping`).
     pub user: Option<(String, String)>,
+    /// Environment variables of the server process (at every start and restart), for
+    /// instance `LD_PRELOAD` and `FAKETIME_TIMESTAMP_FILE` to step its clock with libfaketime.
+    pub env: Vec<(String, String)>,
 }
 
 /// PEM files for a server's TLS port (see [`ServerOptions::tls`]).
@@ -105,6 +108,12 @@ impl ServerOptions {
     /// ```
     pub fn config_line(mut self, line: &str) -> Self {
         self.config.push(line.to_owned());
+        self
+    }
+
+    /// With this environment variable set for the server process (see [`ServerOptions::env`]).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
         self
     }
 

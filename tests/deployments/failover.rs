@@ -8,8 +8,8 @@ use crate::members::{
     MAX_TTL, client_for, cluster_member, first_counted, sentinel_group, shard_url,
 };
 use crate::support::*;
-use quorumlock::testkit::RedisClusterMember;
-use quorumlock::{Error, NodeError, Redlock};
+use quorumlock::testkit::{RedisClusterMember, RedisServer, ServerOptions};
+use quorumlock::{Error, NodeError, Redlock, RestartGuard};
 use tokio::time::Instant;
 
 /// The ttl of d8's locks, and its clients' max ttl.
@@ -214,4 +214,210 @@ async fn d9_a_failback_to_a_server_that_kept_its_run_id_is_held_out() {
         landed >= MAX_TTL,
         "the member counted {landed:?} after the failback, before the max ttl {MAX_TTL:?}"
     );
+}
+
+/// How the address of a standalone member moves in [`standalone_failover`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Move {
+    /// To the promoted replica (a virtual IP taken over, a DNS name repointed).
+    ToReplica,
+    /// Nowhere: the server behind it is demoted, resynchronised from the promoted replica and
+    /// promoted back (a failback: the same process, the same run id); the failover tooling
+    /// closes the clients' connections, as Sentinel does.
+    Failback,
+}
+
+/// Polls `url` until `INFO replication` says its link to its master is up.
+async fn link_up(url: &str) {
+    wait_until(WAIT, "the replica's link is up", || async {
+        info_field(url, "replication", "master_link_status").as_deref() == Some("up")
+    })
+    .await;
+}
+
+/// A standalone member (one address, here a proxy) whose server is replaced by a promoted
+/// replica that missed C1's write. C1 holds "job" on standalone A and the member (B is
+/// unreachable to it). Then the address moves to the promoted replica (or the server behind it
+/// fails back). Neither C2, a client that met the old server, nor a fresh client with the
+/// strict guard (as every `redlock --restart-guard strict` run is) may take "job" while C1's
+/// lock is valid: the promoted server is held out for the max ttl from when the client met it
+/// and repaired, whatever its uptime and whatever durability marker it replicated.
+async fn standalone_failover(aof: bool, how: Move) {
+    let standalone = cluster(2);
+    let options = if aof {
+        ServerOptions::new().aof_always()
+    } else {
+        ServerOptions::new()
+    };
+    let start = |o: &ServerOptions| RedisServer::start(o).unwrap_or_else(|e| panic!("{e}"));
+    let x = start(&options);
+    let y = start(&options.clone().replica_of(x.port()));
+    let (x_url, y_url) = (x.url(), y.url());
+    link_up(&y_url).await;
+    let address = crate::proxy::Proxy::for_url(&x_url).await.expect("proxy");
+    let urls = vec![
+        standalone.urls()[0].clone(),
+        standalone.urls()[1].clone(),
+        address.url(),
+    ];
+    let client = |urls: Vec<String>, guard: RestartGuard| {
+        Redlock::builder(urls)
+            .node_timeout(NODE_TIMEOUT)
+            .connect_timeout(Duration::from_secs(2))
+            .retry_delay(Duration::from_millis(5), Duration::from_millis(20))
+            .max_ttl(D8_TTL)
+            .restart_guard(guard)
+            .build()
+            .expect("valid config")
+    };
+    let c2 = client(urls.clone(), RestartGuard::Restarted);
+    warm(&c2).await;
+    if aof {
+        // The durability marker C2 wrote on X reaches the replica.
+        wait_until(WAIT, "the marker is replicated", || async {
+            value_on_raw(&y_url, "quorumlock:durability-marker").is_some()
+        })
+        .await;
+    }
+    // The replica is promoted: from now on it misses X's writes.
+    let () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut conn(&y_url))
+        .expect("REPLICAOF NO ONE");
+    // Every server older than the max ttl: no uptime excuses a hold-out.
+    wait_until(
+        WAIT + D8_TTL,
+        "the servers are older than the max ttl",
+        || async {
+            [&y_url, &x_url, &urls[0], &urls[1]].iter().all(|u| {
+                info_field(u, "server", "uptime_in_seconds")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .is_some_and(|s| s > D8_TTL.as_secs() + 1)
+            })
+        },
+    )
+    .await;
+
+    let c1 = client(
+        vec![
+            urls[0].clone(),
+            "redis://127.0.0.1:1".to_owned(),
+            urls[2].clone(),
+        ],
+        RestartGuard::Restarted,
+    );
+    let lock = c1.try_acquire("job", D8_TTL).await.expect("C1 acquires");
+    let t1 = lock.token().get();
+    assert!(value_on(&x_url, "job").is_some(), "C1 holds on the member");
+    assert!(value_on(&y_url, "job").is_none(), "the replica missed C1");
+
+    let new_url = match how {
+        Move::ToReplica => {
+            address.retarget(crate::proxy::socket_addr(&y_url).expect("address"));
+            y_url.clone()
+        }
+        Move::Failback => {
+            let () = redis::cmd("REPLICAOF")
+                .arg("127.0.0.1")
+                .arg(y.port())
+                .query(&mut conn(&x_url))
+                .expect("REPLICAOF (demote)");
+            link_up(&x_url).await;
+            assert!(value_on(&x_url, "job").is_none(), "X resynchronised");
+            let () = redis::cmd("REPLICAOF")
+                .arg("NO")
+                .arg("ONE")
+                .query(&mut conn(&x_url))
+                .expect("REPLICAOF NO ONE (promote back)");
+            address.reset();
+            x_url.clone()
+        }
+    };
+    let moved = Instant::now();
+    let what = match how {
+        Move::ToReplica => "the member's address moved to the promoted replica",
+        Move::Failback => "the member's server failed back",
+    };
+
+    let mut held_out = [false; 2];
+    let mut attempts = 0;
+    while lock.validity() > Duration::from_millis(500) {
+        let fresh = client(urls.clone(), RestartGuard::Strict);
+        for (i, (who, locks)) in [("C2", &c2), ("a fresh strict client", &fresh)]
+            .into_iter()
+            .enumerate()
+        {
+            match locks.try_acquire("job", D8_TTL).await {
+                Ok(second) => panic!(
+                    "two holders: {who} took \"job\" (token {}) {} ms after {what}, while C1's \
+                     lock (token {t1}) was valid for {} ms more",
+                    second.token(),
+                    moved.elapsed().as_millis(),
+                    lock.validity().as_millis()
+                ),
+                Err(Error::NoQuorum { failures, .. }) => {
+                    held_out[i] |= failures.iter().any(|f| {
+                        matches!(f.cause, NodeError::HeldOut { .. } | NodeError::Repairing)
+                    });
+                }
+                Err(e) => assert!(e.is_held(), "{e}"),
+            }
+        }
+        attempts += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(attempts > 3, "tried {attempts} times only");
+    assert_eq!(held_out, [true; 2], "the promoted server was held out");
+
+    // Then the member counts again, repaired: tokens never go backwards.
+    let deadline = Instant::now() + WAIT + D8_TTL;
+    let next = loop {
+        assert!(Instant::now() < deadline, "the member never counted again");
+        if let Ok(next) = c2.try_acquire("job", D8_TTL).await {
+            break next;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(next.token().get() > t1, "token {} after {t1}", next.token());
+    next.release().await.expect("release");
+    // Calls start the repair; the member may still be held out when A frees up.
+    wait_until(
+        WAIT + D8_TTL,
+        "the promoted server's counter restored",
+        || async {
+            let _ = c2.status("job").await;
+            fence_on(&new_url, "job") >= t1
+        },
+    )
+    .await;
+    drop(lock);
+}
+
+/// The value of a key by its full name.
+fn value_on_raw(url: &str, key: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg(key)
+        .query(&mut conn(url))
+        .ok()
+        .flatten()
+}
+
+/// A standalone member's address moves to a promoted replica that missed the last lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d12_a_standalone_address_moved_to_a_promoted_replica_is_held_out() {
+    standalone_failover(false, Move::ToReplica).await;
+}
+
+/// As d12, both servers with `appendfsync always`: the promoted replica carries the durability
+/// marker it replicated from the old master, which proves nothing about C1's write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d13_a_promoted_replica_is_not_trusted_for_a_replicated_durability_marker() {
+    standalone_failover(true, Move::ToReplica).await;
+}
+
+/// A standalone member's server demoted, resynchronised and promoted back: the same run id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d14_a_standalone_failback_with_the_same_run_id_is_held_out() {
+    standalone_failover(false, Move::Failback).await;
 }

@@ -23,3 +23,4 @@ mod s13_model_findings;
 mod s14_repair_after_hold_out;
 mod s15_resp3_config;
 mod s16_scripts_unavailable;
+mod s17_clock_jump;

@@ -39,7 +39,8 @@ pub struct Faults {
 
 #[derive(Debug)]
 struct Shared {
-    upstream: SocketAddr,
+    /// Where new connections go (see [`Proxy::retarget`]).
+    upstream: Mutex<SocketAddr>,
     faults: watch::Sender<Faults>,
     /// Cancelled (and replaced) by a reset: every connection opened before dies with an RST.
     resets: Mutex<CancellationToken>,
@@ -68,7 +69,7 @@ impl Proxy {
         let addr = listener.local_addr()?;
         let (faults, _) = watch::channel(Faults::default());
         let shared = Arc::new(Shared {
-            upstream,
+            upstream: Mutex::new(upstream),
             faults,
             resets: Mutex::new(CancellationToken::new()),
             closed: CancellationToken::new(),
@@ -134,6 +135,17 @@ impl Proxy {
         *resets = CancellationToken::new();
     }
 
+    /// Sends new connections to `upstream` and resets every open one, as an address moved to
+    /// another server does (a virtual IP taken over, a DNS name repointed).
+    pub fn retarget(&self, upstream: SocketAddr) {
+        *self
+            .shared
+            .upstream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = upstream;
+        self.reset();
+    }
+
     /// Connections open now.
     pub fn open_connections(&self) -> usize {
         self.shared.open.load(Ordering::Relaxed)
@@ -187,10 +199,11 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 /// One proxied connection: connects upstream, then pumps both ways until either side closes,
 /// the link is reset, or the proxy is dropped.
 async fn serve(client: TcpStream, shared: Arc<Shared>, reset: CancellationToken) {
+    let target = *shared.upstream.lock().unwrap_or_else(|e| e.into_inner());
     let upstream = tokio::select! {
         _ = reset.cancelled() => None,
         _ = shared.closed.cancelled() => None,
-        u = tokio::time::timeout(UPSTREAM_CONNECT, TcpStream::connect(shared.upstream)) => u.ok().and_then(Result::ok),
+        u = tokio::time::timeout(UPSTREAM_CONNECT, TcpStream::connect(target)) => u.ok().and_then(Result::ok),
     };
     let Some(upstream) = upstream else {
         // Like a closed port behind a firewall that rejects: the client sees a reset.
