@@ -107,6 +107,7 @@ impl Redlock {
                 HoldOut::Respect,
                 Op::Extend,
                 positive,
+                &[],
             )
             .await;
         let decided = clock::now();
@@ -312,6 +313,7 @@ impl Redlock {
                 HoldOut::Respect,
                 Op::Extend,
                 positive,
+                &[],
             )
             .await;
         let decided = clock::now();
