@@ -25,7 +25,7 @@ use crate::error::{Error, FailureList, NodeError, NodeFailure};
 use crate::metrics;
 use crate::node::commands;
 use crate::node::scripts::{self, AcquireForms, ScriptCall};
-use crate::node::{HoldOut, Op};
+use crate::node::{HoldOut, Node, Op};
 
 /// How many extra rounds an acquisition makes, beyond its retries, to resolve contention:
 /// rounds refused although no value stood on a quorum (contenders that started together split
@@ -684,14 +684,15 @@ impl Redlock {
             return ScriptCall::plain(commands::set_nx_px(lock_key, value, ttl_ms));
         }
         let nodes = &self.inner.nodes;
-        let pipelined = if self.inner.waiting.has_waited(lock_key) {
-            0
+        let (pipelined, may) = if self.inner.waiting.has_waited(lock_key) {
+            (0, 0)
         } else {
-            nodes.iter().filter(|n| n.pipelines()).count()
+            let count = |f: fn(&Node) -> bool| nodes.iter().filter(|n| f(n)).count();
+            (count(Node::pipelines), count(Node::may_pipeline))
         };
         let forms = AcquireForms {
             script: pipelined < nodes.len(),
-            pipelined: pipelined > 0,
+            pipelined: may > 0,
         };
         ScriptCall::fenced_acquire(lock_key, fence_key, value, ttl_ms, forms)
     }

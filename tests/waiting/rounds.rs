@@ -27,7 +27,7 @@ async fn w16_a_refused_round_sends_no_undo_where_it_was_refused() {
     // Redis 7 nodes) and the undo's `EVALSHA` (the release script).
     let count = || -> Vec<(u64, u64)> {
         urls.iter()
-            .map(|u| (calls(u, "incr"), calls(u, "evalsha")))
+            .map(|u| (calls(u, "incr"), script_calls(u)))
             .collect()
     };
     let made = |before: &[(u64, u64)]| -> Vec<(u64, u64)> {
