@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use crate::support::*;
-use crate::{NEVER, crashed_holder, patient, sets_since, until_waiting};
+use crate::{NEVER, crashed_holder, patient, pttls_of, sets_since, until_waiting};
 
 /// An acquisition to hand to a task.
 type Acquisition = BoxFuture<'static, Result<quorumlock::Lock, quorumlock::Error>>;
@@ -26,8 +26,9 @@ async fn w13_killed_subscriptions_still_acquire() {
     let lock = holder.acquire("w13", ttl).await.unwrap();
     spread(&lock, &urls).await;
     let before = sets(&urls);
+    let pttls = pttls_of(&urls);
     let task = tokio::spawn(async move { waiter.acquire_timeout("w13", ttl, NEVER).await });
-    until_waiting(&urls, "w13", &before).await;
+    until_waiting(&urls, "w13", &before, &pttls).await;
     for u in &urls {
         let killed: u64 = redis::cmd("CLIENT")
             .arg("KILL")
@@ -166,6 +167,7 @@ async fn w24_with_a_node_hung_every_handover_is_a_notice() {
     let first = locks.acquire("w24", ttl).await.unwrap();
     spread(&first, live).await;
     let before = sets(live);
+    let pttls = pttls_of(live);
     let total = 1500;
     let done = Arc::new(AtomicU64::new(0));
     let acquisition = {
@@ -194,7 +196,7 @@ async fn w24_with_a_node_hung_every_handover_is_a_notice() {
     };
     // The first task queues once refused; the others queue behind it in their first poll.
     let mut tasks = vec![take_turns(acquisition())];
-    until_waiting(live, "w24", &before).await;
+    until_waiting(live, "w24", &before, &pttls).await;
     for _ in 1..8 {
         let mut next = acquisition();
         assert!(futures::poll!(&mut next).is_pending(), "queued");
