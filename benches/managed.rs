@@ -1,5 +1,5 @@
 //! What the `EVAL` fallback costs (issue 15, item 5): acquire latency on three masters that
-//! refuse `SCRIPT LOAD` (every script sent as `EVAL` with its body) against three that take
+//! refuse `EVALSHA` (every script sent as `EVAL` with its body) against three that take
 //! `EVALSHA`, in the same run. Report the ratio, never the lone figure.
 //!
 //! `cargo bench --features testkit --bench managed`.
@@ -47,7 +47,7 @@ fn eval_fallback(c: &mut Criterion) {
     let plain = LocalCluster::start(3).unwrap_or_else(|e| panic!("{e}"));
     let restricted = LocalCluster::start_with(
         3,
-        &ServerOptions::new().config_line("user default on nopass ~* &* +@all -script|load"),
+        &ServerOptions::new().config_line("user default on nopass ~* &* +@all -evalsha"),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let targets = [

@@ -25,7 +25,7 @@ use crate::error::{Error, FailureList, NodeError, NodeFailure};
 use crate::metrics;
 use crate::node::commands;
 use crate::node::scripts::{self, AcquireForms, ScriptCall};
-use crate::node::{HoldOut, Op};
+use crate::node::{HoldOut, Node, Op};
 
 /// How many extra rounds an acquisition makes, beyond its retries, to resolve contention:
 /// rounds refused although no value stood on a quorum (contenders that started together split
@@ -350,14 +350,10 @@ impl Redlock {
         called: Instant,
     ) -> Arc<LockState> {
         self.count_acquire("acquired", called.elapsed(), req.key);
-        let state = self.held_state(LockState::new(
-            req.keys,
-            value,
-            won.token,
-            won.seen,
-            req.ttl,
-            won.deadline,
-        ));
+        let state = self.held_state(
+            LockState::new(req.keys, value, won.token, won.seen, req.ttl, won.deadline)
+                .won_by(won.tail.gate.clone()),
+        );
         self.keep_granted(&state, won.tail, req.caller);
         state
     }
@@ -370,8 +366,9 @@ impl Redlock {
     /// time, not only on the quorum that answered first, and a fresh client's lock is not left
     /// on a bare majority (issue 27). Not to nodes known down (their last call failed): a call
     /// waiting for such a node's new connection is left unsent, as the round did not wait for
-    /// it. The lock's extensions and release wait for that task (`LockState::until_handed`),
-    /// so on every node they run after the acquisition.
+    /// it. The lock's extensions wait for that task (`LockState::until_handed`), so on every
+    /// node they run after the acquisition; the release stops it (`LockState::stop_handing`):
+    /// the calls not yet handed are then never sent, and the release skips their nodes.
     fn keep_granted(&self, state: &Arc<LockState>, mut tail: Tail, caller: &tracing::Span) {
         // Closing leaves unsent the calls not yet handed: here only calls to nodes known down,
         // on which the lock then does not stand (as if they had not answered in time).
@@ -386,7 +383,11 @@ impl Redlock {
             async move {
                 // Ends the handing however the task ends (aborted with its runtime included).
                 let _handing = Handing(Arc::clone(&state));
-                tail.hand(|i, counter| state.late_yes(i, counter)).await;
+                // Until the release stops it (`LockState::stop_handing`), at the latest.
+                tokio::select! {
+                    () = tail.hand(|i, counter| state.late_yes(i, counter)) => {}
+                    () = state.handing_stopped() => {}
+                }
                 tail.gate.close();
                 state.keep_tail(tail);
             }
@@ -454,6 +455,7 @@ impl Redlock {
                 HoldOut::Respect,
                 Op::Acquire,
                 positive,
+                &[],
             )
             .await;
         match quorum::acquisition(round.verdict, || round.refusal()) {
@@ -685,14 +687,15 @@ impl Redlock {
             return ScriptCall::plain(commands::set_nx_px(lock_key, value, ttl_ms));
         }
         let nodes = &self.inner.nodes;
-        let pipelined = if self.inner.waiting.has_waited(lock_key) {
-            0
+        let (pipelined, may) = if self.inner.waiting.has_waited(lock_key) {
+            (0, 0)
         } else {
-            nodes.iter().filter(|n| n.pipelines()).count()
+            let count = |f: fn(&Node) -> bool| nodes.iter().filter(|n| f(n)).count();
+            (count(Node::pipelines), count(Node::may_pipeline))
         };
         let forms = AcquireForms {
             script: pipelined < nodes.len(),
-            pipelined: pipelined > 0,
+            pipelined: may > 0,
         };
         ScriptCall::fenced_acquire(lock_key, fence_key, value, ttl_ms, forms)
     }

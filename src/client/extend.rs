@@ -108,6 +108,7 @@ impl Redlock {
                 HoldOut::Respect,
                 Op::Extend,
                 positive,
+                &[],
             )
             .await;
         let decided = clock::now();
@@ -332,6 +333,7 @@ impl Redlock {
                 HoldOut::Respect,
                 Op::Extend,
                 positive,
+                &[],
             )
             .await;
         let decided = clock::now();

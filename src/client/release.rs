@@ -45,8 +45,9 @@ impl Redlock {
     /// `caller`'s span.
     async fn release_round(&self, state: &LockState, caller: &tracing::Span) -> Result<(), Error> {
         let _serial = state.serial().await;
-        // After the acquisition's own calls on every node (`LockState::until_handed`).
-        state.until_handed().await;
+        // After the acquisition's own calls on every node, and not to the nodes it never
+        // reached (`LockState::stop_handing`).
+        let never_sent = state.stop_handing(self.node_count()).await;
         let expired = state.deadline() <= clock::now();
         // Lost before the release (its signal fired): that is what the release reports.
         let lost = state.reason();
@@ -66,6 +67,7 @@ impl Redlock {
                 HoldOut::Ignore,
                 Op::Release,
                 |v| v >= 0,
+                &never_sent,
             )
             .await;
         // The unanswered releases must reach their nodes: dropped, a queued command may be
@@ -136,9 +138,9 @@ impl Redlock {
         let task_span = span.clone();
         let release = async move {
             let _serial = state.serial().await;
-            state.until_handed().await;
+            let never_sent = state.stop_handing(client.node_count()).await;
             let call = Arc::new(release_call(&state, client.inner.cfg.keys.is_compat()));
-            client.release_with(call, &[]).await;
+            client.release_with(call, &never_sent).await;
             if let Some(tail) = state.take_tail() {
                 client.settle(tail, false, &task_span);
             }

@@ -156,6 +156,7 @@ impl Tail {
         if let Some(calls) = &mut self.calls {
             let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
             while let std::task::Poll::Ready(Some((i, reply))) = calls.poll_next_unpin(&mut cx) {
+                self.answered[i] = true;
                 if let Ok(Value::Int(counter)) = &reply {
                     on_counter(i, *counter);
                 }
@@ -168,6 +169,15 @@ impl Tail {
     /// connection since (a call that answered later was handed too).
     fn all_handed(&self) -> bool {
         self.settled_but(|_| false)
+    }
+
+    /// Whether every call has answered, but for those that were never sent and never will be
+    /// (not handed when the round was closed): nothing is left to wait for.
+    fn only_unsent_left(&self) -> bool {
+        self.answered
+            .iter()
+            .enumerate()
+            .all(|(i, &answered)| answered || self.gate.never_sent(i))
     }
 
     /// Whether every call has answered or been handed, but for those to the nodes `excused`
@@ -200,6 +210,7 @@ impl Tail {
                     loop {
                         match calls.poll_next_unpin(cx) {
                             std::task::Poll::Ready(Some((i, reply))) => {
+                                self.answered[i] = true;
                                 if let Ok(Value::Int(counter)) = &reply {
                                     on_counter(i, *counter);
                                 }
@@ -235,14 +246,30 @@ impl Tail {
         got
     }
 
-    /// Drives the unanswered calls to their answer, bounded by the round's deadline.
-    pub(super) async fn drive(self) {
-        let Some(mut calls) = self.calls else {
-            return;
-        };
-        let _ = tokio::time::timeout_at(self.deadline, async {
-            while calls.next().await.is_some() {}
-        })
+    /// Drives the unanswered calls to their answer, bounded by the round's deadline; not those
+    /// of a closed round still waiting for their connection (they will never be sent).
+    pub(super) async fn drive(mut self) {
+        let deadline = self.deadline;
+        let _ = tokio::time::timeout_at(
+            deadline,
+            std::future::poll_fn(|cx| {
+                let Some(calls) = &mut self.calls else {
+                    return std::task::Poll::Ready(());
+                };
+                loop {
+                    match calls.poll_next_unpin(cx) {
+                        std::task::Poll::Ready(Some((i, _))) => self.answered[i] = true,
+                        std::task::Poll::Ready(None) => return std::task::Poll::Ready(()),
+                        std::task::Poll::Pending => break,
+                    }
+                }
+                if self.only_unsent_left() {
+                    std::task::Poll::Ready(())
+                } else {
+                    std::task::Poll::Pending
+                }
+            }),
+        )
         .await;
     }
 }
@@ -251,7 +278,10 @@ impl Redlock {
     /// Sends `call` to every node at once, each bounded by `deadline`, and returns as soon as the
     /// verdict is certain. Unanswered calls are handed back in `rest`. With `closes_at`, no
     /// call of the round is sent (nor re-sent as `EVAL`) from that time on the deadline clock.
-    /// `yes` tells which integer replies count as a yes; every other reply is a refusal.
+    /// `yes` tells which integer replies count as a yes; every other reply is a refusal. The
+    /// nodes `skip` marks get no call: each counts as answering `0` (a release: nothing of ours
+    /// there).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn round(
         &self,
         call: Arc<ScriptCall>,
@@ -260,15 +290,18 @@ impl Redlock {
         hold_out: HoldOut,
         op: Op,
         yes: fn(i64) -> bool,
+        skip: &[bool],
     ) -> Round {
         self.schedule_repairs();
         let nodes = &self.inner.nodes;
         let n = nodes.len();
         let start = Instant::now();
         let gate = RoundGate::new(n, closes_at);
+        let skipped = |i: usize| skip.get(i).copied().unwrap_or(false);
         let mut rest: FuturesUnordered<_> = nodes
             .iter()
             .enumerate()
+            .filter(|&(i, _)| !skipped(i))
             .map(|(i, node)| {
                 // A combinator, not `async move { (i, fut.await) }`: an async block holds the
                 // captured future and the awaited one in separate slots, twice its size, and a
@@ -279,6 +312,9 @@ impl Redlock {
             })
             .collect();
         let mut answers = Answers::new(n);
+        for i in (0..n).filter(|&i| skipped(i)) {
+            answers.record(i, Ok(Value::Int(0)), yes, nodes[i].name());
+        }
         // An acquisition refused by a quorum also waits until it is known whether that was
         // contention (see `quorum::refusal`); nothing else does.
         let classify = op == Op::Acquire;

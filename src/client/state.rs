@@ -15,6 +15,7 @@ use crate::core::lock;
 use crate::core::token::FencingToken;
 use crate::error::{Error, LostReason, NodeError, NodeFailure};
 use crate::metrics;
+use crate::node::RoundGate;
 
 /// Per node, the connection generation on which the node's fencing counter was seen at or
 /// above the lock's token (its `INCR` in the winning round returned the token or more, before
@@ -99,12 +100,17 @@ pub(crate) struct LockState {
     /// during) a release, so an extension can never re-set a key the release removed.
     serial: tokio::sync::Mutex<()>,
     /// While the winning round's calls to nodes still connecting at the grant are being sent
-    /// (`Tail::hand`): until when at the latest (the round's deadline). Extensions and the
-    /// release wait for it, so that each of their calls is queued after the acquisition's on
-    /// its node's connection.
+    /// (`Tail::hand`): until when at the latest (the round's deadline). Extensions wait for
+    /// it, so that each of their calls is queued after the acquisition's on its node's
+    /// connection; the release stops it first (`stop_handing`).
     handing: Mutex<Option<tokio::time::Instant>>,
     /// Notified when the handing ends.
     handed: tokio::sync::Notify,
+    /// Notified when the release stops the handing (`stop_handing`).
+    stop: tokio::sync::Notify,
+    /// The gate of the round that won the lock (none for a lock resumed from elsewhere): which
+    /// of its calls were handed to their connections.
+    won: Option<RoundGate>,
     /// Whether this lock's metrics carry its name (`RedlockBuilder::metrics_lock_label`).
     labelled: bool,
     /// Its share of the locks-held gauge and its hold time: from the grant to the release,
@@ -136,9 +142,17 @@ impl LockState {
             serial: tokio::sync::Mutex::new(()),
             handing: Mutex::new(None),
             handed: tokio::sync::Notify::new(),
+            stop: tokio::sync::Notify::new(),
+            won: None,
             labelled: false,
             held: metrics::Held::default(),
         }
+    }
+
+    /// The gate of the round that won the lock.
+    pub(crate) fn won_by(mut self, gate: RoundGate) -> Self {
+        self.won = Some(gate);
+        self
     }
 
     /// Gives this lock's metrics its name as a label when `on`
@@ -221,6 +235,30 @@ impl LockState {
                 return;
             }
         }
+    }
+
+    /// Resolves when the release stops the handing (`stop_handing`), at once if it already has.
+    pub(crate) async fn handing_stopped(&self) {
+        self.stop.notified().await;
+    }
+
+    /// Before the release: closes the winning round, so that its calls not yet handed to their
+    /// connections are never sent, stops the task handing them and waits until it has ended
+    /// (its last poll queued every call it handed), and returns the nodes where the acquisition
+    /// was never sent: the release skips them, as nothing of ours can stand there. A node whose
+    /// connection is still being made (a fresh client's, to a hung node) is thus never waited
+    /// for; one whose call was handed gets the release, queued after the acquisition.
+    /// `n`: how many nodes the client has.
+    pub(crate) async fn stop_handing(&self, n: usize) -> smallvec::SmallVec<[bool; 8]> {
+        let Some(gate) = &self.won else {
+            return smallvec::SmallVec::new();
+        };
+        gate.close();
+        if lock(&self.handing).is_some() {
+            self.stop.notify_one();
+        }
+        self.until_handed().await;
+        (0..n).map(|i| gate.never_sent(i)).collect()
     }
 
     /// Reads the answers the winning round's calls have given since the grant, without

@@ -53,8 +53,8 @@ pub struct NodeStatus {
     /// unread `maxmemory*` leave [`eviction`](Self::eviction) unknown. Empty when all were
     /// read, and before any connect. See `docs/acl.md`.
     pub unchecked: Vec<&'static str>,
-    /// Whether scripts go to this node as `EVAL` with their body, because it refuses
-    /// `SCRIPT LOAD` or `EVALSHA` (see `docs/acl.md`).
+    /// Whether scripts go to this node as `EVAL` with their body, because it refused an
+    /// `EVALSHA` (see `docs/acl.md`).
     pub scripts_by_eval: bool,
 }
 

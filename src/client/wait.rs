@@ -177,8 +177,8 @@ impl Waiting {
 impl Redlock {
     /// Joins the queue of `lock_key`'s waiters in this client: subscribes on every node and
     /// sets the waiters marker there (both awaited for at most the node timeout), so that a
-    /// release from now on publishes a notice. The caller then makes one more round: the lock
-    /// may have been released before the marker stood.
+    /// release from now on publishes a notice. The caller then reads the holder's key: the
+    /// lock may have been released before the marker stood.
     pub(crate) async fn wait_for(&self, lock_key: &str) -> (Arc<KeyWait>, Ticket) {
         let waiting = &self.inner.waiting;
         let hub = &waiting.hub;

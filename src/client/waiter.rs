@@ -187,38 +187,56 @@ impl<'a> Waiter<'a> {
     }
 
     /// Pauses after a failed round until the next one, `until` at the latest. The first
-    /// refusal by a holder (`held`) of a wait joins the queue and returns at once (the lock may
-    /// have been released before the marker stood). A registered waiter waits for a notice
-    /// whatever refused its round: a round that could not reach a quorum (a node hung, the
-    /// others split between the holder's value and ours) is usually followed by the holder's
-    /// release.
+    /// refusal by a holder (`held`) of a wait joins the queue, then reads the holder's key: a
+    /// release from the time the marker and subscriptions stand is announced, and one before
+    /// shows as the key gone, so the next round follows at once only then; while the key
+    /// stands, the waiter waits as a registered one (one refused round per hold, not two). A
+    /// registered waiter waits for a notice whatever refused its round: a round that could not
+    /// reach a quorum (a node hung, the others split between the holder's value and ours) is
+    /// usually followed by the holder's release.
     pub(super) async fn pause(&mut self, held: bool, until: Instant) {
         match &self.queued {
             None if self.waits && held => {
-                self.queued = Some(self.client.wait_for(self.keys.lock()).await);
+                let (kw, ticket) = self.client.wait_for(self.keys.lock()).await;
                 self.polls = 0;
+                // Notices count from here: those before were not for this waiter's round.
+                self.epoch = kw.epoch();
+                let holder = self.client.holder_pause(self.keys.lock()).await;
+                self.queued = Some((Arc::clone(&kw), ticket));
+                if let Some(pause) = holder
+                    && pause > timing::HOLDER_READ_AGAIN
+                {
+                    self.wait_registered(&kw, (Instant::now() + pause).min(self.give_up_at))
+                        .await;
+                }
             }
             Some((kw, _)) => {
-                let woken = self.await_release_or_expiry(kw, until).await;
-                tracing::trace!(key = self.keys.key(), ?woken, "waiter woken");
-                match woken {
-                    Woken::Notice => {
-                        self.polls = 0;
-                        // Other clients wait too: take turns with them (`queue::defer`),
-                        // unless this waiter has already lost twice in a row.
-                        self.losses += 1;
-                        let defer = kw.deferral();
-                        if self.losses <= MAX_DEFERRED_LOSSES && !defer.is_zero() {
-                            tokio::time::sleep(defer).await;
-                        }
-                    }
-                    Woken::Timer => self.polls = self.polls.saturating_add(1),
-                }
+                let kw = Arc::clone(kw);
+                self.wait_registered(&kw, until).await;
             }
             None => {
                 self.polls = self.polls.saturating_add(1);
                 tokio::time::sleep_until(until).await;
             }
+        }
+    }
+
+    /// A registered waiter's pause: until a release notice, the holder's expiry or `until`.
+    async fn wait_registered(&mut self, kw: &KeyWait, until: Instant) {
+        let woken = self.await_release_or_expiry(kw, until).await;
+        tracing::trace!(key = self.keys.key(), ?woken, "waiter woken");
+        match woken {
+            Woken::Notice => {
+                self.polls = 0;
+                // Other clients wait too: take turns with them (`queue::defer`), unless this
+                // waiter has already lost twice in a row.
+                self.losses += 1;
+                let defer = kw.deferral();
+                if self.losses <= MAX_DEFERRED_LOSSES && !defer.is_zero() {
+                    tokio::time::sleep(defer).await;
+                }
+            }
+            Woken::Timer => self.polls = self.polls.saturating_add(1),
         }
     }
 

@@ -1,4 +1,4 @@
-//! Waiting, as its own small model (issue 27): a waiter's rounds between two changes of the key
+//! Waiting, as its own small model: a waiter's rounds between two changes of the key
 //! it waits for (the holder's grant, release, expiry) are bounded.
 //!
 //! Three nodes; a holder whose key stands on a bare majority (nodes 0 and 1: node 2 missed its
@@ -6,8 +6,8 @@
 //! value where the key is absent and wins with a quorum; a round that does not win is undone
 //! (its value deleted where it was set), and the undo announces itself to waiters only as the
 //! library's rule says (`quorum::undo_announces`). The first refusal registers the waiter (the
-//! waiters marker, from which on a release publishes a notice) and is followed by one more
-//! round at once. A registered waiter makes a round on a notice, or when its timer finds the key
+//! waiters marker, from which on a release publishes a notice), which then reads the key as its
+//! timer does. A registered waiter makes a round on a notice, or when its timer finds the key
 //! free on a quorum (`timing::quorum_free_in` of the nodes' `PTTL`s: a timer that finds the key
 //! still standing reads again instead of making a round). The holder may release (a notice
 //! when the marker exists), let its key expire (no notice) or acquire again when a quorum is
@@ -19,15 +19,15 @@
 //! for its turn: a notice of another release makes it read the key (`PTTL`) and take its turn
 //! when a quorum is free; so does its timer.
 //!
-//! Checked: at most two rounds between two changes (the first one and the one after
-//! registering), mutual exclusion, that the waiter can acquire (also behind a silent
-//! predecessor), and the lower bound: a release notice that finds the key free on a quorum is
-//! followed by the waiter's round within two of its own steps (a read, a round), its timer not
-//! counted. The mutant `self_wake` puts issue 27's bug back (every undo announces itself): the
-//! waiter, woken by its own undo's notice, makes round after round while the holder's key
-//! stands on two nodes, and the checker finds the third round. The mutant `keep_handed` waits
-//! for the silent predecessor's notice only: the holder's release is announced and the waiter
-//! has no step to take but its timer.
+//! Checked: at most one round between two changes (after its first refusal the waiter waits for
+//! a notice or for its read of the key to find it free, it makes no second round at once),
+//! mutual exclusion, that the waiter can acquire (also behind a silent predecessor), and the
+//! lower bound: a release notice that finds the key free on a quorum is followed by the
+//! waiter's round within two of its own steps (a read, a round), its timer not counted. The
+//! mutant `self_wake` (every undo announces itself) makes the waiter, woken by its own undo's
+//! notice, make round after round while the holder's key stands on two nodes, and the checker
+//! finds the second round. The mutant `keep_handed` waits for the silent predecessor's notice
+//! only: the holder's release is announced and the waiter has no step to take but its timer.
 
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
@@ -38,7 +38,7 @@ const N: usize = 3;
 /// Changes of the key the holder makes at most (release, expiry, acquisition).
 const CHANGES: u8 = 3;
 /// The bound checked: a waiter's rounds between two changes of the key.
-const ROUNDS: u8 = 2;
+const ROUNDS: u8 = 1;
 
 const BOUNDED: &str = "a waiter's rounds between two changes of the key are bounded";
 const MUTEX: &str = "mutual exclusion";
@@ -59,7 +59,7 @@ enum Key {
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 enum Phase {
-    /// About to make a round at once (its first, or the one after registering).
+    /// About to make its first round.
     Round,
     /// Its round did not win: the undo is next, on the nodes where its value was set.
     Undo,
@@ -103,7 +103,7 @@ enum Action {
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Waiting {
-    /// Every undo announces itself (issue 27's bug).
+    /// Every undo announces itself (the undo runs the ordinary release script).
     self_wake: bool,
     /// Only the predecessor's own release notice (or the timer) ends the wait for the turn.
     keep_handed: bool,
@@ -245,13 +245,16 @@ impl Model for Waiting {
                 if announces && s.marker {
                     s.notices = s.notices.saturating_add(1).min(2);
                 }
-                if s.marker {
-                    s.phase = Phase::Waiting;
+                // The first refusal registers; then, as every later one, the waiter waits for a
+                // notice or for its read of the key to find it free on a quorum (behind a
+                // predecessor that let go silently, for its turn).
+                let first = !s.marker;
+                s.marker = true;
+                s.phase = if first && s.handed {
+                    Phase::Turn
                 } else {
-                    // The first refusal: register, then one more round at once, in turn.
-                    s.marker = true;
-                    s.phase = if s.handed { Phase::Turn } else { Phase::Round };
-                }
+                    Phase::Waiting
+                };
             }
             Action::WaiterReads => {
                 // Notices after the read start a new one.

@@ -1,7 +1,7 @@
 //! The one self-healing connection to a node: established lazily in a spawned task bounded by
 //! the connect timeout, replaced only when it breaks (so a node's calls travel in order), and
-//! the connect itself (TCP/TLS settings, scripts loaded, `INFO` and `CONFIG GET` read for the
-//! restart and eviction guards in one round trip). Every connection the crate opens to a node,
+//! the connect itself (TCP/TLS settings, `INFO` and `CONFIG GET` read for the restart and
+//! eviction guards in one round trip). Every connection the crate opens to a node,
 //! pub/sub included, is opened here.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,12 +16,12 @@ use tokio::time::Instant;
 
 use super::address::redact;
 use super::gate::QUEUE;
-use super::health::{durability_marker, parse_info, promoted, read_config, server_identity};
+use super::health::{durability_marker, parse_info, promoted, read_settings, server_identity};
 use super::member::{self, MemberConn, MemberKind};
 use super::{Node, scripts};
 use crate::core::health::classify_eviction;
 use crate::core::lock;
-use crate::error::{ConfigError, NodeError, RedisText};
+use crate::error::{ConfigError, NodeError};
 
 /// The certificates for `rediss://` nodes, when configured (feature `tls`).
 #[cfg(feature = "tls")]
@@ -191,7 +191,9 @@ impl Node {
         .map_err(|e| self.connect_error(e))
     }
 
-    /// Connects, loads every script and reads `run_id` / `uptime_in_seconds` in one round trip.
+    /// Connects and reads what the guards need (`INFO`, `CONFIG GET`: one round trip on Redis
+    /// ≥ 7). Scripts are not loaded: a call's `EVALSHA` answered `NOSCRIPT` falls back to `EVAL`,
+    /// which leaves the script in the server's cache for every later call and client.
     ///
     /// A Cluster member reads every master's `INFO server` and `INFO replication` instead (its
     /// identity is their run ids, its age its youngest master's, a promoted one counting as
@@ -210,14 +212,6 @@ impl Node {
         let view = member::cluster_view(&mut cluster)
             .await
             .map_err(|e| self.connect_error(e))?;
-        for lua in scripts::on_lock_nodes() {
-            // Routed to every node by the cluster client; a failure only costs an EVAL later.
-            let _: redis::RedisResult<redis::Value> = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(lua.code())
-                .query_async(&mut cluster)
-                .await;
-        }
         let (run_id, uptime) = (view.run_id(), view.uptime);
         *lock(&self.cluster) = view;
         self.peers.record(self.index, &run_id);
@@ -228,66 +222,35 @@ impl Node {
 
     /// The connect of a standalone master or a Sentinel member's primary.
     ///
-    /// A refused `SCRIPT LOAD` (an ACL such as `-script|load`) does not fail the connect: the
-    /// node then gets its scripts as `EVAL` (see `scripts.rs`). `INFO` is required: the restart
-    /// guard cannot work without the run id and uptime. The server's version decides the fenced
-    /// acquire's form (`fence.rs`).
+    /// `INFO` is required: the restart guard cannot work without the run id and uptime. The
+    /// server's version decides the fenced acquire's form (`fence.rs`).
     async fn meet_server(
         &self,
         mut conn: MultiplexedConnection,
         generation: u64,
     ) -> Result<MemberConn, NodeError> {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        pipe.cmd("INFO").arg("server");
-        pipe.cmd("INFO").arg("persistence");
-        pipe.cmd("INFO").arg("replication");
-        pipe.cmd("TIME");
-        let sentinel = self.member.kind() == MemberKind::Sentinel;
-        // Whether the server runs `EVAL` (a server may rename it away with `rename-command`).
-        pipe.cmd("EVAL").arg("return 1").arg(0);
-        for lua in scripts::on_lock_nodes() {
-            pipe.cmd("SCRIPT").arg("LOAD").arg(lua.code());
-        }
         let sent = super::wallclock::ours();
-        let replies: Vec<redis::Value> = pipe
-            .query_async(&mut conn)
+        let (info, config, eval) = read_settings(&mut conn)
             .await
             .map_err(|e| self.connect_error(e))?;
         let received = super::wallclock::ours();
-        let mut replies = replies.into_iter().map(redis::Value::extract_error);
-        let mut info = || -> Result<String, NodeError> {
-            let value = replies
-                .next()
-                .unwrap_or(Ok(redis::Value::Nil))
-                .map_err(|e| self.connect_error(e))?;
-            redis::from_redis_value(value)
-                .map_err(|_| NodeError::BadReply("INFO did not answer with text".to_owned()))
-        };
-        let (info, persistence, replication) = (info()?, info()?, info()?);
-        // The clock-jump check's baseline; a refused `TIME` leaves the connection unchecked.
-        let clock = replies
-            .next()
-            .and_then(Result::ok)
-            .and_then(super::wallclock::parse_time)
-            .map(|server| crate::core::health::ClockReading {
+        // One reply holds the server, persistence and replication sections.
+        let sentinel = self.member.kind() == MemberKind::Sentinel;
+        let replication = info.as_str();
+        // The clock-jump check's baseline: the server's time in the same `INFO` reply (a server
+        // that does not report it leaves the connection unchecked).
+        let clock = super::wallclock::parse_info_time(&info).map(|server| {
+            crate::core::health::ClockReading {
                 sent,
                 received,
                 server,
-            });
-        let eval = replies.next().unwrap_or(Ok(redis::Value::Nil));
-        match replies.find_map(Result::err) {
-            Some(e) => self.use_eval(&match scripts::denial(&e, Some("SCRIPT|LOAD")) {
-                Some(NodeError::Denied { command, .. }) => command,
-                _ => format!("SCRIPT LOAD ({})", RedisText(&e)),
-            }),
-            None => self.scripts_loaded(),
-        }
-        // Every script may go as `EVAL` (after a `NOSCRIPT`, on a node that refuses or does
-        // not know `EVALSHA` or `SCRIPT LOAD`): a server that does not know it cannot serve the
-        // protocol, and must not vote (a plain `SET NX` acquisition would be granted there and
-        // lost at the first extension). An ACL refusal is the ACL's error, at the call.
-        if let Err(e) = eval
+            }
+        });
+        // Every script may go as `EVAL` (a connection's first call of it, after a `NOSCRIPT`, on
+        // a node that refuses or does not know `EVALSHA`): a server that does not know it cannot
+        // serve the protocol, and must not vote (a plain `SET NX` acquisition would be granted
+        // there and lost at the first extension). An ACL refusal is the ACL's error, at the call.
+        if let Some(Err(e)) = eval.map(redis::Value::extract_error)
             && scripts::unknown_command(&e).is_some_and(|c| c == "EVAL")
         {
             return Err(NodeError::Unsupported {
@@ -297,8 +260,7 @@ impl Node {
         let (run_id, uptime) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
         self.observe_fence(generation, super::fence::redis_major(&info));
-        let aof = persistence.lines().any(|l| l.trim() == "aof_enabled:1");
-        let config = read_config(&mut conn).await;
+        let aof = info.lines().any(|l| l.trim() == "aof_enabled:1");
         self.observe_config(&config);
         // A server that was a replica during its current process (a Sentinel member's primary
         // may always have been one) holds what replication brought it: its durability marker
@@ -367,6 +329,9 @@ pub(crate) fn open_client(url: &str, tls: &Tls) -> Result<redis::Client, ConfigE
         .into_connection_info()
         .map_err(invalid)?
         .set_tcp_settings(tcp_settings());
+    // No `CLIENT SETINFO` on connect: two commands per connection the lock does not need.
+    let redis = info.redis_settings().clone().set_skip_set_lib_name();
+    let info = info.set_redis_settings(redis);
     #[cfg(not(feature = "tls"))]
     let _ = tls;
     #[cfg(feature = "tls")]

@@ -8,7 +8,7 @@
 //! `docs/safety.md`, "Fencing tokens". The connect reads the server's version (`INFO server`)
 //! and decides the form for that connection.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use redis::{Pipeline, Value};
 
@@ -26,6 +26,8 @@ pub(crate) struct FencePath {
     force_script: bool,
     /// The connection generation whose acquires are pipelined (0: none).
     ready: AtomicU64,
+    /// Whether a connect has read the server's version yet.
+    met: AtomicBool,
 }
 
 impl FencePath {
@@ -60,6 +62,7 @@ impl Node {
     pub(super) fn observe_fence(&self, generation: u64, major: Option<u32>) {
         let path = &self.fence;
         path.ready.store(0, Ordering::Release);
+        path.met.store(true, Ordering::Release);
         if !path.fenced || path.forced_to_script() || major.is_none_or(|m| m < 7) {
             return;
         }
@@ -71,6 +74,18 @@ impl Node {
     /// building a round's call: [`Self::pipelines_on`] decides per send).
     pub(crate) fn pipelines(&self) -> bool {
         self.fence.ready.load(Ordering::Acquire) != 0
+    }
+
+    /// Whether acquires to this node may be pipelined: they are, or the node has not been met
+    /// yet and may turn out to take them (a fresh client's first round then carries both forms,
+    /// and the connect decides: a new process's lock costs a Redis 7 node no script).
+    pub(crate) fn may_pipeline(&self) -> bool {
+        let path = &self.fence;
+        self.pipelines()
+            || (path.fenced
+                && !path.forced_to_script()
+                && !self.is_cluster()
+                && !path.met.load(Ordering::Acquire))
     }
 
     /// Whether acquires on the connection of `generation` are pipelined.

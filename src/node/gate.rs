@@ -2,7 +2,7 @@
 //! the round is closed (nothing of it sent any more).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use smallvec::SmallVec;
 
@@ -26,6 +26,10 @@ pub(crate) const QUEUE: usize = 1 << 16;
 /// queued after it; dropped before redis-rs writes it, it may be skipped, but a kept future,
 /// even unpolled, keeps it. A call still waiting for its connection is sent only if polled.
 ///
+/// Closing and handing exclude each other per call: once [`close`](Self::close) has returned,
+/// no call of the round passes any more, and every call that passed before is seen handed.
+/// So after a round is closed, a call not handed was never sent, and never will be.
+///
 /// A gate may also close by itself at a time on the deadline clock (an extension's gate
 /// closes at the lock's deadline: nothing of it is sent after), and a call's `EVAL` fallback
 /// after a `NOSCRIPT` reply is a new send: it passes the gate again.
@@ -37,9 +41,15 @@ struct GateState {
     closed: AtomicBool,
     /// When the round closes by itself, on the deadline clock.
     until: Option<Stamp>,
-    /// Inline (in the gate's one allocation) for up to 8 nodes.
-    handed: SmallVec<[AtomicBool; 8]>,
+    /// Per call, [`HANDED`] once it passed, [`SHUT`] once the round was closed. Inline (in the
+    /// gate's one allocation) for up to 8 nodes.
+    calls: SmallVec<[AtomicU8; 8]>,
 }
+
+/// A call's bit: it passed the gate (handed to its connection).
+const HANDED: u8 = 1;
+/// A call's bit: its round was closed; it passes no more.
+const SHUT: u8 = 2;
 
 impl RoundGate {
     /// A gate for `n` calls; with `until`, it also closes by itself then (deadline clock).
@@ -47,13 +57,16 @@ impl RoundGate {
         RoundGate(Arc::new(GateState {
             closed: AtomicBool::new(false),
             until,
-            handed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            calls: (0..n).map(|_| AtomicU8::new(0)).collect(),
         }))
     }
 
     /// Closes the round: calls still waiting for a connection will not be sent.
     pub(crate) fn close(&self) {
         self.0.closed.store(true, Ordering::Release);
+        for call in &self.0.calls {
+            call.fetch_or(SHUT, Ordering::AcqRel);
+        }
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -62,10 +75,17 @@ impl RoundGate {
 
     /// Whether call `i` has been handed to its connection.
     pub(crate) fn handed(&self, i: usize) -> bool {
-        self.0
-            .handed
-            .get(i)
-            .is_some_and(|h| h.load(Ordering::Acquire))
+        self.state(i) & HANDED != 0
+    }
+
+    /// Whether call `i` was never handed to its connection and never will be (its round was
+    /// closed with [`close`](Self::close) first): nothing of it reached its node.
+    pub(crate) fn never_sent(&self, i: usize) -> bool {
+        self.state(i) == SHUT
+    }
+
+    fn state(&self, i: usize) -> u8 {
+        self.0.calls.get(i).map_or(0, |c| c.load(Ordering::Acquire))
     }
 
     /// Lets call `i` through (marking it handed), unless the round is closed. Checked right
@@ -74,9 +94,13 @@ impl RoundGate {
         if self.is_closed() {
             return false;
         }
-        if let Some(h) = self.0.handed.get(i) {
-            h.store(true, Ordering::Release);
-        }
-        true
+        let Some(call) = self.0.calls.get(i) else {
+            return true;
+        };
+        // One atomic step, so that a `close` in between either stops this call or sees it.
+        call.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+            (s & SHUT == 0).then_some(s | HANDED)
+        })
+        .is_ok()
     }
 }

@@ -511,47 +511,95 @@ pub(crate) struct NodeConfig {
     pub(super) policy: Option<String>,
 }
 
-/// Reads `appendfsync`, `maxmemory` and `maxmemory-policy` in one round trip. Any error
-/// (CONFIG renamed or forbidden, as managed services do) leaves them all unknown: the node is
-/// then treated as one that may lose its last writes in a restart, and its eviction risk is
-/// reported as unknown; the connect goes on. Each reply is read in both shapes: a flat list
-/// `[name, value]` (RESP2) or a map `{name: value}` (RESP3, a `?protocol=resp3` URL or a
-/// user's RESP3 client).
-pub(crate) async fn read_config(conn: &mut MultiplexedConnection) -> NodeConfig {
+/// The settings a connect reads with `CONFIG GET`.
+const SETTINGS: [&str; 3] = ["appendfsync", "maxmemory", "maxmemory-policy"];
+
+/// Reads what a connect needs in one round trip on Redis ≥ 7: the `INFO` sections the guards
+/// and the fenced acquire read (server, persistence, replication; one reply) and `appendfsync`,
+/// `maxmemory` and `maxmemory-policy` (one `CONFIG GET`). An older server takes one section and
+/// one setting per command and refuses both: it then gets its default `INFO` (which holds those
+/// sections) and one `CONFIG GET` per setting, in a second round trip. A refused `INFO` is an
+/// error (the connect fails). A refused `CONFIG GET` (renamed or forbidden, as managed services
+/// do) leaves every setting unknown: the node is then treated as one that may lose its last
+/// writes in a restart, and its eviction risk is reported as unknown; the connect goes on.
+///
+/// The same round trip asks the server to run a script (`EVAL "return 1" 0`): its reply is
+/// returned as it came, for the connect to tell a server that cannot run scripts.
+pub(crate) async fn read_settings(
+    conn: &mut MultiplexedConnection,
+) -> redis::RedisResult<(String, NodeConfig, Option<redis::Value>)> {
     let mut pipe = redis::pipe();
-    for name in ["appendfsync", "maxmemory", "maxmemory-policy"] {
+    pipe.ignore_errors();
+    pipe.cmd("INFO")
+        .arg("server")
+        .arg("persistence")
+        .arg("replication");
+    pipe.cmd("CONFIG").arg("GET").arg(&SETTINGS[..]);
+    pipe.cmd("EVAL").arg("return 1").arg(0);
+    let replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+    let mut replies = replies.into_iter();
+    let (info, config, eval) = (replies.next(), replies.next(), replies.next());
+    if let Some(Ok(info)) = info.map(redis::Value::extract_error) {
+        let config = config.map_or_else(NodeConfig::default, NodeConfig::from_reply);
+        return Ok((redis::from_redis_value(info)?, config, eval));
+    }
+    let info: String = redis::cmd("INFO").query_async(conn).await?;
+    let mut pipe = redis::pipe();
+    for name in SETTINGS {
         pipe.cmd("CONFIG").arg("GET").arg(name);
     }
-    let reply: redis::RedisResult<(redis::Value, redis::Value, redis::Value)> =
-        pipe.query_async(conn).await;
-    match reply {
-        Ok((fsync, maxmemory, policy)) => NodeConfig {
-            appendfsync: config_value(fsync),
-            maxmemory: config_value(maxmemory),
-            policy: config_value(policy),
-        },
+    let replies: redis::RedisResult<Vec<redis::Value>> = pipe.query_async(conn).await;
+    let config = match replies {
+        Ok(replies) => {
+            let pairs = replies.into_iter().filter_map(config_pairs).flatten();
+            NodeConfig::from_pairs(pairs.collect())
+        }
         Err(_) => NodeConfig::default(),
+    };
+    Ok((info, config, eval))
+}
+
+impl NodeConfig {
+    /// The settings in a `CONFIG GET` reply; all unknown if it is an error.
+    fn from_reply(reply: redis::Value) -> Self {
+        config_pairs(reply).map_or_else(NodeConfig::default, NodeConfig::from_pairs)
+    }
+
+    fn from_pairs(pairs: Vec<(String, String)>) -> Self {
+        let get = |name: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.clone())
+        };
+        NodeConfig {
+            appendfsync: get(SETTINGS[0]),
+            maxmemory: get(SETTINGS[1]),
+            policy: get(SETTINGS[2]),
+        }
     }
 }
 
-/// The value in one `CONFIG GET name` reply: `[name, value]` (RESP2) or `{name: value}`
-/// (RESP3); `None` for any other shape (no such setting, an error).
-pub(crate) fn config_value(reply: redis::Value) -> Option<String> {
-    let value = match reply {
-        redis::Value::Array(pair) => <[redis::Value; 2]>::try_from(pair)
-            .ok()?
-            .into_iter()
-            .nth(1)?,
-        redis::Value::Map(pairs) => {
-            <[(redis::Value, redis::Value); 1]>::try_from(pairs)
-                .ok()?
-                .into_iter()
-                .next()?
-                .1
+/// The `(name, value)` pairs of a `CONFIG GET` reply: a flat list `[name, value, ...]` (RESP2)
+/// or a map `{name: value}` (RESP3, a `?protocol=resp3` URL or a user's RESP3 client); `None`
+/// for any other shape (an error).
+pub(crate) fn config_pairs(reply: redis::Value) -> Option<Vec<(String, String)>> {
+    let text = |v: redis::Value| redis::from_redis_value::<String>(v).ok();
+    match reply {
+        redis::Value::Array(flat) => {
+            let mut items = flat.into_iter();
+            let mut pairs = Vec::new();
+            while let (Some(name), Some(value)) = (items.next(), items.next()) {
+                pairs.push((text(name)?, text(value)?));
+            }
+            Some(pairs)
         }
-        _ => return None,
-    };
-    redis::from_redis_value(value).ok()
+        redis::Value::Map(map) => map
+            .into_iter()
+            .map(|(name, value)| Some((text(name)?, text(value)?)))
+            .collect(),
+        _ => None,
+    }
 }
 
 /// Writes the node's durability marker (`key`: `P:durability-marker`) if it has none (`SET NX`,
@@ -624,13 +672,26 @@ mod tests {
     fn config_get_replies_are_read_in_both_protocols() {
         use redis::Value;
         let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-        let resp2 = Value::Array(vec![bulk("maxmemory-policy"), bulk("volatile-lru")]);
-        let resp3 = Value::Map(vec![(bulk("maxmemory-policy"), bulk("volatile-lru"))]);
-        assert_eq!(config_value(resp2).as_deref(), Some("volatile-lru"));
-        assert_eq!(config_value(resp3).as_deref(), Some("volatile-lru"));
-        assert_eq!(config_value(Value::Array(vec![])), None);
-        assert_eq!(config_value(Value::Map(vec![])), None);
-        assert_eq!(config_value(Value::Nil), None);
+        let resp2 = Value::Array(vec![
+            bulk("maxmemory"),
+            bulk("0"),
+            bulk("maxmemory-policy"),
+            bulk("volatile-lru"),
+        ]);
+        let resp3 = Value::Map(vec![
+            (bulk("maxmemory-policy"), bulk("volatile-lru")),
+            (bulk("maxmemory"), bulk("0")),
+        ]);
+        for reply in [resp2, resp3] {
+            let config = NodeConfig::from_reply(reply);
+            assert_eq!(config.policy.as_deref(), Some("volatile-lru"));
+            assert_eq!(config.maxmemory.as_deref(), Some("0"));
+            assert_eq!(config.appendfsync, None);
+        }
+        assert_eq!(config_pairs(Value::Array(vec![])), Some(vec![]));
+        assert_eq!(config_pairs(Value::Map(vec![])), Some(vec![]));
+        assert_eq!(config_pairs(Value::Nil), None);
+        assert_eq!(NodeConfig::from_reply(Value::Nil).policy, None);
     }
 
     #[test]

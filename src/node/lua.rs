@@ -1,5 +1,5 @@
 //! Every Lua script the library runs, in one place, each with its KEYS, ARGV and reply: the
-//! lock's scripts (loaded on every lock node's connect, [`on_lock_nodes`]), an election's two
+//! lock's scripts (run on every lock node by `EVALSHA`, [`on_lock_nodes`]), an election's two
 //! (sent with their body once per term) and `fenced_set`'s (run on the user's own Redis). How a
 //! script is called, and its `EVAL` fallback, is `scripts.rs`'s.
 
@@ -31,7 +31,7 @@ impl Lua {
     }
 }
 
-/// The scripts a lock node runs, loaded on connect: every script but [`FENCED_WRITE`], which
+/// The scripts a lock node runs (by `EVALSHA`; `EVAL` on `NOSCRIPT`): every script but [`FENCED_WRITE`], which
 /// runs on the user's own Redis (`fencing::fenced_set`, whose `invoke_async` loads it there
 /// on its first `NOSCRIPT`), never on a lock node, and an election's two, sent with their body
 /// once per term.

@@ -140,7 +140,7 @@ pub(crate) fn parse(
         // The primary's credentials and db come from the userinfo, parsed as a redis:// URL.
         let primary = format!("redis://{auth}127.0.0.1").into_connection_info()?;
         let node_info = SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(primary.redis_settings().clone())
+            .set_redis_connection_info(primary.redis_settings().clone().set_skip_set_lib_name())
             .set_tcp_settings(tcp.clone());
         // A `String` for the build without `tls`; `impl AsRef<str>` with it.
         let service: String = master.to_owned();

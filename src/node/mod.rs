@@ -113,11 +113,12 @@ pub(crate) struct Node {
     health: NodeHealth,
     /// Whether the last call failed, and why (`liveness.rs`).
     live: Liveness,
-    /// Scripts go as `EVAL` with their body: `SCRIPT LOAD` was refused on the last connect, or
-    /// an `EVALSHA` since (see `scripts.rs`).
+    /// Scripts go as `EVAL` with their body: an `EVALSHA` was refused (see `scripts.rs`).
     by_eval: AtomicBool,
     /// Whether the switch to `EVAL` was logged (once per node).
     by_eval_logged: AtomicBool,
+    /// Which lock scripts the current connection's server is known to have cached.
+    scripts_seen: scripts::ScriptsSeen,
     /// The script or the pipelined fenced acquire (`fence.rs`).
     fence: fence::FencePath,
     /// The node's wall clock as last read on each connection (`wallclock.rs`).
@@ -152,6 +153,7 @@ impl Node {
             live: Liveness::default(),
             by_eval: AtomicBool::new(false),
             by_eval_logged: AtomicBool::new(false),
+            scripts_seen: scripts::ScriptsSeen::default(),
         }
     }
 
@@ -299,19 +301,24 @@ impl Node {
         gate: Option<(RoundGate, usize)>,
         generation: u64,
     ) -> Result<Option<Value>, NodeError> {
-        // A node that refuses `SCRIPT LOAD` / `EVALSHA` gets the body at once.
-        if self.scripts_by_eval()
+        // A node that refuses `EVALSHA`, and a connection's first call of a script (which
+        // caches it there), get the body.
+        let first = !self.scripts_seen.cached(call, generation);
+        if (first || self.scripts_by_eval())
             && let Some(eval) = call.eval()
         {
-            // Boxed: a cold path (managed services), kept out of the call's future (below).
-            return Box::pin(async move {
+            // Boxed: a cold path (once per script and connection, or managed services), kept
+            // out of the call's future (below).
+            let reply = Box::pin(async move {
                 conn.send_packed_command(&eval)
                     .await
                     .and_then(Value::extract_error)
             })
-            .await
-            .map(Some)
-            .map_err(|e| self.call_error(e, generation));
+            .await;
+            if first && reply.is_ok() {
+                self.scripts_seen.saw(call, generation);
+            }
+            return reply.map(Some).map_err(|e| self.call_error(e, generation));
         }
         // A server error comes back as a value; `extract_error` turns it into an error.
         let reply = match conn

@@ -93,9 +93,9 @@ impl Node {
     }
 
     /// Raises this node's counters to at least the given values, in one pipeline of `EVALSHA`s
-    /// bounded by `timeout`. A `NOSCRIPT` reply (the node's script cache was flushed) loads the
-    /// script and sends the pipeline again: raising is idempotent. A node that refuses
-    /// `EVALSHA` or `SCRIPT LOAD` gets the pipeline as `EVAL`s with the body.
+    /// bounded by `timeout`. A `NOSCRIPT` reply (the script is not in the node's cache) sends
+    /// one `EVAL` with the body, which caches it, and the pipeline again: raising is
+    /// idempotent. A node that refuses `EVALSHA` gets the pipeline as `EVAL`s with the body.
     pub(crate) async fn raise_counters(
         self: &Arc<Self>,
         counters: &[(Vec<u8>, u64)],
@@ -121,7 +121,7 @@ impl Node {
                 return self.raise_on_cluster(cluster, counters, generation).await;
             }
             let mut loaded = false;
-            // At most: EVALSHA, NOSCRIPT and a load, EVALSHA again; or EVALSHA refused, EVAL.
+            // At most: EVALSHA, NOSCRIPT and one EVAL, EVALSHA again; or EVALSHA refused, EVAL.
             for _ in 0..3 {
                 let by_eval = self.scripts_by_eval();
                 let replies: Vec<Value> = pipeline(by_eval)
@@ -138,20 +138,18 @@ impl Node {
                 if by_eval || (loaded && !self.evalsha_refused(&e)) {
                     return Err(self.call_error(e, generation));
                 }
-                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
-                    tracing::debug!(node = %self.name, "NOSCRIPT while raising counters; loading the script");
-                    let load = redis::cmd("SCRIPT")
-                        .arg("LOAD")
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                    && let Some((key, value)) = counters.first()
+                {
+                    tracing::debug!(node = %self.name, "NOSCRIPT while raising counters; sending the script");
+                    redis::cmd("EVAL")
                         .arg(scripts::RAISE_COUNTER.code())
-                        .query_async::<String>(&mut conn)
-                        .await;
-                    match load {
-                        Ok(_) => {}
-                        Err(e) if scripts::denial(&e, None).is_some() => {
-                            self.use_eval("SCRIPT|LOAD");
-                        }
-                        Err(e) => return Err(self.call_error(e, generation)),
-                    }
+                        .arg(1)
+                        .arg(key)
+                        .arg(*value)
+                        .query_async::<Value>(&mut conn)
+                        .await
+                        .map_err(|e| self.call_error(e, generation))?;
                     loaded = true;
                 } else if !self.evalsha_refused(&e) {
                     return Err(self.call_error(e, generation));

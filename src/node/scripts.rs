@@ -1,14 +1,17 @@
 //! How the library calls its Lua (the scripts themselves are in `node/lua.rs`).
 //!
-//! Scripts are sent with `EVALSHA`; every new connection loads them first (`SCRIPT LOAD`, see
-//! `node/connection.rs`), and a `NOSCRIPT` reply (someone ran `SCRIPT FLUSH`) falls back to `EVAL` with the
-//! full body on the same connection, so ordering between our own calls is kept.
+//! Scripts are never loaded beforehand (`SCRIPT LOAD` would cost every new process one command
+//! per script and node). A connection's first call of each lock script goes as `EVAL` with its
+//! body, which leaves the script in the server's cache; once one has answered, that
+//! connection's calls of the script go as `EVALSHA` ([`ScriptsSeen`]). A call never needs a
+//! second send on a new connection, so a call kept unpolled after its round (parked) is never
+//! stuck waiting to send a fallback. A `NOSCRIPT` reply (someone ran `SCRIPT FLUSH`) still falls
+//! back to `EVAL` on the same connection, so ordering between our own calls is kept.
 //!
-//! A node whose user may not run `SCRIPT LOAD` or `EVALSHA` (managed services restrict them
-//! with ACL rules such as `-script|load`), or whose server does not know them (renamed away),
-//! gets every script as `EVAL` with its body: the node
-//! remembers it (logged once, at info), from the connect whose `SCRIPT LOAD` was refused or the
-//! first refused `EVALSHA`, until a later connect loads the scripts again (`docs/acl.md`).
+//! A node whose user may not run `EVALSHA` (managed services restrict it with ACL rules such as
+//! `-evalsha`), or whose server does not know it (renamed away), gets every script as `EVAL`
+//! with its body from its first refused `EVALSHA` on: the node remembers it (logged once, at
+//! info; `docs/acl.md`).
 //!
 //! [`denial`] reads an ACL refusal: a `NOPERM` reply names the command; a refusal inside a
 //! script names only the script and its line, which is mapped back to the commands the line
@@ -17,7 +20,7 @@
 //! The keys the scripts are given are laid out by [`crate::core::keys`].
 
 use std::borrow::Cow;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::{Cmd, Pipeline};
 
@@ -48,6 +51,35 @@ impl Lua {
             cmd: evalsha,
             pipe: None,
             lean: None,
+        }
+    }
+}
+
+/// Per lock script ([`on_lock_nodes`]), the connection generation on which the node was last
+/// seen to have it cached (an `EVAL` of it answered there; 0: never): a call on that
+/// generation goes as `EVALSHA`, on any other as `EVAL` with the body, which caches it.
+#[derive(Debug, Default)]
+pub(crate) struct ScriptsSeen([AtomicU64; 6]);
+
+impl ScriptsSeen {
+    /// Where `lua` sits in [`on_lock_nodes`]; `None` for a script no lock node runs by its hash.
+    fn slot(&self, lua: &Lua) -> Option<&AtomicU64> {
+        let i = on_lock_nodes().iter().position(|l| std::ptr::eq(*l, lua))?;
+        self.0.get(i)
+    }
+
+    /// Whether `call`'s script is known to be cached on the connection of `generation`
+    /// (true for a plain command and for a script that is not a lock script's).
+    pub(super) fn cached(&self, call: &ScriptCall, generation: u64) -> bool {
+        call.lua
+            .and_then(|lua| self.slot(lua))
+            .is_none_or(|g| g.load(Ordering::Relaxed) == generation)
+    }
+
+    /// `call`'s script answered as `EVAL` on the connection of `generation`: it is cached there.
+    pub(super) fn saw(&self, call: &ScriptCall, generation: u64) {
+        if let Some(g) = call.lua.and_then(|lua| self.slot(lua)) {
+            g.store(generation, Ordering::Relaxed);
         }
     }
 }
@@ -322,13 +354,7 @@ impl Node {
         }
     }
 
-    /// The scripts were loaded on connect: try `EVALSHA` again.
-    pub(super) fn scripts_loaded(&self) {
-        self.by_eval.store(false, Ordering::Relaxed);
-    }
-
-    /// Whether scripts go to this node as `EVAL` with their body (`SCRIPT LOAD` or `EVALSHA`
-    /// refused).
+    /// Whether scripts go to this node as `EVAL` with their body (`EVALSHA` refused).
     pub(crate) fn scripts_by_eval(&self) -> bool {
         self.by_eval.load(Ordering::Relaxed)
     }

@@ -18,7 +18,7 @@ const PASSWORD: &str = "lock-pw";
 const MAX_TTL: Duration = Duration::from_secs(2);
 
 /// The `ACL SETUSER` line of `docs/acl.md`, as a configuration file's `user` line with the
-/// test's password and without the rules in `drop` (`+script|load`).
+/// test's password and without the rules in `drop` (`+evalsha`).
 fn documented_user(drop: &[&str]) -> String {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/acl.md"))
         .expect("docs/acl.md");
@@ -266,14 +266,13 @@ async fn m2_a_missing_command_is_named() {
     assert!(err.to_string().contains("INCR"), "{err}");
 }
 
-/// `CONFIG` renamed away and `SCRIPT LOAD` refused (nodes 0 and 1), or `EVALSHA` refused (node
-/// 2): locks, extensions, releases and the repair of a restarted node all go by `EVAL`, and
-/// status reports the settings the client could not check and the fallback.
+/// `CONFIG` renamed away and `EVALSHA` refused: locks, extensions, releases and the repair of a
+/// restarted node all go by `EVAL`, and status reports the settings the client could not check
+/// and the fallback.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn m3_config_renamed_and_script_load_refused_work_by_eval() {
-    let user = documented_user(&["+script|load", "+config|get"]);
+async fn m3_config_renamed_and_evalsha_refused_work_by_eval() {
+    let user = documented_user(&["+evalsha", "+config|get"]);
     let mut cluster = acl_cluster(3, &user, &["rename-command CONFIG \"\""]);
-    setuser(&cluster, 2, &["+script|load", "-evalsha"]);
     let locks = client(&cluster);
     warm(&locks).await;
 
@@ -310,12 +309,12 @@ async fn m3_config_renamed_and_script_load_refused_work_by_eval() {
 }
 
 /// The switch to `EVAL` is logged once per node, at info, naming the refused command: not
-/// again when the node is met again after a restart (which refuses `SCRIPT LOAD` again), and
-/// not on every call. A current-thread runtime, so the connect tasks log to this thread's
+/// again when the node is met again after a restart (it still refuses `EVALSHA`), and not on
+/// every call. A current-thread runtime, so the connect tasks log to this thread's
 /// subscriber.
 #[tokio::test]
 async fn m4_the_eval_fallback_is_logged_once_per_node() {
-    let user = documented_user(&["+script|load"]);
+    let user = documented_user(&["+evalsha"]);
     let mut cluster = acl_cluster(3, &user, &[]);
     let captured = Captured::default();
     let writer = captured.clone();
@@ -348,7 +347,7 @@ async fn m4_the_eval_fallback_is_logged_once_per_node() {
             .find(|l| l.contains(&format!("node={name} ")))
             .unwrap_or_else(|| panic!("a line for {name}: {text}"));
         assert!(
-            line.contains(" INFO ") && line.contains("SCRIPT|LOAD"),
+            line.contains(" INFO ") && line.contains("EVALSHA"),
             "{line}"
         );
     }

@@ -489,3 +489,40 @@ async fn patient(cluster: &LocalCluster) -> Redlock {
     warm(&locks).await;
     locks
 }
+
+/// A fresh client (a new process) with one node SIGSTOPped before it is built: its connection
+/// to that node is never made, so the acquisition's call there is never handed to a
+/// connection. The lock is taken on the other four, and its release must not wait for that
+/// call nor for the node (it waited for the call to be handed, up to the node timeout, then
+/// for the node again): the key cannot stand where the call was never sent. The timeouts are
+/// 5 s, so that a release that waits fails the bounded wait below; the call is never sent
+/// afterwards either.
+#[tokio::test]
+async fn t29_a_fresh_clients_release_does_not_wait_for_a_node_that_never_answered() {
+    let mut cluster = cluster(5);
+    let urls = cluster.urls();
+    cluster.pause(0).unwrap();
+    let locks = builder(&cluster)
+        .node_timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let took = Instant::now();
+    tokio::time::timeout(Duration::from_secs(2), async {
+        let lock = locks.try_acquire("fresh", LONG).await.expect("4 of 5");
+        lock.release().await.expect("release");
+        locks.flush().await;
+    })
+    .await
+    .unwrap_or_else(|_| panic!("acquire, release and flush took {:?}", took.elapsed()));
+    assert_eq!(holders(&urls[1..], "fresh"), 0, "released on the others");
+    cluster.resume(0).unwrap();
+    // The connection is made now; the acquisition's call, given up, is not sent.
+    warm(&locks).await;
+    locks.flush().await;
+    assert_eq!(
+        value_on(&urls[0], "fresh"),
+        None,
+        "never set on the hung node"
+    );
+}

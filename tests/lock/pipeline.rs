@@ -2,6 +2,7 @@
 //! `INCR`, no `EVALSHA`), and nodes kept on the acquire
 //! script beside pipelined ones in one client, against another client.
 
+use crate::LONG;
 use crate::support::*;
 use quorumlock::Error;
 
@@ -26,7 +27,7 @@ async fn p1_a_redis_7_node_receives_set_and_incr_and_no_acquire_script() {
     })
     .await;
     for url in &urls {
-        let seen = [calls(url, "evalsha"), calls(url, "set"), calls(url, "incr")];
+        let seen = [script_calls(url), calls(url, "set"), calls(url, "incr")];
         assert_eq!(seen, [N, N, N], "{url}: evalsha, set, incr");
     }
 }
@@ -65,7 +66,7 @@ async fn p2_script_and_pipelined_nodes_interoperate() {
         urls.iter().all(|u| value_on(u, "p2").is_none())
     })
     .await;
-    let evalsha: Vec<u64> = urls.iter().map(|u| calls(u, "evalsha")).collect();
+    let evalsha: Vec<u64> = urls.iter().map(|u| script_calls(u)).collect();
     for (i, n) in evalsha.iter().enumerate() {
         if i == 1 || i == 3 {
             assert!(*n >= 20, "node {i}: {evalsha:?}");
@@ -116,7 +117,7 @@ async fn p3_release_and_extend_skip_the_raise_where_the_counter_was_seen_at_the_
     }
     wait_until(WAIT, "every node ran every call", || async {
         urls.iter()
-            .all(|u| value_on(u, "p3").is_none() && calls(u, "evalsha") >= 2 * N)
+            .all(|u| value_on(u, "p3").is_none() && script_calls(u) >= 2 * N)
     })
     .await;
     let gets: u64 = urls.iter().map(|u| calls(u, "get")).sum();
@@ -146,7 +147,7 @@ async fn p6_with_fencing_off_a_release_reads_no_counter() {
     }
     // Only the releases run scripts here.
     wait_until(WAIT, "every node ran every release", || async {
-        urls.iter().all(|u| calls(u, "evalsha") >= N)
+        urls.iter().all(|u| script_calls(u) >= N)
     })
     .await;
     let gets: Vec<u64> = urls.iter().map(|u| calls(u, "get")).collect();
@@ -297,4 +298,45 @@ async fn p5_answers_after_the_verdict_do_not_wake_the_caller() {
         at_release,
         "wake-ups of the releasing task after its release returned"
     );
+}
+
+/// Each node's `calls_by_command` now.
+fn readings(urls: &[String]) -> Vec<std::collections::BTreeMap<String, u64>> {
+    urls.iter().map(|u| calls_by_command(u)).collect()
+}
+
+/// A fresh client (a new process: every cron job is one) takes one uncontended lock on 5 Redis
+/// 7 nodes with at most 6 commands per node, connection setup included, read from
+/// `INFO commandstats`: whether the nodes' script cache is empty (the first client after a
+/// restart) or not. Its release is counted and printed too.
+#[tokio::test]
+async fn p7_a_fresh_client_takes_a_lock_with_at_most_6_commands_per_node() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    for cache in ["empty", "filled"] {
+        let before = readings(&urls);
+        // A node timeout no loaded machine reaches: one round, no retry.
+        let locks = builder(&cluster)
+            .node_timeout(std::time::Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let lock = locks.try_acquire("fresh", LONG).await.expect("acquired");
+        let taking = readings(&urls);
+        lock.release().await.expect("released");
+        locks.flush().await;
+        let after = readings(&urls);
+        for (i, url) in urls.iter().enumerate() {
+            let took = ran_between(&before[i], &taking[i]);
+            let released = ran_between(&taking[i], &after[i]);
+            eprintln!("script cache {cache}, node {i}: taking {took:?}; releasing {released:?}");
+            let n: u64 = took.values().sum();
+            // The lock's own 4 (one `INFO`, one `CONFIG GET`, `SET` and `INCR`), the connect's
+            // `EVAL` of `return 1` (the server runs scripts) and the acquire's `TIME` (the
+            // clock-jump check); no `SCRIPT LOAD`.
+            assert!(
+                n <= 6 && !took.contains_key("script|load"),
+                "{url}, script cache {cache}: {n} commands: {took:?}"
+            );
+        }
+    }
 }

@@ -263,6 +263,12 @@ pub fn calls(url: &str, command: &str) -> u64 {
     commandstat(url, command, "calls").map_or(0, |n| n.parse().expect("a count"))
 }
 
+/// Script calls on one node: `EVALSHA`, and `EVAL` (a connection's first call of each script
+/// goes with its body).
+pub fn script_calls(url: &str) -> u64 {
+    calls(url, "evalsha") + calls(url, "eval")
+}
+
 /// `SET` calls per node: every acquire round sends one to each node it reaches, refused or not,
 /// in either form (the pipelined `SET NX PX GET` + `INCR`, or the script's `SET NX`).
 pub fn sets(urls: &[String]) -> Vec<u64> {
@@ -276,6 +282,72 @@ pub fn commands(url: &str) -> u64 {
         .filter_map(|l| l.split("calls=").nth(1))
         .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
         .sum()
+}
+
+/// The commands a node has run or refused, per command (`get`, `client|setinfo`, ...) from its
+/// `INFO commandstats` (`calls` + `rejected_calls`; the commands scripts call included), and
+/// under `unknown` those refused without an entry there (a command or subcommand the server
+/// does not know, such as `CLIENT SETINFO` before Redis 7.2): its error replies (`INFO stats`)
+/// that no entry counts.
+pub fn calls_by_command(url: &str) -> std::collections::BTreeMap<String, u64> {
+    // A connection that sends nothing on connect (no `CLIENT SETINFO`): the reading's only
+    // command is its `INFO`.
+    use redis::IntoConnectionInfo;
+    let info = url.into_connection_info().expect("url");
+    let quiet = info.redis_settings().clone().set_skip_set_lib_name();
+    let client = redis::Client::open(info.set_redis_settings(quiet)).expect("url");
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("read timeout");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .arg("stats")
+        .query(&mut conn)
+        .expect("INFO");
+    let field = |rest: &str, name: &str| -> u64 {
+        rest.split(',')
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let mut calls = std::collections::BTreeMap::new();
+    let mut errors_counted = 0;
+    let mut errors = 0;
+    for line in info.lines() {
+        if let Some(v) = line.strip_prefix("total_error_replies:") {
+            errors = v.trim().parse().expect("a count");
+        }
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let rejected = field(rest, "rejected_calls");
+        errors_counted += rejected + field(rest, "failed_calls");
+        calls.insert(name.to_owned(), field(rest, "calls") + rejected);
+    }
+    calls.insert("unknown".to_owned(), errors - errors_counted.min(errors));
+    calls
+}
+
+/// What a node ran between two readings of [`calls_by_command`] (`before`, `after`), by
+/// command: the `INFO` that took `before` is counted in `after` and taken out here.
+pub fn ran_between(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(name, &n)| {
+            let own = u64::from(name == "info");
+            let ran = n - before.get(name).copied().unwrap_or(0) - own;
+            (name.clone(), ran)
+        })
+        .filter(|&(_, ran)| ran > 0)
+        .collect()
 }
 
 /// Whether `err` is a loss because a quorum no longer holds our value (another owner, or none).

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use crate::support::*;
-use crate::{NEVER, crashed_holder, patient, sets_since, until_waiting};
+use crate::{NEVER, crashed_holder, patient, pttls_of, sets_since, until_waiting};
 
 /// An acquisition to hand to a task.
 type Acquisition = BoxFuture<'static, Result<quorumlock::Lock, quorumlock::Error>>;
@@ -26,8 +26,9 @@ async fn w13_killed_subscriptions_still_acquire() {
     let lock = holder.acquire("w13", ttl).await.unwrap();
     spread(&lock, &urls).await;
     let before = sets(&urls);
+    let pttls = pttls_of(&urls);
     let task = tokio::spawn(async move { waiter.acquire_timeout("w13", ttl, NEVER).await });
-    until_waiting(&urls, "w13", &before).await;
+    until_waiting(&urls, "w13", &before, &pttls).await;
     for u in &urls {
         let killed: u64 = redis::cmd("CLIENT")
             .arg("KILL")
@@ -71,7 +72,7 @@ async fn w17_a_round_does_not_wait_for_a_node_known_down() {
         .expect("flush is bounded by the node timeout");
     set_foreign(&urls[1], "w17", "someone-else", ttl);
     set_foreign(&urls[2], "w17", "someone-else", ttl);
-    let before = (calls(&urls[3], "incr"), calls(&urls[3], "evalsha"));
+    let before = (calls(&urls[3], "incr"), script_calls(&urls[3]));
     let refused = tokio::time::timeout(node_timeout / 2, locks.try_acquire("w17", ttl))
         .await
         .expect("the round did not wait for the node known down")
@@ -83,7 +84,7 @@ async fn w17_a_round_does_not_wait_for_a_node_known_down() {
     cluster.resume(0).unwrap();
     locks.flush().await;
     assert_eq!(
-        (calls(&urls[3], "incr"), calls(&urls[3], "evalsha")),
+        (calls(&urls[3], "incr"), script_calls(&urls[3])),
         (before.0 + 1, before.1 + 1),
         "the round and its undo where it said yes"
     );
@@ -166,6 +167,7 @@ async fn w24_with_a_node_hung_every_handover_is_a_notice() {
     let first = locks.acquire("w24", ttl).await.unwrap();
     spread(&first, live).await;
     let before = sets(live);
+    let pttls = pttls_of(live);
     let total = 1500;
     let done = Arc::new(AtomicU64::new(0));
     let acquisition = {
@@ -194,7 +196,7 @@ async fn w24_with_a_node_hung_every_handover_is_a_notice() {
     };
     // The first task queues once refused; the others queue behind it in their first poll.
     let mut tasks = vec![take_turns(acquisition())];
-    until_waiting(live, "w24", &before).await;
+    until_waiting(live, "w24", &before, &pttls).await;
     for _ in 1..8 {
         let mut next = acquisition();
         assert!(futures::poll!(&mut next).is_pending(), "queued");

@@ -55,25 +55,26 @@ async fn patient(cluster: &quorumlock::testkit::LocalCluster) -> Redlock {
     locks
 }
 
-/// Waits until a waiter of another client has made its second round (refused, registered,
-/// refused again) and is subscribed with its marker set on every node: from then on it only
-/// waits. Each acquire round is one `SET` per node, refused or not, in either form (a round
+/// Waits until a waiter of another client has made its round (refused), registered and read
+/// the holder's key (`pttls`: each node's `PTTL` calls before it started), and is subscribed
+/// with its marker set on every node: from then on it only waits. Each acquire round is one `SET` per node, refused or not, in either form (a round
 /// refused by a holder on every node has no undo: w16); `before` counts those made so far
 /// ([`sets`]).
-async fn until_waiting(urls: &[String], key: &str, before: &[u64]) {
+async fn until_waiting(urls: &[String], key: &str, before: &[u64], pttls: &[u64]) {
     let state = || {
         urls.iter()
             .zip(before)
-            .map(|(u, b)| {
+            .zip(pttls)
+            .map(|((u, b), p)| {
                 (
                     calls(u, "set").saturating_sub(*b),
                     subscribers(u, key),
-                    marker_on(u, key),
+                    marker_on(u, key) && calls(u, "pttl") > *p,
                 )
             })
             .collect::<Vec<_>>()
     };
-    let ready = |s: &[(u64, u64, bool)]| s.iter().all(|&(r, n, m)| r >= 2 && n >= 1 && m);
+    let ready = |s: &[(u64, u64, bool)]| s.iter().all(|&(r, n, m)| r >= 1 && n >= 1 && m);
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let s = state();
@@ -82,10 +83,15 @@ async fn until_waiting(urls: &[String], key: &str, before: &[u64]) {
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the waiter is not waiting, subscribed and marked: (rounds, subscribers, marker) per node {s:?}"
+            "the waiter is not waiting, subscribed and marked: (rounds, subscribers, marker and holder read) per node {s:?}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Per node, how many `PTTL`s have run (those our scripts call included).
+fn pttls_of(urls: &[String]) -> Vec<u64> {
+    urls.iter().map(|u| calls(u, "pttl")).collect()
 }
 
 /// Per node, how many more `SET`s than in `before`.

@@ -27,7 +27,7 @@ async fn w16_a_refused_round_sends_no_undo_where_it_was_refused() {
     // Redis 7 nodes) and the undo's `EVALSHA` (the release script).
     let count = || -> Vec<(u64, u64)> {
         urls.iter()
-            .map(|u| (calls(u, "incr"), calls(u, "evalsha")))
+            .map(|u| (calls(u, "incr"), script_calls(u)))
             .collect()
     };
     let made = |before: &[(u64, u64)]| -> Vec<(u64, u64)> {
@@ -172,7 +172,7 @@ async fn waiting_rounds(
 /// round must not wake it as a release would: issue 27). One and several clients, one and two
 /// waiters per client.
 ///
-/// Bound: a waiter refused by a holder makes its round, registers and makes one more, then
+/// Bound: a waiter refused by a holder makes its round, registers, reads the holder's key, then
 /// sleeps until the holder's key would expire on a quorum (at least 2 s ahead: the holder
 /// extends its 3 s ttl every second) or 1 s, whichever is first, reads the key again and sleeps
 /// on while it stands; past its wait it makes the rounds it still owes (`1 + retry_count` = 4 in
@@ -218,8 +218,9 @@ async fn w18_fresh_waiters_cost_at_most_four_rounds_a_second() {
 /// A fresh client's won round reaches every reachable node, not just the quorum that answered
 /// first: two nodes are reached through proxies that add 40 ms each way, so their connections
 /// are still being made when the three others have granted the lock. The calls to them are sent
-/// once they connect (within the node timeout), so the key stands on all five; and a release
-/// right after the acquisition still runs after them on every node (nothing is left behind).
+/// once they connect (within the node timeout), so the key stands on all five. A release right
+/// after the acquisition stops that: the calls not yet sent never are, the release skips their
+/// nodes and goes after the acquisition on the others (nothing is left behind).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn w19_a_fresh_clients_lock_stands_on_every_node() {
     let cluster = cluster(5);
@@ -249,7 +250,10 @@ async fn w19_a_fresh_clients_lock_stands_on_every_node() {
     )
     .await;
     lock.release().await.unwrap();
-    // Again on a fresh client, released at once: the late calls land before the release.
+    tokio::time::timeout(WAIT, locks.flush())
+        .await
+        .expect("flush is bounded");
+    // Again on a fresh client, released at once.
     let locks = fresh();
     let lock = locks.acquire("w19", ttl).await.unwrap();
     lock.release().await.unwrap();
@@ -257,4 +261,49 @@ async fn w19_a_fresh_clients_lock_stands_on_every_node() {
         .await
         .expect("flush is bounded");
     assert_eq!(holders(&urls, "w19"), 0, "a key outlived its release");
+}
+
+/// A fresh waiter (a new client: every `redlock run --wait`) refused by a holder makes one
+/// round per hold, counted on the nodes (`SET`s): once its subscriptions and marker stand, it
+/// reads the holder's key (`PTTL`) and, the key standing, waits for the release notice. It
+/// made a second round at once, refused as the first. The waiter then takes the lock at the
+/// release, in one more round.
+#[tokio::test]
+async fn w25_a_fresh_waiter_makes_one_refused_round_per_hold() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let holder = client(&cluster);
+    let lock = holder
+        .try_acquire("w25", Duration::from_secs(30))
+        .await
+        .unwrap();
+    spread(&lock, &urls).await;
+    let waiter = crate::patient(&cluster).await;
+    let before = sets(&urls);
+    let pttls: Vec<u64> = urls.iter().map(|u| calls(u, "pttl")).collect();
+    let waiting = tokio::spawn(async move {
+        let got = waiter
+            .acquire_timeout("w25", Duration::from_secs(30), WAIT)
+            .await;
+        got.map(|l| l.token())
+    });
+    // Its refused rounds are over once it has read the holder's key on every node.
+    wait_until(WAIT, "the waiter reads the holder's key", || async {
+        urls.iter().zip(&pttls).all(|(u, &p)| calls(u, "pttl") > p)
+    })
+    .await;
+    assert_eq!(
+        sets_since(&urls, &before),
+        [1; 5],
+        "refused rounds per node"
+    );
+    let released = lock.token();
+    lock.release().await.unwrap();
+    let token = waiting.await.unwrap().expect("acquired at the release");
+    assert!(token > released);
+    assert_eq!(
+        sets_since(&urls, &before),
+        [2; 5],
+        "rounds per node, the won one included"
+    );
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::support::*;
-use crate::{patient, sets_since, until_waiting};
+use crate::{patient, pttls_of, sets_since, until_waiting};
 use quorumlock::Redlock;
 
 /// The waiters of one client take turns: four tasks that each take the lock, hold it briefly
@@ -155,6 +155,7 @@ async fn w21_the_next_waiter_of_a_client_does_not_poll_its_predecessors_lock() {
     let lock = holder.acquire("w21", ttl).await.unwrap();
     spread(&lock, &urls).await;
     let before = sets(&urls);
+    let pttls = pttls_of(&urls);
     let (won_tx, won_rx) = tokio::sync::oneshot::channel::<Vec<u64>>();
     let first = {
         let locks = locks.clone();
@@ -169,7 +170,7 @@ async fn w21_the_next_waiter_of_a_client_does_not_poll_its_predecessors_lock() {
         })
     };
     // The second queues behind the first (same client, same key).
-    until_waiting(&urls, "w21", &before).await;
+    until_waiting(&urls, "w21", &before, &pttls).await;
     let second = {
         let locks = locks.clone();
         tokio::spawn(async move { locks.acquire_timeout("w21", ttl, WAIT).await })
@@ -212,12 +213,13 @@ async fn w40_a_lock_that_ended_silently_does_not_hide_the_next_release() {
     let held = x.acquire("w40", long).await.unwrap();
     spread(&held, &urls).await;
     let before = sets(&urls);
+    let pttls = pttls_of(&urls);
     let c1 = c.clone();
     let first = tokio::spawn(async move {
         c1.acquire_timeout("w40", Duration::from_millis(300), crate::NEVER)
             .await
     });
-    until_waiting(&urls, "w40", &before).await;
+    until_waiting(&urls, "w40", &before, &pttls).await;
     held.release().await.unwrap();
     let forgotten = tokio::time::timeout(WAIT, first)
         .await

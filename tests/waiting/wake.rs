@@ -6,7 +6,7 @@ use crate::proxy;
 use std::time::Duration;
 
 use crate::support::*;
-use crate::{NEVER, crashed_holder, patient, sets_since, until_waiting};
+use crate::{NEVER, crashed_holder, patient, pttls_of, sets_since, until_waiting};
 use quorumlock::Redlock;
 
 /// A release by another client wakes the waiter at once: its own poll timer is an hour away,
@@ -21,8 +21,9 @@ async fn w10_a_release_wakes_a_waiter_of_another_client() {
     let lock = holder.acquire("w10", ttl).await.unwrap();
     spread(&lock, &urls).await;
     let before = sets(&urls);
+    let pttls = pttls_of(&urls);
     let task = tokio::spawn(async move { waiter.acquire_timeout("w10", ttl, NEVER).await });
-    until_waiting(&urls, "w10", &before).await;
+    until_waiting(&urls, "w10", &before, &pttls).await;
     let first = lock.token();
     lock.release().await.unwrap();
     let won = tokio::time::timeout(WAIT, task)
@@ -55,8 +56,9 @@ async fn w11_only_a_waited_for_release_publishes() {
     let lock = holder.acquire("w11", ttl).await.unwrap();
     spread(&lock, &urls).await;
     let before = sets(&urls);
+    let pttls = pttls_of(&urls);
     let task = tokio::spawn(async move { waiter.acquire_timeout("w11", ttl, NEVER).await });
-    until_waiting(&urls, "w11", &before).await;
+    until_waiting(&urls, "w11", &before, &pttls).await;
     lock.release().await.unwrap();
     holder.flush().await;
     let won = tokio::time::timeout(WAIT, task)
@@ -123,8 +125,9 @@ async fn w22_a_release_that_reaches_the_nodes_unevenly_reaches_the_waiter() {
     spread(&lock, &urls).await;
     let waiter = patient(&cluster).await;
     let before = sets(&urls);
+    let pttls = pttls_of(&urls);
     let waiting = tokio::spawn(async move { waiter.acquire_timeout("w22", ttl, WAIT).await });
-    until_waiting(&urls, "w22", &before).await;
+    until_waiting(&urls, "w22", &before, &pttls).await;
     let pttl_before: Vec<u64> = urls.iter().map(|u| calls(u, "pttl")).collect();
     lock.release().await.unwrap();
     let won = tokio::time::timeout(WAIT, waiting)

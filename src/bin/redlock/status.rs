@@ -102,7 +102,7 @@ pub(crate) fn render(status: &LockStatus) -> String {
         if node.scripts_by_eval {
             let _ = writeln!(
                 out,
-                "  {:width$}    scripts: sent as EVAL (SCRIPT LOAD or EVALSHA refused)",
+                "  {:width$}    scripts: sent as EVAL (EVALSHA refused)",
                 ""
             );
         }
