@@ -1,6 +1,6 @@
 //! The crate's shape, checked: imports run one way across the layers of `docs/architecture.md`
 //! (core ← node ← client ← lock ← features), with no circle between top-level modules, and no
-//! source file grows past the size the map promises.
+//! source file grows past the size the map promises, and comments and guides state rules, not history.
 //!
 //! It reads `src/` as text: every `crate::<module>` path outside comments is an arrow from the
 //! file's top-level module to `<module>`, and a `crate::<Item>` path of an item the crate root
@@ -341,5 +341,57 @@ fn no_source_file_is_a_hiding_place_for_several_modules() {
         big.is_empty(),
         "files over {MAX_FILE_LINES} lines (split them by idea):\n{}",
         big.join("\n")
+    );
+}
+
+/// Each `issue N` or `wave N` (any case) in `text`: the line number and the line.
+fn history_refs(text: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let lower = line.to_ascii_lowercase();
+        let bytes = lower.as_bytes();
+        for word in ["issue ", "wave "] {
+            let mut from = 0;
+            while let Some(at) = lower[from..].find(word) {
+                let start = from + at;
+                let end = start + word.len();
+                let word_start = start == 0 || !bytes[start - 1].is_ascii_alphanumeric();
+                if word_start && bytes.get(end).is_some_and(u8::is_ascii_digit) {
+                    found.push((n + 1, line.trim().to_string()));
+                }
+                from = end;
+            }
+        }
+    }
+    found
+}
+
+/// Comments and guides state rules, not the story of how the code got there (that is in the
+/// commit messages): no `issue N` or `wave N` in `src/`, the README or a published guide
+/// (`docs/*.md`; `docs/notes/` is the team's, outside the guides).
+#[test]
+fn no_history_in_the_source_or_the_guides() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    files.push(root.join("README.md"));
+    for entry in std::fs::read_dir(root.join("docs")).expect("docs/") {
+        let path = entry.expect("docs/ entry").path();
+        if path.extension().is_some_and(|e| e == "md") {
+            files.push(path);
+        }
+    }
+    let mut bad = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("readable");
+        for (line, content) in history_refs(&text) {
+            let rel = file.strip_prefix(root).unwrap_or(file);
+            bad.push(format!("{}:{line}: {content}", rel.display()));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "history where a rule belongs:\n{}",
+        bad.join("\n")
     );
 }

@@ -364,7 +364,7 @@ impl Redlock {
     /// being made at the grant are first driven by a task until they are handed, or until the
     /// round's deadline (the node timeout): the lock then stands on every node that answers in
     /// time, not only on the quorum that answered first, and a fresh client's lock is not left
-    /// on a bare majority (issue 27). Not to nodes known down (their last call failed): a call
+    /// on a bare majority. Not to nodes known down (their last call failed): a call
     /// waiting for such a node's new connection is left unsent, as the round did not wait for
     /// it. The lock's extensions wait for that task (`LockState::until_handed`), so on every
     /// node they run after the acquisition; the release stops it (`LockState::stop_handing`):

@@ -179,7 +179,7 @@ impl Redlock {
     /// it held others off. An undo of a round that did not win releases nothing anyone waits
     /// for, and its notice would wake every waiter, its own client's included, as if the lock
     /// had been released: a waiter whose `SET` succeeded on a node the holder's key had left
-    /// was woken by its own undo and tried again at once, for the whole hold (issue 27).
+    /// was woken by its own undo and tried again at once, for the whole hold.
     pub(super) fn release_on(
         &self,
         keys: &LockKeys,

@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use self::text::one_line;
-pub(crate) use self::text::{RedisText, shape};
+pub(crate) use self::text::{NOT_REDIS_OR_CLOSED, RedisText, shape};
 
 mod input;
 mod text;

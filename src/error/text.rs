@@ -8,6 +8,9 @@ use redis::{ErrorKind, RedisError, Value};
 
 /// What a node that does not speak the Redis protocol is said to be.
 pub(crate) const NOT_REDIS: &str = "not a Redis server (unexpected reply)";
+/// A connection closed before the connect's first reply.
+pub(crate) const NOT_REDIS_OR_CLOSED: &str =
+    "not a Redis server, or one that closed the connection before its first reply";
 
 /// A `redis` error as one line of words: a server's error reply as Redis words it (`WRONGTYPE
 /// Operation against a key ...`), an I/O error as the system words it (a failed name lookup

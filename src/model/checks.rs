@@ -1,5 +1,5 @@
 //! The model checks: a bounded profile (normal tests), the expected counterexamples (assumptions
-//! broken, issue 12's bugs put back as mutants) and a deep profile (`--ignored`). Each run prints
+//! broken, known bugs put back as mutants) and a deep profile (`--ignored`). Each run prints
 //! its configuration, depth, state counts and time; each counterexample prints as a timeline.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -270,10 +270,10 @@ fn bounded_durable_nodes_restarting_empty() {
     assert_safe_to("bounded durable", cfg, env("DEPTH", 10).into());
 }
 
-// ---- the library's verdicts (issue 12 items 6 and 7: findings, fixed) -----------------------
+// ---- the library's verdicts (findings, fixed) -----------------------
 
 /// `Held` only when the refusals alone forbid a quorum, checked against the library's
-/// `Tally::verdict`. Failed before issue 12 item 6's fix (one refusal and one failure of three
+/// `Tally::verdict`. Failed before its fix (one refusal and one failure of three
 /// was `Refused`, reported as `Held`).
 #[test]
 fn held_only_when_the_refusals_alone_forbid_a_quorum() {
@@ -288,7 +288,7 @@ fn held_only_when_the_refusals_alone_forbid_a_quorum() {
 }
 
 /// A split vote (no value on a quorum, nothing failed) is contention, not `Held`, checked
-/// against the library's `quorum::refusal`. Failed before issue 12 item 7's fix.
+/// against the library's `quorum::refusal`. Failed before its fix.
 #[test]
 fn no_held_on_a_split_vote() {
     split_vote_to(env("DEPTH", 11).into());
@@ -415,7 +415,7 @@ fn a_fresh_client_under_the_strict_guard_keeps_mutual_exclusion() {
     assert_safe_to("fresh client, strict", cfg, env("DEPTH", 9).into());
 }
 
-/// Issue 12 item 4: eviction of a lock key (a `volatile-*` policy) without any restart.
+/// Eviction of a lock key (a `volatile-*` policy) without any restart.
 #[test]
 fn eviction_of_a_lock_key_breaks_mutual_exclusion() {
     let cfg = Config {
@@ -427,7 +427,7 @@ fn eviction_of_a_lock_key_breaks_mutual_exclusion() {
     expect_counterexample("eviction", cfg, MUTEX);
 }
 
-// ---- mutants: issue 12's bugs put back in the model ------------------------------------------
+// ---- mutants: known bugs put back in the model ------------------------------------------
 
 /// Item 1: an extension that reaches its quorum after the deadline returns `Ok`. (`is_lost()`
 /// does not come back to false at this granularity: a round that takes a whole second leaves no
@@ -510,9 +510,9 @@ fn mutant_old_verdict_split_vote_is_caught() {
 
 // ---- liveness --------------------------------------------------------------------------------
 
-// ---- issue 26: promotions (failover to a replica that missed writes, failback) ----------------
+// ---- promotions (failover to a replica that missed writes, failback) ----------------
 
-/// The configuration of issue 26's promotion checks: one promotion (a failover or a failback,
+/// The configuration of the promotion checks: one promotion (a failover or a failback,
 /// both offered everywhere), two attempts per client (the first may meet the promoted node and
 /// start its repair), no extension.
 fn promotions(mutants: Mutants) -> Config {
@@ -535,7 +535,7 @@ fn bounded_promotions() {
     assert_safe_to("bounded promotions", cfg, env("DEPTH", 10).into());
 }
 
-/// Issue 26, item 2 put back: the identity is the run id alone, so a failback (same run id,
+/// The failback fix put back: the identity is the run id alone, so a failback (same run id,
 /// data from replication) is not seen and a second client is granted the lock.
 #[test]
 fn mutant_run_id_only_identity_is_caught() {

@@ -31,7 +31,7 @@ impl Redlock {
     }
 
     // mirrors redlock.rs extend_state(): the checks before the round, lower_deadline, the
-    // round's deadline (with the fix of issue 12 item 1, no later than the lock's deadline).
+    // round's deadline (no later than the lock's deadline).
     pub(super) fn extend(&self, s: &mut State, c: usize) {
         let budget_end = timing::budget(self.cfg.ttl(), self.cfg.drift());
         let lock = s.clients[c].lock.as_mut().expect("holding");

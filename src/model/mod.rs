@@ -1,4 +1,4 @@
-//! A model of the protocol for the `stateright` model checker (issue 13): every interleaving of a
+//! A model of the protocol for the `stateright` model checker: every interleaving of a
 //! small cluster (3 nodes, 2 clients) within a bounded time, with faults as nondeterministic
 //! steps, checked against the safety properties of `docs/verification.md`.
 //!
@@ -31,7 +31,7 @@
 //! so a client may stop anywhere for any time: between its verdict and acting on it, with calls
 //! queued, past its validity).
 
-// Issue 26's promotion histories (kept apart from the other test modules below).
+// The promotion histories (kept apart from the other test modules below).
 #[cfg(test)]
 mod promotion;
 
@@ -68,7 +68,7 @@ use crate::core::health::RestartGuard;
 use crate::core::quorum::{self, Answer};
 use crate::core::timing;
 
-/// Switches that put a bug of issue 12 back, in the model only (the library is not touched).
+/// Switches that put a known bug back, in the model only (the library is not touched).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Mutants {
     /// Item 1 (client): an extension whose quorum arrives after the lock's deadline returns `Ok`
@@ -94,11 +94,11 @@ pub(crate) struct Mutants {
     /// not once the node's restart hold-out is over (a round that counted the node's answer
     /// from before the restart may still be raising its token on the sources).
     pub(crate) repair_before_hold_out_ends: bool,
-    /// Issue 26, item 1 put back: a replica promoted in place of a node keeps its uptime for
+    /// The promotion fix put back: a replica promoted in place of a node keeps its uptime for
     /// the restart guard (a promotion does not reset it), as a Cluster member's age did before
     /// the fix (the youngest master's `uptime_in_seconds`).
     pub(crate) promoted_uptime_trusted: bool,
-    /// Issue 26, item 2 put back: a node's identity is its run id alone, so a failback to a
+    /// The failback fix put back: a node's identity is its run id alone, so a failback to a
     /// server that kept its run id (demoted, resynchronised, promoted again) is not seen.
     pub(crate) run_id_only_identity: bool,
     /// A standalone member promoted from a replica (its address moved to it) is trusted for
@@ -156,7 +156,7 @@ pub(crate) struct Config {
     pub(crate) jump: u8,
     /// Lock keys a node may evict (a `volatile-*` policy under memory pressure).
     pub(crate) evictions: u8,
-    /// Promotions over the run (issue 26): a node's server replaced by a replica that missed
+    /// Promotions over the run: a node's server replaced by a replica that missed
     /// the last writes (a failover: a new run id), or demoted and promoted back (a failback:
     /// the same run id, a new replication id). Either way the node answers at once, its lock key
     /// gone and its counter lagging (modelled as lost, the worst a lagging replica can be), and
@@ -294,7 +294,7 @@ pub(crate) struct NodeS {
     /// The run id: a new one at every restart.
     epoch: u8,
     /// Seconds since the last (re)start (capped: only `uptime_in_seconds` below the max ttl
-    /// matters), as the restart guard counts it: a promotion counts as a start (issue 26).
+    /// matters), as the restart guard counts it: a promotion counts as a start.
     age: u8,
     /// The replication id: a new one at every promotion (failover or failback).
     replid: u8,
@@ -302,7 +302,7 @@ pub(crate) struct NodeS {
     key: Option<(Val, u8)>,
     /// The fencing counter (never expires).
     counter: u8,
-    /// The durability marker (issue 12 item 2's fix): an id written at first contact.
+    /// The durability marker: an id written at first contact.
     marker: Option<u8>,
     /// Promoted from a replica during its current process: its data, the marker included,
     /// came by replication.
@@ -316,7 +316,7 @@ pub(crate) struct NodeS {
 pub(crate) struct ConnS {
     live: bool,
     seen_epoch: Option<u8>,
-    /// The replication id seen with `seen_epoch` (the identity is the pair, issue 26).
+    /// The replication id seen with `seen_epoch` (the identity is the pair).
     seen_replid: u8,
     /// Hold-out left, on the client's clock.
     held_until: Option<Duration>,

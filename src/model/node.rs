@@ -43,7 +43,7 @@ impl Redlock {
                 node.counter = node.counter.max(token);
                 Some((1, None))
             }
-            // EXTEND (scripts.rs), with issue 12 item 1's fix: an absent key is re-set only where
+            // EXTEND (scripts.rs), with the late-extension fix: an absent key is re-set only where
             // the counter is at most our token (a later acquisition leaves a quorum above it).
             Op::Extend(val, token) => {
                 let r = match holder {

@@ -1,4 +1,4 @@
-//! Issue 26's promotions as fixed histories replayed step by step (as `repair_after_hold_out.rs` does): a
+//! Promotions as fixed histories replayed step by step (as `repair_after_hold_out.rs` does): a
 //! failover to a replica that missed the holder's write, under the mutant that trusts the
 //! promoted replica's uptime (item 1) and with the fix (a promoted server counts as just
 //! started). The breadth-first search reaches this history's depth only past its state cap.

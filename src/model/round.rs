@@ -63,7 +63,7 @@ impl Redlock {
 
     /// How a refused acquisition round is classified: the library's [`quorum::refusal`] over
     /// the values the refusals named, or always `Held` under the `old_verdict` mutant (today's
-    /// rule before issue 12 item 7).
+    /// rule before the split-vote fix).
     pub(super) fn refusal(&self, answers: &[Option<Ans>], t: &Tally) -> Refusal {
         if self.cfg.mutants.old_verdict {
             return Refusal::Held;
@@ -79,7 +79,7 @@ impl Redlock {
     }
 
     /// Records the checks of a `Held` (acquire) or `NotOwner` (extend) outcome: the refusals
-    /// alone must forbid a quorum (issue 12 item 6), and a round where nothing failed must name
+    /// alone must forbid a quorum, and a round where nothing failed must name
     /// one value on a quorum (item 7: a split vote is contention, not `Held`).
     pub(super) fn check_refused(
         &self,
@@ -122,7 +122,7 @@ impl Redlock {
         }
         let node = s.nodes[n].clone();
         let conn = &mut s.clients[c].conns[n];
-        // The identity is the run id and the replication id (issue 26); the mutant compares
+        // The identity is the run id and the replication id; the mutant compares
         // the run id alone.
         let same_replid = self.cfg.mutants.run_id_only_identity || conn.seen_replid == node.replid;
         let meeting = match conn.seen_epoch {
@@ -275,7 +275,7 @@ impl Redlock {
     }
 }
 
-/// Today's rule for a round's verdict (`Tally::verdict` before issue 12 items 6 and 7), kept
+/// Today's rule for a round's verdict (`Tally::verdict` before the held and split-vote fixes), kept
 /// here as the `old_verdict` mutant.
 fn old_verdict(t: &Tally, n: usize) -> Option<Verdict> {
     let q = quorum::quorum(n);

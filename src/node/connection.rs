@@ -230,9 +230,16 @@ impl Node {
         generation: u64,
     ) -> Result<MemberConn, NodeError> {
         let sent = super::wallclock::ours();
-        let (info, config, eval) = read_settings(&mut conn)
-            .await
-            .map_err(|e| self.connect_error(e))?;
+        let (info, config, eval) = read_settings(&mut conn).await.map_err(|e| {
+            // The connect's first exchange: a connection dropped before any reply is a peer
+            // that sent something unsolicited that is not Redis (an SSH banner) or closed at
+            // once; the connection's driver has ended with it, so no reply is left to read.
+            if e.is_connection_dropped() {
+                NodeError::BadReply(crate::error::NOT_REDIS_OR_CLOSED.to_owned())
+            } else {
+                self.connect_error(e)
+            }
+        })?;
         let received = super::wallclock::ours();
         // One reply holds the server, persistence and replication sections.
         let sentinel = self.member.kind() == MemberKind::Sentinel;
