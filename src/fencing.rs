@@ -239,7 +239,7 @@ pub async fn fenced_claim<C: ConnectionLike + Send>(
     token: FencingToken,
 ) -> redis::RedisResult<FenceClaim> {
     let fence_key = format!("{data_key}:fence");
-    let (claimed, highest): (i64, u64) = scripts::FENCED_CLAIM
+    let (claimed, highest): (i64, u64) = scripts::FENCED_WRITE
         .script()
         .key(&fence_key)
         .arg(token.get())

@@ -13,7 +13,7 @@ use tracing::{Instrument, field::Empty};
 
 use super::Redlock;
 use super::round::{Round, Tail, Yeses, int_reply, positive};
-use super::state::{LockState, Seen, SeenAt};
+use super::state::{Handing, LockState, Seen, SeenAt};
 use super::undo::UndoRelease;
 use super::waiter::Waiter;
 use crate::core::clock::{self, Stamp};
@@ -31,15 +31,6 @@ use crate::node::{HoldOut, Node, Op};
 /// rounds refused although no value stood on a quorum (contenders that started together split
 /// the nodes). Each undoes its partial acquisition first, then pauses at random.
 const CONTENTION_ROUNDS: u32 = 6;
-
-/// Ends a won round's handing (`LockState::end_handing`) when dropped.
-struct Handing(Arc<LockState>);
-
-impl Drop for Handing {
-    fn drop(&mut self) {
-        self.0.end_handing();
-    }
-}
 
 /// How long an acquisition keeps trying: it gives up once it has made `rounds` attempt rounds
 /// *and* the next one would start more than `wait` after the call.

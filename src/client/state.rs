@@ -2,8 +2,8 @@
 //! (key, value, token), the validity deadline on the deadline clock, the lost signal and its
 //! reason, and the lock that serialises extensions with the release.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -410,5 +410,15 @@ impl LockState {
                 _ = tokio::time::sleep_until(wake) => {}
             }
         }
+    }
+}
+
+/// Ends a won round's handing ([`LockState::end_handing`]) when dropped, however the task that
+/// hands the round's calls ends (aborted with its runtime included).
+pub(crate) struct Handing(pub(crate) Arc<LockState>);
+
+impl Drop for Handing {
+    fn drop(&mut self) {
+        self.0.end_handing();
     }
 }

@@ -16,8 +16,8 @@ use tokio::time::Instant;
 
 use super::address::redact;
 use super::gate::QUEUE;
-use super::health::{durability_marker, parse_info, promoted, read_settings, server_identity};
 use super::member::{self, MemberConn, MemberKind};
+use super::server::{durability_marker, parse_info, promoted, read_settings, server_identity};
 use super::{Node, scripts};
 use crate::core::health::classify_eviction;
 use crate::core::lock;

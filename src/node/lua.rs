@@ -48,12 +48,9 @@ pub(crate) fn on_lock_nodes() -> [&'static Lua; 6] {
 
 /// Every script of the crate, for reading a refusal that names one (`denial`).
 pub(crate) fn all() -> impl Iterator<Item = &'static Lua> {
-    on_lock_nodes().into_iter().chain([
-        &*FENCED_WRITE,
-        &*FENCED_CLAIM,
-        &*LEADER_WRITE,
-        &*LEADER_RESIGN,
-    ])
+    on_lock_nodes()
+        .into_iter()
+        .chain([&*FENCED_WRITE, &*LEADER_WRITE, &*LEADER_RESIGN])
 }
 
 /// An election's leader record, written on a node where this term's lock value stands
@@ -284,10 +281,14 @@ return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), KEYS[2] and ton
 /// The resource-side fencing check for data kept in Redis: write only if the token is newer than
 /// every token seen before.
 ///
-/// - KEYS[1]: the resource's "highest token seen" key, KEYS[2]: the data key
+/// Without a data key it is the claim (`fencing::fenced_claim`): the highest token seen is raised
+/// to the claimer's and nothing is written, so that every later write or claim with a lower
+/// token is refused.
+///
+/// - KEYS[1]: the resource's "highest token seen" key, KEYS[2] (absent for a claim): the data key
 /// - ARGV[1]: the writer's token, ARGV[2]: the value to write
-/// - Reply: `{1, token}` written (the token is at least the highest seen, so one holder may write
-///   many times); `{0, highest}` rejected as stale, with the highest token seen.
+/// - Reply: `{1, token}` written or claimed (the token is at least the highest seen, so one
+///   holder may write many times); `{0, highest}` rejected as stale, with the highest token seen.
 pub(crate) static FENCED_WRITE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
@@ -297,29 +298,9 @@ if token < seen then
   return {0, seen}
 end
 redis.call('SET', KEYS[1], ARGV[1])
-redis.call('SET', KEYS[2], ARGV[2])
-return {1, token}
-"#,
-    )
-});
-
-/// The resource-side claim for data kept in Redis: raise the highest token seen to the claimer's
-/// token without writing any data, so that every later write or claim with a lower token is
-/// refused (`fencing::fenced_claim`; run on the user's own Redis, like [`FENCED_WRITE`]).
-///
-/// - KEYS[1]: the resource's "highest token seen" key (the one [`FENCED_WRITE`] keeps)
-/// - ARGV[1]: the claimer's token
-/// - Reply: `{1, token}` claimed (the token is at least the highest seen: a claim may be
-///   repeated); `{0, highest}` refused as stale, with the highest token seen.
-pub(crate) static FENCED_CLAIM: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r#"
-local seen = tonumber(redis.call('GET', KEYS[1]) or '0')
-local token = tonumber(ARGV[1])
-if token < seen then
-  return {0, seen}
+if KEYS[2] then
+  redis.call('SET', KEYS[2], ARGV[2])
 end
-redis.call('SET', KEYS[1], ARGV[1])
 return {1, token}
 "#,
     )

@@ -49,8 +49,8 @@ use redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisFutur
 
 use super::Node;
 use super::address::node_name;
-use super::health::{parse_info, promoted, server_identity};
 use super::scripts::{self, ScriptCall};
+use super::server::{parse_info, promoted, server_identity};
 use crate::core::lock;
 use crate::error::NodeError;
 

@@ -27,6 +27,7 @@ pub(crate) mod member;
 pub(crate) mod pubsub;
 mod repair;
 pub(crate) mod scripts;
+mod server;
 mod wallclock;
 
 use std::future::Future;

@@ -26,8 +26,8 @@ use redis::{Cmd, Pipeline};
 
 use super::Node;
 pub(crate) use super::lua::{
-    ACQUIRE, EXTEND, FENCED_CLAIM, FENCED_WRITE, LEADER_RESIGN, LEADER_WRITE, Lua, RAISE_COUNTER,
-    RAISE_FENCE, RELEASE, REVOKE, STATUS, all, on_lock_nodes,
+    ACQUIRE, EXTEND, FENCED_WRITE, LEADER_RESIGN, LEADER_WRITE, Lua, RAISE_COUNTER, RAISE_FENCE,
+    RELEASE, REVOKE, STATUS, all, on_lock_nodes,
 };
 use crate::error::NodeError;
 
