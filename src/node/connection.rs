@@ -272,7 +272,7 @@ impl Node {
         // A server that was a replica during its current process (a Sentinel member's primary
         // may always have been one) holds what replication brought it: its durability marker
         // came from another server and proves nothing about the writes that did not arrive.
-        let was_replica = sentinel || promoted(&replication);
+        let was_replica = sentinel || promoted(replication);
         let fsync_always = !was_replica && aof && config.appendfsync.as_deref() == Some("always");
         let marker = if fsync_always {
             durability_marker(&mut conn, self.health.marker_key(), &run_id).await
@@ -295,7 +295,7 @@ impl Node {
         // resynchronised, promoted again) reads as a new server. A server promoted during its
         // current process counts as just started: its uptime says nothing about when it was
         // promoted.
-        let identity = server_identity(&run_id, &replication);
+        let identity = server_identity(&run_id, replication);
         let same_server = self.met_before(&identity);
         let age = if was_replica { Duration::ZERO } else { uptime };
         self.observe_start(identity, &run_id, age, fsync_always, marker);
