@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, field::Empty};
 
 use super::Redlock;
-use super::round::{Round, Tail, Yeses, int_reply, positive};
+use super::round::{Round, Tail, Yeses, int_reply};
 use super::state::{Handing, LockState, Seen, SeenAt};
 use super::undo::UndoRelease;
 use super::waiter::Waiter;
@@ -443,9 +443,7 @@ impl Redlock {
                 Arc::new(call),
                 deadline,
                 Some(started.saturating_add(round_time)),
-                HoldOut::Respect,
                 Op::Acquire,
-                positive,
                 &[],
             )
             .await;

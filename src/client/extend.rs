@@ -9,7 +9,7 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::Redlock;
-use super::round::{Round, positive};
+use super::round::Round;
 use super::state::{LockState, Seen, SeenAt};
 use crate::core::clock::{self, Stamp};
 use crate::core::keys::{self, LockKeys};
@@ -18,8 +18,8 @@ use crate::core::timing::{self, Extension};
 use crate::core::token::FencingToken;
 use crate::error::{Error, FailureList, LostReason, NodeFailure};
 use crate::metrics;
+use crate::node::Op;
 use crate::node::scripts;
-use crate::node::{HoldOut, Op};
 
 impl Redlock {
     /// Extends a held lock to `ttl` from now on a quorum; returns the new validity.
@@ -105,9 +105,7 @@ impl Redlock {
                 Arc::new(call),
                 deadline,
                 Some(lock_deadline),
-                HoldOut::Respect,
                 Op::Extend,
-                positive,
                 &[],
             )
             .await;
@@ -134,26 +132,30 @@ impl Redlock {
         self.conclude(
             state,
             outcome,
-            Answers { tally, failures },
+            Answers {
+                tally,
+                failures,
+                revoked,
+            },
             decided,
             elapsed,
             ttl,
-            revoked,
         )
     }
 
-    /// What an extension round's outcome does to the lock and tells the caller (`revoked`: a
-    /// refusal came from a revoke).
-    #[allow(clippy::too_many_arguments)]
+    /// What an extension round's outcome does to the lock and tells the caller.
     fn conclude(
         &self,
         state: &LockState,
         outcome: Extension,
-        Answers { tally, failures }: Answers,
+        Answers {
+            tally,
+            failures,
+            revoked,
+        }: Answers,
         decided: Stamp,
         elapsed: Duration,
         ttl: Duration,
-        revoked: bool,
     ) -> Result<Duration, Error> {
         let key = state.key();
         // A refusal by a node's ACL is named if the lock is lost at its deadline.
@@ -236,6 +238,8 @@ fn resume_call(keys: &LockKeys, value: &str, ttl_ms: u64) -> scripts::ScriptCall
 struct Answers {
     tally: Tally,
     failures: Vec<NodeFailure>,
+    /// A refusal by a quorum came from a revoke (its marker holds our value).
+    revoked: bool,
 }
 
 /// The extension of a held lock: the EXTEND script, and, on the nodes whose counter was seen at
@@ -326,15 +330,7 @@ impl Redlock {
         let length = timing::extend_round(self.inner.cfg.node_timeout, budget, budget);
         let call = resume_call(&lock_keys, value, ttl_ms);
         let round = self
-            .round(
-                Arc::new(call),
-                start + length,
-                None,
-                HoldOut::Respect,
-                Op::Extend,
-                positive,
-                &[],
-            )
+            .round(Arc::new(call), start + length, None, Op::Extend, &[])
             .await;
         let decided = clock::now();
         let Round {

@@ -58,17 +58,9 @@ impl Redlock {
             .released_by_us(state.lock_key(), state.value());
         let deadline = Instant::now() + self.inner.cfg.node_timeout;
         // Deleted (1) or absent (0) both leave nothing of ours; only another owner's value
-        // (-1) is a refusal.
+        // (-1) is a refusal (`round::round_rule`).
         let round = self
-            .round(
-                Arc::new(call),
-                deadline,
-                None,
-                HoldOut::Ignore,
-                Op::Release,
-                |v| v >= 0,
-                &never_sent,
-            )
+            .round(Arc::new(call), deadline, None, Op::Release, &never_sent)
             .await;
         // The unanswered releases must reach their nodes: dropped, a queued command may be
         // skipped by its connection, and the key would outlive the release by up to a ttl.

@@ -278,20 +278,18 @@ impl Redlock {
     /// Sends `call` to every node at once, each bounded by `deadline`, and returns as soon as the
     /// verdict is certain. Unanswered calls are handed back in `rest`. With `closes_at`, no
     /// call of the round is sent (nor re-sent as `EVAL`) from that time on the deadline clock.
-    /// `yes` tells which integer replies count as a yes; every other reply is a refusal. The
-    /// nodes `skip` marks get no call: each counts as answering `0` (a release: nothing of ours
-    /// there).
-    #[allow(clippy::too_many_arguments)]
+    /// What counts as a yes, and whether a held-out node is asked, follow from `op`
+    /// ([`round_rule`]). The nodes `skip` marks get no call: each counts as answering `0` (a
+    /// release: nothing of ours there).
     pub(super) async fn round(
         &self,
         call: Arc<ScriptCall>,
         deadline: Instant,
         closes_at: Option<Stamp>,
-        hold_out: HoldOut,
         op: Op,
-        yes: fn(i64) -> bool,
         skip: &[bool],
     ) -> Round {
+        let (hold_out, yes) = round_rule(op);
         self.schedule_repairs();
         let nodes = &self.inner.nodes;
         let n = nodes.len();
@@ -554,6 +552,17 @@ impl Answers {
 /// A yes for acquire and extend: a counter (>= 1), `1` extended or `2` re-set.
 pub(crate) fn positive(v: i64) -> bool {
     v > 0
+}
+
+/// How a round of `op` reads its nodes: an acquisition and an extension count only a positive
+/// reply as a yes and ask no node the restart guard holds out; a release asks every node (our
+/// value must go wherever it may stand) and counts deleted (1) and absent (0) alike, only
+/// another owner's value (-1) refusing.
+fn round_rule(op: Op) -> (HoldOut, fn(i64) -> bool) {
+    match op {
+        Op::Release => (HoldOut::Ignore, |v| v >= 0),
+        _ => (HoldOut::Respect, positive),
+    }
 }
 
 /// A script's integer reply; a plain `SET NX` answers `OK` (yes) or nil (held).
