@@ -34,6 +34,7 @@ mod imp {
             metrics::describe_gauge!("quorumlock_node_held_out", Unit::Count, "1 while a node answers but counts toward no quorum, by node and reason (held_out: restart hold-out, repairing, same_server, evicting).");
             metrics::describe_gauge!("quorumlock_node_up", Unit::Count, "1 while a node's last call succeeded, 0 once one failed, by node.");
             metrics::describe_counter!("quorumlock_node_clock_jumps_total", Unit::Count, "A node's wall clock seen jumping forward between two readings of its TIME (held out for the max ttl and repaired), by node.");
+            metrics::describe_histogram!("quorumlock_takeover_seconds", Unit::Seconds, "From a waiting acquisition's wake-up (after: release, a notice; expiry, the holder's key gone) to its grant.");
             metrics::describe_gauge!("quorumlock_leader", Unit::Count, "Terms this process leads now, by election (1 while it is the leader).");
             metrics::describe_counter!("quorumlock_terms_total", Unit::Count, "Terms this process won, by election.");
             metrics::describe_counter!("quorumlock_terms_lost_total", Unit::Count, "Terms this process led that ended lost (not resigned), by election.");
@@ -222,6 +223,13 @@ mod imp {
         }
     }
 
+    /// A waiting acquisition won `elapsed` after it was woken by a release notice (`release`)
+    /// or by its timer once the holder's key was gone or expiring (`expiry`).
+    pub(crate) fn takeover(after: &'static str, elapsed: Duration) {
+        metrics::histogram!("quorumlock_takeover_seconds", "after" => after)
+            .record(elapsed.as_secs_f64());
+    }
+
     /// A revoke ran: `revoked` when it deleted a holder's value, `nothing` otherwise.
     pub(crate) fn revoke(deleted: bool) {
         let outcome = if deleted { "revoked" } else { "nothing" };
@@ -247,6 +255,8 @@ mod imp {
     pub(crate) fn lock_lost(_lock: Option<&str>) {}
     #[inline(always)]
     pub(crate) fn revoke(_deleted: bool) {}
+    #[inline(always)]
+    pub(crate) fn takeover(_after: &'static str, _elapsed: Duration) {}
     #[inline(always)]
     pub(crate) fn describe() {}
     #[inline(always)]
@@ -310,6 +320,7 @@ mod tests {
         "quorumlock_node_held_out",
         "quorumlock_revokes_total",
         "quorumlock_node_clock_jumps_total",
+        "quorumlock_takeover_seconds",
         "quorumlock_leader",
         "quorumlock_terms_total",
         "quorumlock_terms_lost_total",

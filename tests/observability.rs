@@ -168,6 +168,46 @@ async fn t10_the_gauges_move_as_the_scenario_does_on_a_scraped_endpoint() {
     })
     .await;
     drop(term);
+
+    // A waiter woken by the holder's release takes over: the takeover is timed.
+    let holder = client(&cluster).try_acquire("obs:t", TTL).await.unwrap();
+    let waiting = client(&cluster);
+    let waiter = tokio::spawn(async move {
+        waiting
+            .acquire_timeout("obs:t", TTL, std::time::Duration::from_secs(30))
+            .await
+    });
+    let subscribed = |url: &str| {
+        let (_, n): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(format!("{}:waiters", lock_key("obs:t")))
+            .query(&mut conn(url))
+            .expect("PUBSUB NUMSUB");
+        n > 0
+    };
+    wait_until(WAIT, "the waiter waits", || async {
+        urls.iter().all(|u| subscribed(u))
+    })
+    .await;
+    holder.release().await.unwrap();
+    let taken = waiter.await.unwrap().expect("the waiter takes over");
+    let body = scrape(addr).await;
+    assert!(
+        body.contains("# HELP quorumlock_takeover_seconds"),
+        "{body}"
+    );
+    // Woken by the notice, or by its timer should the notice have come before its marker.
+    let takeovers = ["release", "expiry"]
+        .iter()
+        .filter_map(|after| {
+            sample(
+                &body,
+                &format!("quorumlock_takeover_seconds_count{{after=\"{after}\"}}"),
+            )
+        })
+        .sum::<f64>();
+    assert_eq!(takeovers, 1.0, "{body}");
+    taken.release().await.unwrap();
 }
 
 /// Every query of the committed Grafana dashboard names only metrics that some

@@ -12,6 +12,7 @@ use super::Redlock;
 use super::wait::{KeyWait, MARKER_REFRESH, Ticket, Turn, Woken};
 use crate::core::keys::LockKeys;
 use crate::core::timing;
+use crate::metrics;
 
 /// After this many rounds in a row lost after a notice, a waiter tries at once on the next
 /// notice instead of deferring to other clients (`queue::defer`): no waiter starves.
@@ -39,6 +40,9 @@ pub(super) struct Waiter<'a> {
     polls: u32,
     /// Consecutive rounds lost after a notice: past a few, this waiter stops deferring.
     losses: u32,
+    /// When it was last woken, and by what (`release`: a notice; `expiry`: its timer, the
+    /// holder's key gone or expiring): a won round after it is a takeover, timed from then.
+    woken: Option<(Instant, &'static str)>,
 }
 
 impl<'a> Waiter<'a> {
@@ -64,6 +68,7 @@ impl<'a> Waiter<'a> {
             epoch: 0,
             polls: 0,
             losses: 0,
+            woken: None,
         }
     }
 
@@ -92,6 +97,9 @@ impl<'a> Waiter<'a> {
     pub(super) fn won(mut self, value: &str) {
         if let Some((_, ticket)) = &mut self.queued {
             ticket.won(value);
+        }
+        if let Some((at, after)) = self.woken {
+            metrics::takeover(after, at.elapsed());
         }
     }
 
@@ -225,6 +233,11 @@ impl<'a> Waiter<'a> {
     async fn wait_registered(&mut self, kw: &KeyWait, until: Instant) {
         let woken = self.await_release_or_expiry(kw, until).await;
         tracing::trace!(key = self.keys.key(), ?woken, "waiter woken");
+        let after = match woken {
+            Woken::Notice => "release",
+            Woken::Timer => "expiry",
+        };
+        self.woken = Some((Instant::now(), after));
         match woken {
             Woken::Notice => {
                 self.polls = 0;
