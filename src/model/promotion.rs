@@ -72,20 +72,27 @@ fn history() -> Vec<Action> {
     ]
 }
 
-#[test]
-fn mutant_promoted_uptime_trusted_is_caught() {
-    let m = Redlock::new(config(true));
-    let path = match replay(&m, &history()) {
+/// Replays `steps` on `m` (each must be offered where it is taken), prints the timeline under
+/// `title`, and checks that it ends with both clients holding the lock.
+fn assert_two_holders(m: &Redlock, steps: &[Action], title: &str) {
+    let path = match replay(m, steps) {
         Ok(path) => path,
         Err((i, a, enabled)) => panic!("step {i} {a:?} not offered; offered: {enabled:?}"),
     };
-    println!(
-        "a failover whose replica's uptime is trusted:\n{}",
-        timeline(&m, &path)
-    );
+    println!("{title}:\n{}", timeline(m, &path));
     let end = &path.last().expect("a path has a state").0;
     let valid = (0..2).filter(|&c| m.valid(end, c)).count();
     assert_eq!(valid, 2, "two clients hold the lock under the mutant");
+}
+
+#[test]
+fn mutant_promoted_uptime_trusted_is_caught() {
+    let m = Redlock::new(config(true));
+    assert_two_holders(
+        &m,
+        &history(),
+        "a failover whose replica's uptime is trusted",
+    );
 }
 
 #[test]
@@ -131,17 +138,11 @@ fn durable_config(promoted_marker_trusted: bool) -> Config {
 #[test]
 fn mutant_promoted_marker_trusted_is_caught() {
     let m = Redlock::new(durable_config(true));
-    let path = match replay(&m, &durable_history()) {
-        Ok(path) => path,
-        Err((i, a, enabled)) => panic!("step {i} {a:?} not offered; offered: {enabled:?}"),
-    };
-    println!(
-        "a promoted replica trusted for its replicated marker:\n{}",
-        timeline(&m, &path)
+    assert_two_holders(
+        &m,
+        &durable_history(),
+        "a promoted replica trusted for its replicated marker",
     );
-    let end = &path.last().expect("a path has a state").0;
-    let valid = (0..2).filter(|&c| m.valid(end, c)).count();
-    assert_eq!(valid, 2, "two clients hold the lock under the mutant");
 }
 
 #[test]
