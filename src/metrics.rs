@@ -52,6 +52,11 @@ mod imp {
     }
 
     impl Held {
+        /// Not counted yet (before [`start`](Self::start)).
+        pub(crate) fn idle() -> Self {
+            Held::default()
+        }
+
         pub(crate) fn start(lock: Option<&str>) -> Self {
             gauge_held(lock.map(str::to_owned)).increment(1.0);
             Held {
@@ -291,6 +296,10 @@ mod imp {
     pub(crate) struct Held;
 
     impl Held {
+        #[inline(always)]
+        pub(crate) fn idle() -> Self {
+            Held
+        }
         #[inline(always)]
         pub(crate) fn start(_lock: Option<&str>) -> Self {
             Held

@@ -145,7 +145,7 @@ impl LockState {
             stop: tokio::sync::Notify::new(),
             won: None,
             labelled: false,
-            held: metrics::Held::default(),
+            held: metrics::Held::idle(),
         }
     }
 

@@ -1,10 +1,11 @@
 //! The node options that reach past plain `redis://`: `--tls-ca`, `--tls-cert`, `--tls-key`
 //! (and their `REDLOCK_TLS_*` forms) against real TLS nodes, `--key-prefix` and `--compat`
-//! (t120..) (issue 15, item 8).
+//! (t120..).
 
 use std::time::Duration;
 
 use quorumlock::Redlock;
+#[cfg(feature = "tls")]
 use quorumlock::testkit::LocalCluster;
 
 use crate::harness::*;
