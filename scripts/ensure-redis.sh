@@ -9,7 +9,7 @@ if ! command -v redis-server >/dev/null 2>&1 && [ -z "${REDIS_SERVER_BIN:-}" ]; 
 fi
 command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
-# libfaketime steps a test server's clock (tests/safety/s16_clock_jump.rs); not required to run
+# libfaketime steps a test server's clock (tests/safety/s17_clock_jump.rs); not required to run
 # the rest, so its absence alone is not fatal below.
 _ql_faketime=
 for _ql_lib in /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1; do

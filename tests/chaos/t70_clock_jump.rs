@@ -1,8 +1,10 @@
 //! A clock jump on one node, in the scenario Kleppmann described: a holder with a bare majority
 //! loses its key on one of those nodes because that node's clock jumped forward.
 //!
-//! The jump is simulated (every key's remaining ttl on the node is cut by the jump): libfaketime
-//! cannot run Debian's jemalloc-linked `redis-server` (see `nemesis::jump_clock`).
+//! The jump is simulated (every key's remaining ttl on the node is cut by the jump, see
+//! `nemesis::jump_clock`): the server's own clock does not move, so the client's clock-jump
+//! check cannot see it, which is the case it leaves open (a jump no reading of `TIME` shows).
+//! A real step of a server's clock, which the check holds out, is `tests/safety/s17_clock_jump.rs`.
 
 use std::time::Duration;
 

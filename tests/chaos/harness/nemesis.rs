@@ -647,9 +647,10 @@ async fn connect_all(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> 
 /// wall clock jumps, since it stores expiries as absolute wall-clock times. Returns how many
 /// keys it cut, and whether the lock key held `holder` (when given) at the jump.
 ///
-/// Real clock jumps with libfaketime do not work here: Debian's `redis-server` is linked with
-/// jemalloc, which libfaketime cannot initialise under (libfaketime issue #130); the server
-/// hangs at start.
+/// The server's own clock does not move, so no reading of its `TIME` shows the jump: the
+/// chaos runs keep the case the client's clock-jump check cannot see. A real step
+/// (libfaketime, with glibc's `libc_malloc_debug.so.0` preloaded first so that Debian's
+/// jemalloc-linked `redis-server` starts under it) is `tests/safety/s17_clock_jump.rs`.
 pub async fn jump_clock(url: &str, jump: Duration, holder: Option<&str>) -> (u64, bool) {
     let script = redis::Script::new(
         r"
