@@ -144,34 +144,25 @@ async fn t15_cmd_that_cannot_be_run_exits_127_or_126_and_releases() {
 async fn t16_a_fresh_run_takes_its_lock_with_at_most_6_commands_per_node() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    let readings = || -> Vec<_> { urls.iter().map(|u| calls_by_command(u)).collect() };
     for cache in ["empty", "filled"] {
         let dir = scratch();
         let (held, go) = (file(&dir, "held"), file(&dir, "go"));
         let script = format!("touch {}; {}", path_str(&held), wait_for_file(&go));
-        let before = readings();
+        let before = readings(&urls);
         // A node timeout no loaded machine reaches: one round, no retry.
         let mut cmd = redlock(&cluster);
         cmd.env("REDLOCK_NODE_TIMEOUT", "5s");
         let child = run_sh(cmd, &[], &script).spawn().unwrap();
         wait_until(WAIT, "CMD runs", || async { held.exists() }).await;
-        let taking = readings();
+        let taking = readings(&urls);
         std::fs::write(&go, "").unwrap();
         let out = finish(child, Instant::now()).await;
         assert_eq!(out.code(), 0, "{out:?}");
-        let after = readings();
-        for (i, url) in urls.iter().enumerate() {
-            let took = ran_between(&before[i], &taking[i]);
-            let released = ran_between(&taking[i], &after[i]);
-            eprintln!("script cache {cache}, node {i}: taking {took:?}; releasing {released:?}");
-            let n: u64 = took.values().sum();
-            // The lock's own 4 (one `INFO`, one `CONFIG GET`, `SET` and `INCR`), the connect's
-            // `EVAL` of `return 1` (the server runs scripts) and the acquire's `TIME` (the
-            // clock-jump check); no `SCRIPT LOAD`.
-            assert!(
-                n <= 6 && !took.contains_key("script|load"),
-                "{url}, script cache {cache}: {n} commands: {took:?}"
-            );
-        }
+        let after = readings(&urls);
+        assert_fresh_take(
+            &urls,
+            [&before, &taking, &after],
+            &format!("script cache {cache}"),
+        );
     }
 }

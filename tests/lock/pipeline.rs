@@ -300,11 +300,6 @@ async fn p5_answers_after_the_verdict_do_not_wake_the_caller() {
     );
 }
 
-/// Each node's `calls_by_command` now.
-fn readings(urls: &[String]) -> Vec<std::collections::BTreeMap<String, u64>> {
-    urls.iter().map(|u| calls_by_command(u)).collect()
-}
-
 /// A fresh client (a new process: every cron job is one) takes one uncontended lock on 5 Redis
 /// 7 nodes with at most 6 commands per node, connection setup included, read from
 /// `INFO commandstats`: whether the nodes' script cache is empty (the first client after a
@@ -325,18 +320,10 @@ async fn p7_a_fresh_client_takes_a_lock_with_at_most_6_commands_per_node() {
         lock.release().await.expect("released");
         locks.flush().await;
         let after = readings(&urls);
-        for (i, url) in urls.iter().enumerate() {
-            let took = ran_between(&before[i], &taking[i]);
-            let released = ran_between(&taking[i], &after[i]);
-            eprintln!("script cache {cache}, node {i}: taking {took:?}; releasing {released:?}");
-            let n: u64 = took.values().sum();
-            // The lock's own 4 (one `INFO`, one `CONFIG GET`, `SET` and `INCR`), the connect's
-            // `EVAL` of `return 1` (the server runs scripts) and the acquire's `TIME` (the
-            // clock-jump check); no `SCRIPT LOAD`.
-            assert!(
-                n <= 6 && !took.contains_key("script|load"),
-                "{url}, script cache {cache}: {n} commands: {took:?}"
-            );
-        }
+        assert_fresh_take(
+            &urls,
+            [&before, &taking, &after],
+            &format!("script cache {cache}"),
+        );
     }
 }

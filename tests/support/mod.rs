@@ -333,6 +333,38 @@ pub fn calls_by_command(url: &str) -> std::collections::BTreeMap<String, u64> {
     calls
 }
 
+/// Each node's [`calls_by_command`] now.
+pub fn readings(urls: &[String]) -> Vec<std::collections::BTreeMap<String, u64>> {
+    urls.iter().map(|u| calls_by_command(u)).collect()
+}
+
+/// What a fresh process may send each node to take one uncontended lock, connection setup
+/// included: the lock's own 4 (one `INFO`, one `CONFIG GET`, `SET` and `INCR`), the connect's
+/// `EVAL` of `return 1` (the server runs scripts) and the acquire's `TIME` (the clock-jump
+/// check).
+pub const FRESH_TAKE_COMMANDS: u64 = 6;
+
+/// Checks, node by node, that a fresh process took its lock between the readings `before` and
+/// `taking` with at most [`FRESH_TAKE_COMMANDS`] commands and no `SCRIPT LOAD`, and prints what
+/// each node ran for the take and for the release (until `after`). `label` names the case.
+pub fn assert_fresh_take(
+    urls: &[String],
+    readings: [&[std::collections::BTreeMap<String, u64>]; 3],
+    label: &str,
+) {
+    let [before, taking, after] = readings;
+    for (i, url) in urls.iter().enumerate() {
+        let took = ran_between(&before[i], &taking[i]);
+        let released = ran_between(&taking[i], &after[i]);
+        eprintln!("{label}, node {i}: taking {took:?}; releasing {released:?}");
+        let n: u64 = took.values().sum();
+        assert!(
+            n <= FRESH_TAKE_COMMANDS && !took.contains_key("script|load"),
+            "{url}, {label}: {n} commands: {took:?}"
+        );
+    }
+}
+
 /// What a node ran between two readings of [`calls_by_command`] (`before`, `after`), by
 /// command: the `INFO` that took `before` is counted in `after` and taken out here.
 pub fn ran_between(
