@@ -162,7 +162,13 @@ impl Redlock {
         crate::metrics::revoke(deleted > 0);
         tracing::warn!(key, value, %token, raised, deleted, "lock revoked");
         if raised < self.quorum() {
-            return Err(no_quorum(key, raised, self, failures));
+            return Err(Error::no_quorum(
+                key,
+                raised,
+                self.node_count(),
+                self.quorum(),
+                failures,
+            ));
         }
         Ok(Revocation {
             key: key.to_owned(),
@@ -192,15 +198,5 @@ impl Redlock {
             }
             _ => false,
         })
-    }
-}
-
-fn no_quorum(key: &str, reached: usize, locks: &Redlock, failures: Vec<NodeFailure>) -> Error {
-    Error::NoQuorum {
-        key: key.to_owned(),
-        reached,
-        nodes: locks.node_count(),
-        needed: locks.quorum(),
-        failures,
     }
 }
