@@ -2,8 +2,8 @@
 //! the eviction check, shared by the error types (`NodeError::Evicting`), the pure core, which
 //! classifies a node (`core::health::classify_eviction`), and the status report. No I/O.
 
-/// What a node's memory policy (`maxmemory`, `maxmemory-policy`, read with `CONFIG GET` on
-/// every connect) can do to the keys this library keeps there.
+/// What a node's memory policy (`maxmemory`, `maxmemory-policy`, read from `INFO memory` on
+/// every connect, or with `CONFIG GET` where `INFO` lacks them) can do to the keys this library keeps there.
 ///
 /// Redis evicts keys when `maxmemory` is reached: under a `volatile-*` policy any key with a
 /// ttl, lock keys included, before they expire (a lock then stands on fewer nodes than its
@@ -55,7 +55,7 @@ impl std::fmt::Display for EvictionRisk {
                 "maxmemory-policy {policy} with maxmemory set: lock keys and fencing counters can be evicted"
             ),
             EvictionRisk::Unknown => {
-                f.write_str("eviction policy unknown (CONFIG GET unavailable)")
+                f.write_str("eviction policy unknown (neither INFO nor CONFIG GET gave it)")
             }
         }
     }

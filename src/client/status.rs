@@ -44,14 +44,16 @@ pub struct NodeStatus {
     /// as another configured node reads [`NodeError::SameServer`]: it counts toward no quorum.
     pub state: Result<KeyState, NodeError>,
     /// What the node's memory policy can do to lock keys, as read on its last connect
-    /// ([`EvictionRisk::Unknown`] before any, or where `CONFIG GET` is unavailable).
+    /// ([`EvictionRisk::Unknown`] before any, or where neither `INFO` nor `CONFIG GET` gave
+    /// it).
     pub eviction: EvictionRisk,
     /// The node's settings the client could not check on its last connect, by their Redis
     /// names (`appendfsync`, `maxmemory`, `maxmemory-policy`): `CONFIG` is renamed or refused,
     /// as on many managed services. Unread `appendfsync` means the node is never taken for
     /// durable (a restart always holds it out for the max ttl and repairs its counters);
-    /// unread `maxmemory*` leave [`eviction`](Self::eviction) unknown. Empty when all were
-    /// read, and before any connect. See `docs/acl.md`.
+    /// unread `maxmemory*` leave [`eviction`](Self::eviction) unknown. Only what the guards
+    /// need is read: `appendfsync` on a node with AOF, `maxmemory*` where `INFO memory` lacks
+    /// them. Empty when all were read, and before any connect. See `docs/acl.md`.
     pub unchecked: Vec<&'static str>,
     /// Whether scripts go to this node as `EVAL` with their body, because it refused an
     /// `EVALSHA` (see `docs/acl.md`).

@@ -1,8 +1,8 @@
 //! The one self-healing connection to a node: established lazily in a spawned task bounded by
 //! the connect timeout, replaced only when it breaks (so a node's calls travel in order), and
-//! the connect itself (TCP/TLS settings, `INFO` and `CONFIG GET` read for the restart and
-//! eviction guards in one round trip). Every connection the crate opens to a node,
-//! pub/sub included, is opened here.
+//! the connect itself (TCP/TLS settings, `INFO` read for the restart and eviction guards in one
+//! round trip; `CONFIG GET` only for what `INFO` does not give, `server.rs`). Every connection
+//! the crate opens to a node, pub/sub included, is opened here.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -191,9 +191,10 @@ impl Node {
         .map_err(|e| self.connect_error(e))
     }
 
-    /// Connects and reads what the guards need (`INFO`, `CONFIG GET`: one round trip on Redis
-    /// ≥ 7). Scripts are not loaded: a call's `EVALSHA` answered `NOSCRIPT` falls back to `EVAL`,
-    /// which leaves the script in the server's cache for every later call and client.
+    /// Connects and reads what the guards need (`INFO`: one round trip on Redis ≥ 7 without
+    /// AOF; `read_settings`). Scripts are not loaded: a call's `EVALSHA` answered `NOSCRIPT`
+    /// falls back to `EVAL`, which leaves the script in the server's cache for every later call
+    /// and client.
     ///
     /// A Cluster member reads every master's `INFO server` and `INFO replication` instead (its
     /// identity is their run ids, its age its youngest master's, a promoted one counting as

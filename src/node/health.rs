@@ -32,7 +32,8 @@ pub(crate) struct Health {
     /// Bumped each time a restart makes a repair needed: a repair started before the latest
     /// restart (its raises went to the lost data) cannot finish it.
     repair_epoch: u64,
-    /// The settings the last connect could not read (`CONFIG GET` refused or renamed).
+    /// The settings the last connect needed and could not read (`CONFIG GET` refused or
+    /// renamed).
     unchecked: Vec<&'static str>,
 }
 
@@ -300,29 +301,23 @@ impl Node {
     /// taken for durable (every restart holds it out and repairs it); unread `maxmemory` /
     /// `maxmemory-policy` leave its eviction risk unknown.
     pub(super) fn observe_config(&self, config: &NodeConfig) {
-        let unchecked: Vec<&'static str> = [
-            ("appendfsync", config.appendfsync.is_none()),
-            ("maxmemory", config.maxmemory.is_none()),
-            ("maxmemory-policy", config.policy.is_none()),
-        ]
-        .into_iter()
-        .filter_map(|(name, unread)| unread.then_some(name))
-        .collect();
+        let unchecked = config.unread.clone();
         let mut health = lock(&self.health.state);
         if !unchecked.is_empty() && health.unchecked != unchecked {
             tracing::info!(
                 node = %self.name,
                 unchecked = ?unchecked,
-                "CONFIG GET unavailable (renamed or refused): the node is not taken for durable \
-                 (a restart always holds it out and repairs it) and its eviction policy is \
-                 unknown; check these settings with your provider"
+                "CONFIG GET unavailable (renamed or refused): an unread appendfsync means the \
+                 node is not taken for durable (a restart always holds it out and repairs it), \
+                 unread memory settings leave its eviction policy unknown; check these settings \
+                 with your provider"
             );
         }
         health.unchecked = unchecked;
     }
 
-    /// The settings the last connect could not read (`CONFIG GET` refused or renamed), by
-    /// their Redis names; empty before any connect.
+    /// The settings the last connect needed and could not read (`CONFIG GET` refused or
+    /// renamed), by their Redis names; empty before any connect.
     pub(crate) fn unchecked(&self) -> Vec<&'static str> {
         lock(&self.health.state).unchecked.clone()
     }

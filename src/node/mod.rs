@@ -254,10 +254,10 @@ impl Node {
         // this call keeps while it waits for the reply is that future's, not a copy of it
         // beside the locals above (a round moves every call's future several times).
         match conn {
-            // An acquire reads the node's clock first, on the same connection (the clock-jump
-            // check, `wallclock.rs`): a node whose clock jumped since the last reading does not
-            // count, whatever the script answered.
-            MemberConn::Single(conn) if op == Op::Acquire && self.clock_checked(generation) => {
+            // An acquire whose last reading of the node's clock is a period old reads it first,
+            // on the same connection (the clock-jump check, `wallclock.rs`): a node whose clock
+            // jumped since the last reading does not count, whatever the script answered.
+            MemberConn::Single(conn) if op == Op::Acquire && self.clock_due(generation) => {
                 let clock = Self::read_clock(conn.clone());
                 let send = self.send_single(conn, call, gate, generation);
                 let (clock, reply) = futures::join!(clock, send);

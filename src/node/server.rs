@@ -1,33 +1,45 @@
 //! What a connect reads of a server (`connection.rs` sends it): its `INFO` (run id, uptime,
-//! replication: its identity and whether it was promoted during its current process) and the
-//! settings the guards need (`CONFIG GET`), in one round trip; the durability marker.
+//! replication: its identity and whether it was promoted during its current process; memory:
+//! the eviction settings) and, only where `INFO` lacks them, the settings the guards need
+//! (`CONFIG GET`); the durability marker.
 
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 
-/// The settings read from a node with `CONFIG GET`; `None` where unreadable.
+/// The settings the guards need; `None` where unread.
 #[derive(Debug, Default)]
 pub(crate) struct NodeConfig {
     pub(super) appendfsync: Option<String>,
     pub(super) maxmemory: Option<String>,
     pub(super) policy: Option<String>,
+    /// The settings a guard needed and could not read (`CONFIG GET` refused or renamed), by
+    /// their Redis names.
+    pub(super) unread: Vec<&'static str>,
 }
 
-/// The settings a connect reads with `CONFIG GET`.
+/// The settings the guards may need, by their `CONFIG GET` names.
 const SETTINGS: [&str; 3] = ["appendfsync", "maxmemory", "maxmemory-policy"];
 
-/// Reads what a connect needs in one round trip on Redis ≥ 7: the `INFO` sections the guards
-/// and the fenced acquire read (server, persistence, replication; one reply) and `appendfsync`,
-/// `maxmemory` and `maxmemory-policy` (one `CONFIG GET`). An older server takes one section and
-/// one setting per command and refuses both: it then gets its default `INFO` (which holds those
-/// sections) and one `CONFIG GET` per setting, in a second round trip. A refused `INFO` is an
-/// error (the connect fails). A refused `CONFIG GET` (renamed or forbidden, as managed services
-/// do) leaves every setting unknown: the node is then treated as one that may lose its last
-/// writes in a restart, and its eviction risk is reported as unknown; the connect goes on.
+/// The same settings' fields in `INFO` (`appendfsync` has none).
+const INFO_FIELDS: [Option<&str>; 3] = [None, Some("maxmemory:"), Some("maxmemory_policy:")];
+
+/// Reads what a connect needs, in one round trip where `INFO` holds it all: the `INFO` sections
+/// the guards and the fenced acquire read (server, persistence, replication, memory; one reply
+/// on Redis ≥ 7), whose memory section carries `maxmemory` and `maxmemory_policy` (the eviction
+/// guard). `appendfsync` is needed only where `aof_enabled:1` (a node without AOF is never taken
+/// for durable), and is not in `INFO`: only such a node gets a `CONFIG GET`, in a second round
+/// trip, as does a server whose `INFO` lacks a memory field. An older server takes one section
+/// per `INFO` and one setting per `CONFIG GET` and refuses both: it gets its default `INFO`
+/// (which holds those sections) and one `CONFIG GET` per setting still missing. A refused `INFO`
+/// is an error (the connect fails). A refused `CONFIG GET` (renamed or forbidden, as managed
+/// services do) leaves those settings unread ([`NodeConfig::unread`]): a node whose
+/// `appendfsync` is unread is treated as one that may lose its last writes in a restart, one
+/// whose eviction settings are unread has its eviction risk reported as unknown; the connect
+/// goes on.
 ///
-/// The same round trip asks the server to run a script (`EVAL "return 1" 0`): its reply is
-/// returned as it came, for the connect to tell a server that cannot run scripts.
+/// The first round trip also asks the server to run a script (`EVAL "return 1" 0`): its reply
+/// is returned as it came, for the connect to tell a server that cannot run scripts.
 pub(crate) async fn read_settings(
     conn: &mut MultiplexedConnection,
 ) -> redis::RedisResult<(String, NodeConfig, Option<redis::Value>)> {
@@ -36,49 +48,89 @@ pub(crate) async fn read_settings(
     pipe.cmd("INFO")
         .arg("server")
         .arg("persistence")
-        .arg("replication");
-    pipe.cmd("CONFIG").arg("GET").arg(&SETTINGS[..]);
+        .arg("replication")
+        .arg("memory");
     pipe.cmd("EVAL").arg("return 1").arg(0);
     let replies: Vec<redis::Value> = pipe.query_async(conn).await?;
     let mut replies = replies.into_iter();
-    let (info, config, eval) = (replies.next(), replies.next(), replies.next());
-    if let Some(Ok(info)) = info.map(redis::Value::extract_error) {
-        let config = config.map_or_else(NodeConfig::default, NodeConfig::from_reply);
-        return Ok((redis::from_redis_value(info)?, config, eval));
-    }
-    let info: String = redis::cmd("INFO").query_async(conn).await?;
-    let mut pipe = redis::pipe();
-    for name in SETTINGS {
-        pipe.cmd("CONFIG").arg("GET").arg(name);
-    }
-    let replies: redis::RedisResult<Vec<redis::Value>> = pipe.query_async(conn).await;
-    let config = match replies {
-        Ok(replies) => {
-            let pairs = replies.into_iter().filter_map(config_pairs).flatten();
-            NodeConfig::from_pairs(pairs.collect())
-        }
-        Err(_) => NodeConfig::default(),
+    let (info, eval) = (replies.next(), replies.next());
+    let (info, modern) = match info.map(redis::Value::extract_error) {
+        Some(Ok(info)) => (redis::from_redis_value::<String>(info)?, true),
+        _ => (redis::cmd("INFO").query_async(conn).await?, false),
     };
+    let mut config = NodeConfig::from_info(&info);
+    let missing = config.missing(&info);
+    if !missing.is_empty() {
+        let mut pipe = redis::pipe();
+        if modern {
+            pipe.cmd("CONFIG").arg("GET").arg(&missing[..]);
+        } else {
+            for name in &missing {
+                pipe.cmd("CONFIG").arg("GET").arg(name);
+            }
+        }
+        let replies: redis::RedisResult<Vec<redis::Value>> = pipe.query_async(conn).await;
+        let pairs: Vec<(String, String)> = match replies {
+            Ok(replies) => replies
+                .into_iter()
+                .filter_map(config_pairs)
+                .flatten()
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        config.fill(&pairs, &missing);
+    }
     Ok((info, config, eval))
 }
 
 impl NodeConfig {
-    /// The settings in a `CONFIG GET` reply; all unknown if it is an error.
-    fn from_reply(reply: redis::Value) -> Self {
-        config_pairs(reply).map_or_else(NodeConfig::default, NodeConfig::from_pairs)
+    /// The settings `INFO` carries (the memory section's).
+    fn from_info(info: &str) -> Self {
+        let field = |name: Option<&str>| {
+            let name = name?;
+            info.lines()
+                .find_map(|l| l.trim().strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+        };
+        NodeConfig {
+            appendfsync: None,
+            maxmemory: field(INFO_FIELDS[1]),
+            policy: field(INFO_FIELDS[2]),
+            unread: Vec::new(),
+        }
     }
 
-    fn from_pairs(pairs: Vec<(String, String)>) -> Self {
+    /// The settings a guard needs that `INFO` did not give, by their `CONFIG GET` names.
+    fn missing(&self, info: &str) -> Vec<&'static str> {
+        let aof = info.lines().any(|l| l.trim() == "aof_enabled:1");
+        [
+            (SETTINGS[0], aof),
+            (SETTINGS[1], self.maxmemory.is_none()),
+            (SETTINGS[2], self.policy.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(name, needed)| needed.then_some(name))
+        .collect()
+    }
+
+    /// Takes the `missing` settings from a `CONFIG GET` reply's pairs; those absent stay unread.
+    fn fill(&mut self, pairs: &[(String, String)], missing: &[&'static str]) {
         let get = |name: &str| {
             pairs
                 .iter()
                 .find(|(n, _)| n.eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.clone())
         };
-        NodeConfig {
-            appendfsync: get(SETTINGS[0]),
-            maxmemory: get(SETTINGS[1]),
-            policy: get(SETTINGS[2]),
+        for &name in missing {
+            let value = get(name);
+            if value.is_none() {
+                self.unread.push(name);
+            }
+            match name {
+                "appendfsync" => self.appendfsync = value,
+                "maxmemory" => self.maxmemory = value,
+                _ => self.policy = value,
+            }
         }
     }
 }
@@ -186,15 +238,34 @@ mod tests {
             (bulk("maxmemory"), bulk("0")),
         ]);
         for reply in [resp2, resp3] {
-            let config = NodeConfig::from_reply(reply);
+            let mut config = NodeConfig::default();
+            let missing = ["appendfsync", "maxmemory", "maxmemory-policy"];
+            config.fill(&config_pairs(reply).unwrap(), &missing);
             assert_eq!(config.policy.as_deref(), Some("volatile-lru"));
             assert_eq!(config.maxmemory.as_deref(), Some("0"));
             assert_eq!(config.appendfsync, None);
+            assert_eq!(config.unread, ["appendfsync"]);
         }
         assert_eq!(config_pairs(Value::Array(vec![])), Some(vec![]));
         assert_eq!(config_pairs(Value::Map(vec![])), Some(vec![]));
         assert_eq!(config_pairs(Value::Nil), None);
-        assert_eq!(NodeConfig::from_reply(Value::Nil).policy, None);
+    }
+
+    #[test]
+    fn info_memory_gives_the_eviction_settings_and_only_aof_needs_config_get() {
+        let info = "# Persistence\r\naof_enabled:0\r\n# Memory\r\nmaxmemory:1048576\r\n\
+                    maxmemory_human:1.00M\r\nmaxmemory_policy:allkeys-lru\r\n";
+        let config = NodeConfig::from_info(info);
+        assert_eq!(config.maxmemory.as_deref(), Some("1048576"));
+        assert_eq!(config.policy.as_deref(), Some("allkeys-lru"));
+        assert!(config.missing(info).is_empty());
+        let aof = info.replace("aof_enabled:0", "aof_enabled:1");
+        assert_eq!(config.missing(&aof), ["appendfsync"]);
+        let bare = "# Persistence\r\naof_enabled:0\r\n";
+        assert_eq!(
+            NodeConfig::from_info(bare).missing(bare),
+            ["maxmemory", "maxmemory-policy"]
+        );
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The clock-jump check: Redis expires keys on its wall clock, so a node whose clock steps
-//! forward drops lock keys early. Each connection to one server reads `TIME` when it connects
-//! and again with every acquire (sent just before the script, on the same connection: no extra
-//! round trip), and compares how far the node's clock moved with how much time passed on ours
-//! (`CLOCK_BOOTTIME`, [`crate::core::clock`]). A forward move beyond that plus the drift
+//! forward drops lock keys early. Each connection to one server reads the node's clock when it
+//! connects (`server_time_usec` in the connect's `INFO`) and again with an acquire whose last
+//! reading is [`CLOCK_PERIOD`] old or more (`TIME`, sent just before the acquire on the same
+//! connection: no extra round trip; one reading per node per period at most), and compares how
+//! far the node's clock moved with how much time passed on ours (`CLOCK_BOOTTIME`,
+//! [`crate::core::clock`]). A forward move beyond that plus the drift
 //! allowance ([`clock_jump`]) is treated like a restart: the node is held out for the max ttl
 //! from then and its fencing counters are checked, the acquire that saw it does not count, a
 //! warning is logged and `quorumlock_node_clock_jumps_total` counts it. A node that refuses
@@ -10,6 +12,7 @@
 //! connection spans shards).
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::Value;
@@ -21,10 +24,19 @@ use crate::core::health::{ClockReading, clock_jump};
 use crate::core::lock;
 use crate::error::NodeError;
 
+/// How old the last reading of a node's clock must be for an acquire to read it again: an
+/// acquire within this of the last reading carries no `TIME` (a jump in between is seen at the
+/// next reading). Busy clients pay one `TIME` per node per period, not one per acquire; a fresh
+/// process's first acquire, right after its connect read the clock, pays none.
+pub(crate) const CLOCK_PERIOD: Duration = Duration::from_millis(10);
+
 /// The last reading of the node's clock and the connection it was made on.
 pub(super) struct WallClock {
     drift_factor: f64,
     last: Mutex<Option<(u64, ClockReading)>>,
+    /// When (our clock, µs) an acquire last took it upon itself to read the clock: the
+    /// acquires meanwhile do not read it too.
+    asked: AtomicU64,
 }
 
 impl WallClock {
@@ -32,6 +44,7 @@ impl WallClock {
         WallClock {
             drift_factor,
             last: Mutex::new(None),
+            asked: AtomicU64::new(0),
         }
     }
 }
@@ -81,9 +94,25 @@ impl Node {
         }
     }
 
-    /// Whether connection `generation` is checked (its connect read `TIME`).
-    pub(super) fn clock_checked(&self, generation: u64) -> bool {
-        lock(&self.wallclock.last).is_some_and(|(g, _)| g == generation)
+    /// Whether an acquire on connection `generation` reads the clock: the connection is checked
+    /// (its connect read the clock) and neither its last reading nor another acquire's request
+    /// for one is [`CLOCK_PERIOD`] old. A `true` is the request: one acquire per period gets it.
+    pub(super) fn clock_due(&self, generation: u64) -> bool {
+        let received = match *lock(&self.wallclock.last) {
+            Some((g, reading)) if g == generation => reading.received,
+            _ => return false,
+        };
+        let now = ours();
+        let asked = self.wallclock.asked.load(Ordering::Relaxed);
+        let since = received.max(Duration::from_micros(asked));
+        if now.saturating_sub(since) < CLOCK_PERIOD {
+            return false;
+        }
+        let now = u64::try_from(now.as_micros()).unwrap_or(u64::MAX);
+        self.wallclock
+            .asked
+            .compare_exchange(asked, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// Reads `TIME` on `conn` with our clock around it. The command is handed to the

@@ -301,11 +301,11 @@ async fn p5_answers_after_the_verdict_do_not_wake_the_caller() {
 }
 
 /// A fresh client (a new process: every cron job is one) takes one uncontended lock on 5 Redis
-/// 7 nodes with at most 6 commands per node, connection setup included, read from
+/// 7 nodes with at most 4 commands per node, connection setup included, read from
 /// `INFO commandstats`: whether the nodes' script cache is empty (the first client after a
 /// restart) or not. Its release is counted and printed too.
 #[tokio::test]
-async fn p7_a_fresh_client_takes_a_lock_with_at_most_6_commands_per_node() {
+async fn p7_a_fresh_client_takes_a_lock_with_at_most_4_commands_per_node() {
     let cluster = cluster(5);
     let urls = cluster.urls();
     for cache in ["empty", "filled"] {

@@ -125,10 +125,12 @@ async fn strict_mode_keeps_nodes_that_cannot_evict() {
     lock.release().await.unwrap();
 }
 
-/// A node that refuses `CONFIG GET` (managed services rename it) reports its risk as unknown and
-/// still counts, in strict mode too: the check never fails a node for what it cannot read.
+/// A node that refuses `CONFIG GET` (managed services rename it) still has its risk read, from
+/// `INFO memory` (`maxmemory`, `maxmemory_policy`): a `volatile-lru` node is reported and held
+/// out under the strict guard, a node without `maxmemory` reports none and counts, and neither
+/// lists a setting as unchecked (without AOF, `appendfsync` is not needed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_without_config_get_reports_an_unknown_risk_and_still_counts() {
+async fn a_node_without_config_get_has_its_risk_read_from_info() {
     init_tracing();
     let cluster = LocalCluster::start_with(3, &ServerOptions::new().config_disabled())
         .unwrap_or_else(|e| panic!("{e}"));
@@ -139,8 +141,34 @@ async fn a_node_without_config_get_reports_an_unknown_risk_and_still_counts() {
     let lock = strict.try_acquire(KEY, HELD_TTL).await.expect("acquire");
     let status = strict.status(KEY).await.unwrap();
     assert_eq!(status.answered(), 3, "{status:?}");
-    assert_every_node(&status, EvictionRisk::Unknown);
+    assert_every_node(&status, EvictionRisk::None);
+    assert!(
+        status.nodes.iter().all(|n| n.unchecked.is_empty()),
+        "{status:?}"
+    );
     lock.release().await.unwrap();
+
+    let risky = LocalCluster::start_with(
+        3,
+        &ServerOptions::new()
+            .config_disabled()
+            .maxmemory(MAXMEMORY, "volatile-lru"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let strict = builder(&risky)
+        .eviction_guard(EvictionGuard::Strict)
+        .build()
+        .unwrap();
+    let e = strict.try_acquire(KEY, HELD_TTL).await.unwrap_err();
+    assert!(e.to_string().contains("volatile-lru"), "{e}");
+    let status = strict.status(KEY).await.unwrap();
+    assert!(
+        status
+            .nodes
+            .iter()
+            .all(|n| n.eviction.is_risky() && n.unchecked.is_empty()),
+        "{status:?}"
+    );
 }
 
 /// The warning names the node, the policy and what it risks, once per node: a reconnect (here
