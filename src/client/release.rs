@@ -179,12 +179,12 @@ impl Redlock {
         skip: &[bool],
         notify: bool,
     ) -> impl Future<Output = ()> + Send + 'static {
-        // Compat mode has no waiters marker (its waiters poll); without the marker (KEYS[2])
-        // the script publishes nothing.
+        // Compat mode has no waiters marker (its waiters poll); without the waiters count
+        // (KEYS[2]) the script publishes nothing.
         let lock_key = keys.lock();
         let call = Arc::new(if notify && !self.inner.cfg.keys.is_compat() {
             scripts::RELEASE.call(
-                &[lock_key.as_bytes(), keys.waiters().as_bytes()],
+                &[lock_key.as_bytes(), keys.waiters_count().as_bytes()],
                 &[value.as_bytes()],
             )
         } else {
@@ -229,7 +229,7 @@ fn bare_release(lock_key: &str, value: &str) -> ScriptCall {
 /// token on the connection the release runs on ([`LockState::seen`]), the same script without
 /// them, which skips that raise (it would find the counter there already: `docs/safety.md`,
 /// "Release raises counters everywhere"). With fencing off (token 0) every node gets the form
-/// without them. All name the waiters marker, to publish a notice when someone waits.
+/// without them. All name the waiters count, to publish a notice when someone waits.
 ///
 /// In compat mode the call names the lock key only (see [`bare_release`]).
 fn release_call(state: &LockState, compat: bool) -> ScriptCall {
@@ -238,7 +238,7 @@ fn release_call(state: &LockState, compat: bool) -> ScriptCall {
     }
     let keys: [&[u8]; 3] = [
         state.lock_key().as_bytes(),
-        state.waiters_key().as_bytes(),
+        state.waiters_count_key().as_bytes(),
         state.fence_key().as_bytes(),
     ];
     let value = state.value().as_bytes();

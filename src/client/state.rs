@@ -177,9 +177,10 @@ impl LockState {
     pub(crate) fn fence_key(&self) -> &str {
         self.keys.fence()
     }
-    /// The lock's waiters marker (see `client/wait.rs`).
-    pub(crate) fn waiters_key(&self) -> &str {
-        self.keys.waiters()
+    /// The lock's waiters count (see `client/wait.rs`): what its release reads to know whether
+    /// to publish.
+    pub(crate) fn waiters_count_key(&self) -> &str {
+        self.keys.waiters_count()
     }
     pub(crate) fn value(&self) -> &str {
         &self.value

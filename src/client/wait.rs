@@ -3,11 +3,14 @@
 //! # How a waiter learns of a release
 //!
 //! - **Pub/sub, across clients.** While some client waits for `K`, the *waiters marker*
-//!   `quorumlock:{K}:waiters` exists on the nodes (set by the waiting client with a 10 s expiry,
-//!   refreshed every 3 s while it waits). The release script deletes the lock and, only if
-//!   the marker exists, publishes the released value on the channel of the same name
-//!   (`node/lua.rs`, `RELEASE`). An uncontended release pays one `SCARD` inside the script
-//!   it already runs, and publishes nothing. Each client that waits holds one pub/sub
+//!   `quorumlock:{K}:waiters` (a set of the waiting clients' ids) and beside it the *waiters
+//!   count* `quorumlock:{K}:waiters:n` (a string: the set's size) exist on the nodes (set by
+//!   the waiting client in one script call with a 10 s expiry, refreshed every 3 s while it
+//!   waits; `node/lua.rs`, `MARK_WAITING`). The release script reads the lock key and the
+//!   count in one `MGET`, deletes the lock and, only if the count exists, publishes the
+//!   released value on the marker's channel (`node/lua.rs`, `RELEASE`). An uncontended release
+//!   runs the same commands as a plain compare-and-delete (`MGET`, `DEL`), and publishes
+//!   nothing. Each client that waits holds one pub/sub
 //!   connection per node ([`Node::open_pubsub`]), subscribed to the channel of every key it
 //!   waits for, re-established with the crate's backoff when it breaks or stops answering a
 //!   `PING`; after every (re)subscription all its waiters try again (notices may have been

@@ -142,10 +142,14 @@ impl KeyLayout {
         } else {
             prefix.len() + key.len() + 3
         };
-        let mut buf = String::with_capacity(lock_len + WAITERS_SUFFIX.len() + prefix.len() + 13);
+        let mut buf = String::with_capacity(
+            lock_len + WAITERS_SUFFIX.len() + COUNT_SUFFIX.len() + prefix.len() + 13,
+        );
         push_lock_key(&mut buf, prefix, key, self.compat);
         buf.push_str(WAITERS_SUFFIX);
         let waiters = buf.len();
+        buf.push_str(COUNT_SUFFIX);
+        let count = buf.len();
         let fence_start = buf.len();
         let tag = slot_tag(slot(&buf.as_bytes()[..lock_len]));
         buf.push_str(prefix);
@@ -161,6 +165,7 @@ impl KeyLayout {
             },
             lock: lock_len,
             waiters,
+            count,
             fence: fence_start,
         }
     }
@@ -254,6 +259,17 @@ pub(crate) fn waiters_key_of(lock_key: &str) -> String {
 /// What [`waiters_key_of`] appends to a lock key.
 pub(crate) const WAITERS_SUFFIX: &str = ":waiters";
 
+/// The waiters count of a waiters marker (`quorumlock:{K}:waiters:n`, same hash slot): a string,
+/// the number of clients in the marker when a waiter last set it, with the marker's expiry. The
+/// release reads it with the lock key in one `MGET` (the same command count as a plain `GET`),
+/// so a release without waiters pays no command to learn there are none.
+pub(crate) fn waiters_count_of(marker: &str) -> String {
+    format!("{marker}{COUNT_SUFFIX}")
+}
+
+/// What [`waiters_count_of`] appends to a waiters marker.
+const COUNT_SUFFIX: &str = ":n";
+
 /// The revoke marker of a lock key (`quorumlock:{K}:revoked`, same hash slot): the value a
 /// revoke took away, kept about as long as that value would have lived, so that its holder's
 /// failed extension can tell a revoke from an expiry.
@@ -283,9 +299,11 @@ pub(crate) struct LockKeys {
     buf: String,
     /// The user key: inside the lock key.
     key: std::ops::Range<usize>,
-    /// Where the lock key ends (it starts the buffer), and the waiters marker (which extends it).
+    /// Where the lock key ends (it starts the buffer), the waiters marker (which extends it) and
+    /// the waiters count (which extends the marker).
     lock: usize,
     waiters: usize,
+    count: usize,
     /// Where the fencing counter starts (it ends the buffer).
     fence: usize,
 }
@@ -309,6 +327,11 @@ impl LockKeys {
     /// The waiters marker, also the channel of release notices (see [`waiters_key_of`]).
     pub(crate) fn waiters(&self) -> &str {
         &self.buf[..self.waiters]
+    }
+
+    /// The waiters count (see [`waiters_count_of`]).
+    pub(crate) fn waiters_count(&self) -> &str {
+        &self.buf[..self.count]
     }
 }
 

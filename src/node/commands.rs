@@ -31,7 +31,8 @@ impl Node {
     }
 
     /// Adds the client `id` to the waiters marker `marker` (a set, also the release channel's
-    /// name) and sets the marker's expiry to `ttl`, in one pipeline.
+    /// name), sets the waiters count beside it and both expiries to `ttl`, in one script call
+    /// (`lua.rs`, `MARK_WAITING`).
     pub(crate) async fn mark_waiting(
         self: &Arc<Self>,
         marker: &str,
@@ -40,20 +41,19 @@ impl Node {
         deadline: Instant,
     ) -> Result<(), NodeError> {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let mut pipe = redis::pipe();
-        pipe.cmd("SADD")
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(super::lua::MARK_WAITING.code())
+            .arg(2)
             .arg(marker)
+            .arg(crate::core::keys::waiters_count_of(marker))
             .arg(id)
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(marker)
-            .arg(ttl_ms)
-            .ignore();
+            .arg(ttl_ms);
         self.with_connection(
-            |mut conn| async move { pipe.query_async::<()>(&mut conn).await },
+            |mut conn| async move { eval.query_async::<redis::Value>(&mut conn).await },
             deadline,
         )
         .await
+        .map(drop)
     }
 }
 

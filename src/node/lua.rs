@@ -48,10 +48,33 @@ pub(crate) fn on_lock_nodes() -> [&'static Lua; 6] {
 
 /// Every script of the crate, for reading a refusal that names one (`denial`).
 pub(crate) fn all() -> impl Iterator<Item = &'static Lua> {
-    on_lock_nodes()
-        .into_iter()
-        .chain([&*FENCED_WRITE, &*LEADER_WRITE, &*LEADER_RESIGN])
+    on_lock_nodes().into_iter().chain([
+        &*FENCED_WRITE,
+        &*LEADER_WRITE,
+        &*LEADER_RESIGN,
+        &*MARK_WAITING,
+    ])
 }
+
+/// A waiting client's mark (`client/wait.rs`; sent as `EVAL` with its body when a client starts
+/// waiting for a key and every 3 s while it waits, never loaded): adds its id to the waiters
+/// marker and sets the waiters count to the marker's size, both with the marker's expiry. The
+/// release reads the count, not the set ([`RELEASE`]).
+///
+/// - KEYS[1]: waiters marker (a set), KEYS[2]: waiters count
+/// - ARGV[1]: the client's id, ARGV[2]: the expiry in milliseconds
+/// - Reply: the number of waiting clients.
+pub(crate) static MARK_WAITING: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+redis.call('SADD', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local n = redis.call('SCARD', KEYS[1])
+redis.call('SET', KEYS[2], n, 'PX', ARGV[2])
+return n
+"#,
+    )
+});
 
 /// An election's leader record, written on a node where this term's lock value stands
 /// (`election/record.rs`; sent as `EVAL` with its body, once per term, never loaded).
@@ -223,10 +246,12 @@ return r
 /// that answered stands at or above the token: a later loss of a minority's data cannot make
 /// tokens go backwards (see `docs/safety.md`).
 ///
-/// When it deletes the key and the waiters marker (a set of the ids of the clients that wait
-/// for this lock) is not empty, it publishes `"<our value> <waiting clients>"` on the marker's
-/// channel, so that the waiters try at once. Without a waiter the release pays one `SCARD` and
-/// publishes nothing (`client/wait.rs`).
+/// When it deletes the key and the waiters count stands (`quorumlock:{K}:waiters:n`: set with
+/// the waiters marker, a set of the ids of the clients that wait for this lock, by each waiting
+/// client), it publishes `"<our value> <waiting clients>"` on the marker's channel
+/// (`quorumlock:{K}:waiters`), so that the waiters try at once. The count is read with the lock
+/// key in one `MGET`: without a waiter the release runs the same two commands as a plain
+/// compare-and-delete (`MGET`, `DEL`) and publishes nothing (`client/wait.rs`).
 ///
 /// The call carries only what its node needs: the counter and the token only where the counter
 /// must be raised (a node whose counter is known to stand at the token already gets neither:
@@ -235,9 +260,9 @@ return r
 /// node time to pass into Lua, about a tenth of the whole call for the two the lean form leaves
 /// out (`tools/compare/release-forms.py` measures each form).
 ///
-/// - KEYS[1]: lock key; KEYS[2] (optional): waiters marker, also the channel (omitted in compat
-///   mode, and by the undo of an attempt that did not win: it publishes nothing,
-///   `Redlock::release_on`); KEYS[3] (with ARGV[2]): fencing counter
+/// - KEYS[1]: lock key; KEYS[2] (optional): waiters count, the channel being the lock key's
+///   waiters marker (omitted in compat mode, and by the undo of an attempt that did not win: it
+///   publishes nothing, `Redlock::release_on`); KEYS[3] (with ARGV[2]): fencing counter
 /// - ARGV[1]: our value; ARGV[2] (optional, with KEYS[2] and KEYS[3]): our token, to raise the
 ///   counter to
 /// - Reply: `1` deleted, `0` the key is absent, `-1` another value holds it (left alone).
@@ -247,14 +272,17 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
 if ARGV[2] and tonumber(redis.call('GET', KEYS[3]) or '0') < tonumber(ARGV[2]) then
   redis.call('SET', KEYS[3], ARGV[2])
 end
-local v = redis.call('GET', KEYS[1])
+local v, n
+if KEYS[2] then
+  local r = redis.call('MGET', KEYS[1], KEYS[2])
+  v, n = r[1], r[2]
+else
+  v = redis.call('GET', KEYS[1])
+end
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if KEYS[2] then
-    local n = redis.call('SCARD', KEYS[2])
-    if n > 0 then
-      redis.call('PUBLISH', KEYS[2], ARGV[1] .. ' ' .. n)
-    end
+  if n then
+    redis.call('PUBLISH', KEYS[1] .. ':waiters', ARGV[1] .. ' ' .. n)
   end
   return 1
 end

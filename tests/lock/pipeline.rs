@@ -131,8 +131,9 @@ async fn p3_release_and_extend_skip_the_raise_where_the_counter_was_seen_at_the_
 }
 
 /// With fencing off there is no counter to raise (token 0): the release reads none. Counted:
-/// the release script's only `GET` on each node is the lock key's (a plain `SET NX PX`
-/// acquires, so every `GET` is the release's; the test reads keys only after counting).
+/// the release script's only read on each node is the lock key's, with the waiters count, in
+/// one `MGET`, and it runs no `GET` (a plain `SET NX PX` acquires, so every read is the
+/// release's; the test reads keys only after counting).
 #[tokio::test]
 async fn p6_with_fencing_off_a_release_reads_no_counter() {
     const N: u64 = 20;
@@ -150,10 +151,14 @@ async fn p6_with_fencing_off_a_release_reads_no_counter() {
         urls.iter().all(|u| script_calls(u) >= N)
     })
     .await;
-    let gets: Vec<u64> = urls.iter().map(|u| calls(u, "get")).collect();
+    let reads: Vec<(u64, u64)> = urls
+        .iter()
+        .map(|u| (calls(u, "get"), calls(u, "mget")))
+        .collect();
     assert!(
-        gets.iter().all(|&g| g == N),
-        "GETs per node for {N} releases with fencing off: {gets:?} (one each: the lock key)"
+        reads.iter().all(|&r| r == (0, N)),
+        "(GETs, MGETs) per node for {N} releases with fencing off: {reads:?} (one MGET each: \
+         the lock key and the waiters count)"
     );
     assert!(urls.iter().all(|u| value_on(u, "p6").is_none()));
 }
