@@ -257,10 +257,12 @@ impl Node {
             // An acquire whose last reading of the node's clock is a period old reads it first,
             // on the same connection (the clock-jump check, `wallclock.rs`): a node whose clock
             // jumped since the last reading does not count, whatever the script answered.
+            // Boxed: at most one acquire per node and period takes this path, and both futures
+            // side by side would set the size of every call's future (see below).
             MemberConn::Single(conn) if op == Op::Acquire && self.clock_due(generation) => {
                 let clock = Self::read_clock(conn.clone());
                 let send = self.send_single(conn, call, gate, generation);
-                let (clock, reply) = futures::join!(clock, send);
+                let (clock, reply) = Box::pin(async move { futures::join!(clock, send) }).await;
                 self.check_clock(generation, clock)?;
                 reply
             }
