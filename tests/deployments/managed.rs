@@ -425,10 +425,16 @@ async fn exercise(cluster: &LocalCluster, tag: usize) {
 /// nodes' `ACL LOG` after one pass over the features. Not checked here: `+ping` (the pub/sub
 /// health check every 2 s, and the testkit's readiness check), `+scan` and `+mget` (a repair
 /// after a restart, which `m1` exercises) and `+unsubscribe` (sent when a client stops waiting
-/// for a key whose waiters have all left).
+/// for a key whose waiters have all left). The nodes run with AOF, so that a connect reads
+/// `appendfsync` (`+config|get`; without AOF, `INFO` gives everything a connect needs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn m5_every_documented_rule_is_needed() {
-    let cluster = acl_cluster(3, &documented_user(&[]), &[]);
+    let cluster = acl_cluster_with(
+        3,
+        &documented_user(&[]),
+        &[],
+        ServerOptions::new().aof_always(),
+    );
     let user = documented_user(&[]);
     let rules: Vec<&str> = user
         .split_whitespace()
