@@ -14,7 +14,8 @@
 //! slot), so the scripts that touch both run on a Redis Cluster too, and a node holds at most
 //! 16384 counters however many names are locked.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::{ArgumentError, ConfigError};
 
@@ -47,39 +48,82 @@ fn hash_tag(key: &[u8]) -> &[u8] {
     key
 }
 
-/// The tag of every slot, computed once: for slot `s`, the first string in the order (length
-/// 1, 2, 3, then 4; within a length, lexicographic over [`TAG_ALPHABET`]) whose CRC16 modulo
-/// 16384 is `s`. This order is part of the key layout: every client of a namespace must pick
-/// the same counter for a lock key, so it never changes.
-static TAGS: LazyLock<Vec<String>> = LazyLock::new(|| {
-    let mut tags: Vec<Option<String>> = vec![None; usize::from(SLOTS)];
-    let mut missing = usize::from(SLOTS);
+/// The tag of slot `s`: the first string in the order (length 1, 2, 3, then 4; within a
+/// length, lexicographic over [`TAG_ALPHABET`]) whose CRC16 modulo 16384 is `s`. This order is
+/// part of the key layout: every client of a namespace must pick the same counter for a lock
+/// key, so it never changes. Each slot's tag is found the first time it is asked for and kept
+/// ([`TAGS`]): a process that locks one key finds one tag (a few thousand CRC16 steps), not
+/// the 16,384 of a table built at once (a quarter of a million, a fresh process's largest
+/// start-up cost).
+pub(crate) fn slot_tag(slot: u16) -> SlotTag {
+    let i = usize::from(slot % SLOTS);
+    let packed = TAGS[i].load(Ordering::Relaxed);
+    if packed != 0 {
+        return SlotTag(packed.to_le_bytes());
+    }
+    let tag = find_tag(slot % SLOTS);
+    TAGS[i].store(u32::from_le_bytes(tag.0), Ordering::Relaxed);
+    tag
+}
+
+/// The tags found so far, one per slot, packed (a tag's bytes, little-endian, zero after its
+/// end; `0`: not found yet). Every tag is at most 4 characters of [`TAG_ALPHABET`], none zero.
+static TAGS: [AtomicU32; SLOTS as usize] = [const { AtomicU32::new(0) }; SLOTS as usize];
+
+/// A slot's tag (see [`slot_tag`]): 1 to 4 characters of [`TAG_ALPHABET`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlotTag([u8; 4]);
+
+impl SlotTag {
+    pub(crate) fn as_str(&self) -> &str {
+        let len = self.0.iter().position(|&b| b == 0).unwrap_or(4);
+        // The bytes are ASCII (the alphabet's).
+        std::str::from_utf8(&self.0[..len]).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for SlotTag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The first tag of `slot` in the layout's order. CRC16 (XMODEM: no initial value, no final
+/// XOR) is linear, so the CRC of `prefix + c` is the CRC of `prefix + 0` XOR the CRC of `c`:
+/// for each prefix in order, the last character is looked up among the alphabet's own CRCs
+/// (sorted, the lowest index first among equal slots) instead of tried one by one.
+fn find_tag(slot: u16) -> SlotTag {
     let n = TAG_ALPHABET.len();
-    'lengths: for len in 1..=4u32 {
-        let mut buf = vec![0u8; len as usize];
-        for index in 0..n.pow(len) {
+    let crc = |bytes: &[u8]| crc16::State::<crc16::XMODEM>::calculate(bytes) % SLOTS;
+    let mut last: Vec<(u16, usize)> = (0..n).map(|i| (crc(&TAG_ALPHABET[i..=i]), i)).collect();
+    last.sort_unstable();
+    for len in 1..=4u32 {
+        let mut buf = [0u8; 4];
+        for index in 0..n.pow(len - 1) {
             let mut rest = index;
-            for b in buf.iter_mut().rev() {
+            for b in buf[..len as usize - 1].iter_mut().rev() {
                 *b = TAG_ALPHABET[rest % n];
                 rest /= n;
             }
-            let s = usize::from(slot(&buf));
-            if tags[s].is_none() {
-                tags[s] = Some(String::from_utf8_lossy(&buf).into_owned());
-                missing -= 1;
-                if missing == 0 {
-                    break 'lengths;
-                }
+            buf[len as usize - 1] = 0;
+            let want = crc(&buf[..len as usize]) ^ slot;
+            let at = last.partition_point(|&(c, _)| c < want);
+            if let Some(&(c, i)) = last.get(at)
+                && c == want
+            {
+                buf[len as usize - 1] = TAG_ALPHABET[i];
+                return SlotTag(buf);
             }
         }
     }
-    // Length 3 already covers every slot (checked by a test); 4 is a margin.
-    tags.into_iter().map(Option::unwrap_or_default).collect()
-});
+    // Length 3 already covers every slot (checked by a test).
+    SlotTag(buf_of("0"))
+}
 
-/// The short tag whose hash slot is `slot` (see [`TAGS`] for how it is chosen).
-pub(crate) fn slot_tag(slot: u16) -> &'static str {
-    &TAGS[usize::from(slot % SLOTS)]
+fn buf_of(tag: &str) -> [u8; 4] {
+    let mut buf = [0u8; 4];
+    buf[..tag.len()].copy_from_slice(tag.as_bytes());
+    buf
 }
 
 /// Where a client's keys live: its prefix, and whether it locks plain resource names
@@ -152,6 +196,7 @@ impl KeyLayout {
         let count = buf.len();
         let fence_start = buf.len();
         let tag = slot_tag(slot(&buf.as_bytes()[..lock_len]));
+        let tag = tag.as_str();
         buf.push_str(prefix);
         buf.push_str(":fence:{");
         buf.push_str(tag);
@@ -223,7 +268,7 @@ impl KeyLayout {
         !tag.is_empty()
             && tag.len() <= 4
             && tag.iter().all(|b| TAG_ALPHABET.contains(b))
-            && slot_tag(slot(tag)).as_bytes() == tag
+            && slot_tag(slot(tag)).as_str().as_bytes() == tag
     }
 }
 
@@ -462,8 +507,35 @@ mod tests {
     fn every_slot_has_a_tag_of_at_most_three_characters_that_hashes_to_it() {
         for s in 0..SLOTS {
             let tag = slot_tag(s);
+            let tag = tag.as_str();
             assert!(!tag.is_empty() && tag.len() <= 3, "slot {s}: {tag:?}");
             assert_eq!(slot(tag.as_bytes()), s, "{tag}");
+        }
+    }
+
+    /// The tags found one slot at a time are those of the layout's order, tried one by one
+    /// (the table every earlier version built at once): the layout did not change.
+    #[test]
+    fn each_slots_tag_is_the_first_in_the_layouts_order() {
+        let mut tags: Vec<Option<String>> = vec![None; usize::from(SLOTS)];
+        let n = TAG_ALPHABET.len();
+        for len in 1..=3u32 {
+            let mut buf = vec![0u8; len as usize];
+            for index in 0..n.pow(len) {
+                let mut rest = index;
+                for b in buf.iter_mut().rev() {
+                    *b = TAG_ALPHABET[rest % n];
+                    rest /= n;
+                }
+                let s = usize::from(slot(&buf));
+                if tags[s].is_none() {
+                    tags[s] = Some(String::from_utf8(buf.clone()).unwrap());
+                }
+            }
+        }
+        for (s, tag) in (0..SLOTS).zip(tags) {
+            assert_eq!(Some(find_tag(s).as_str()), tag.as_deref(), "slot {s}");
+            assert_eq!(Some(slot_tag(s).as_str()), tag.as_deref(), "slot {s}");
         }
     }
 
@@ -478,8 +550,9 @@ mod tests {
         assert_eq!(slot(b"quorumlock:{job}"), 2906);
         assert_eq!(slot(b"foo{}{bar}"), 8363); // an empty tag: the whole key is hashed
         // The layout is pinned: a change would split one name's counter in two.
-        assert_eq!(slot_tag(slot(b"0")), "0");
-        let tags: Vec<&str> = [0, 1, 12182, 16383].into_iter().map(slot_tag).collect();
+        assert_eq!(slot_tag(slot(b"0")).as_str(), "0");
+        let tags: Vec<SlotTag> = [0, 1, 12182, 16383].into_iter().map(slot_tag).collect();
+        let tags: Vec<&str> = tags.iter().map(SlotTag::as_str).collect();
         assert_eq!(tags, PINNED_TAGS);
     }
 
