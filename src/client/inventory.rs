@@ -8,9 +8,9 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::Redlock;
-use crate::core::keys;
 use crate::core::quorum::{self, HolderView};
 use crate::core::token::FencingToken;
+use crate::core::value;
 use crate::error::{ConfigError, Error, NodeError, NodeFailure};
 use crate::node::inventory::Found;
 
@@ -256,8 +256,8 @@ fn merge(
         .map(Duration::from_millis);
     let fence = holding.iter().map(|(_, _, f)| *f).max().unwrap_or(0);
     Some(HeldLock {
-        owner: keys::owner_of(&value),
-        acquired_at: keys::acquired_at_of(&value, now),
+        owner: value::owner_of(&value),
+        acquired_at: value::acquired_at_of(&value, now),
         held_on: holding.len(),
         certain,
         ttl,
@@ -278,7 +278,7 @@ mod tests {
     #[test]
     fn a_dated_value_gives_the_lock_its_age() {
         let now = SystemTime::now();
-        let value = keys::new_value_of("@w");
+        let value = value::new_value_of("@w");
         let answers = [at(&value, 900, 1), at(&value, 900, 1), None];
         let held = merge("k".into(), &answers, 3, 0, 2, now).unwrap();
         let made = held.acquired_at.expect("dated");

@@ -94,7 +94,7 @@ impl Redlock {
     /// As [`revoke`](Self::revoke); [`Error::InvalidArgument`] for a value that cannot be a
     /// lock's.
     pub async fn revoke_value(&self, key: &str, value: &str) -> Result<Revocation, Error> {
-        keys::check_value(value)?;
+        crate::core::value::check_value(value)?;
         let (client, key, value) = (self.clone(), key.to_owned(), value.to_owned());
         self.on_engine(async move { client.revoke_inline(&key, Some(value)).await })
             .await
@@ -172,7 +172,7 @@ impl Redlock {
         }
         Ok(Revocation {
             key: key.to_owned(),
-            owner: keys::owner_of(&value),
+            owner: crate::core::value::owner_of(&value),
             value: Some(value),
             token,
             deleted,

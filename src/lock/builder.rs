@@ -506,7 +506,7 @@ impl RedlockBuilder {
         }
         let keys = KeyLayout::new(&self.key_prefix, self.compat)?;
         let owner_suffix = match &self.owner {
-            Some(name) => keys::owner_suffix(name)?,
+            Some(name) => crate::core::value::owner_suffix(name)?,
             None => String::new(),
         };
         if self.node_timeout.is_zero() {

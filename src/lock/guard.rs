@@ -112,7 +112,7 @@ impl Lock {
     /// ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner) of the client that acquired
     /// it), if any.
     pub fn owner(&self) -> Option<String> {
-        crate::core::keys::owner_of(self.state.value())
+        crate::core::value::owner_of(self.state.value())
     }
 
     /// This acquisition's fencing token: greater than every earlier holder's (see
