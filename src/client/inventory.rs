@@ -30,7 +30,8 @@ pub const MAX_LOCKS: usize = 100_000;
 pub struct HeldLock {
     /// The user key.
     pub key: String,
-    /// The holder's value.
+    /// The holder's value (bytes that are not UTF-8, as another client may write, replaced by
+    /// `U+FFFD`, as [`Redlock::status`] shows them).
     pub value: String,
     /// The owner name that value carries, if its client set one.
     pub owner: Option<String>,
