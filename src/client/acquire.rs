@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{Instrument, field::Empty};
 
-use super::Redlock;
+use super::Engine;
 use super::round::{Round, Tail, Yeses, int_reply};
 use super::state::{Handing, LockState, Seen, SeenAt};
 use super::undo::UndoRelease;
@@ -171,7 +171,7 @@ enum RoundEnd {
     Failed(Error),
 }
 
-impl Redlock {
+impl Engine {
     /// Acquires `key` with this patience: the engine behind the public `try_acquire`,
     /// `acquire` and `acquire_timeout` (`crate::lock::acquire`), which wrap the state in a guard.
     /// Between rounds it pauses, or waits for a release, as its [`Waiter`] decides.

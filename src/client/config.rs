@@ -31,7 +31,7 @@ pub(crate) struct Config {
     /// name, or empty (`core::value::owner_suffix`).
     pub(crate) owner_suffix: String,
     /// Where connections and rounds run (the caller's runtime, or an I/O thread).
-    pub(crate) io_thread: super::engine::IoThread,
+    pub(crate) io_thread: super::io_thread::IoThread,
 }
 
 impl Config {

@@ -1,4 +1,4 @@
-//! The inventory of held locks: [`Redlock::locks`], [`Inventory`], [`HeldLock`]. Each node is
+//! The inventory of held locks: [`Redlock::locks`](crate::Redlock::locks), [`Inventory`], [`HeldLock`]. Each node is
 //! scanned page by page (`node/inventory.rs`), the pages merged by key, and a key listed only
 //! where its value stands on a quorum (or could, counting the nodes that did not answer).
 
@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::Redlock;
+use super::Engine;
 use crate::core::quorum::{self, HolderView};
 use crate::core::token::FencingToken;
 use crate::core::value;
@@ -24,14 +24,14 @@ const PAGE: usize = 1000;
 /// [`truncated`](Inventory::truncated) (the memory bound: a few hundred bytes per key and node).
 pub const MAX_LOCKS: usize = 100_000;
 
-/// One held lock, from [`Redlock::locks`].
+/// One held lock, from [`Redlock::locks`](crate::Redlock::locks).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HeldLock {
     /// The user key.
     pub key: String,
     /// The holder's value (bytes that are not UTF-8, as another client may write, replaced by
-    /// `U+FFFD`, as [`Redlock::status`] shows them).
+    /// `U+FFFD`, as [`Redlock::status`](crate::Redlock::status) shows them).
     pub value: String,
     /// The owner name that value carries, if its client set one.
     pub owner: Option<String>,
@@ -49,7 +49,7 @@ pub struct HeldLock {
     pub fence: FencingToken,
     /// When the holder acquired the lock, as the acquiring host's wall clock read it, to the
     /// millisecond: the value records it (its hex digits are a UUIDv7, see [`Lock::value`]).
-    /// Extensions do not change it, and a lock handed over ([`Redlock::resume`]) keeps the
+    /// Extensions do not change it, and a lock handed over ([`Redlock::resume`](crate::Redlock::resume)) keeps the
     /// time of its acquisition. Clock skew between that host and the reader applies as it is.
     /// `None` when the value has no trustworthy time: a value of another Redlock client
     /// (random bits, which would read as a random date), or one whose time falls outside the
@@ -82,7 +82,7 @@ impl HeldLock {
     }
 }
 
-/// Every lock held under a prefix, from [`Redlock::locks`].
+/// Every lock held under a prefix, from [`Redlock::locks`](crate::Redlock::locks).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Inventory {
@@ -98,39 +98,11 @@ pub struct Inventory {
     pub truncated: bool,
 }
 
-impl Redlock {
-    /// Every lock held under `prefix` (user keys starting with it; `""` for all): its holder,
-    /// on how many nodes, the time left on a quorum, the fencing counter, and when it was
-    /// acquired ([`HeldLock::acquired_at`]: read from the value, which records the acquiring
-    /// host's wall clock to the millisecond, so clock skew between hosts applies; unknown for
-    /// values of other clients). Each node is
-    /// scanned (`SCAN`, 1,000 keys a page, each page bounded by the node timeout or 1 s,
-    /// whichever is longer; a Redis Cluster member master by master), then each lock key read
-    /// (values and counters by `MGET`, a `PTTL` per key), and the answers merged: a key is
-    /// listed when a value stands on a quorum of the nodes that answered, or could with the
-    /// nodes that did not ([`HeldLock::certain`]). A value on fewer nodes (a remnant of an
-    /// expired or undone lock) is not listed. Memory: at most [`MAX_LOCKS`] keys per node.
-    ///
-    /// ```no_run
-    /// # async fn demo(locks: &quorumlock::Redlock) -> Result<(), quorumlock::Error> {
-    /// for lock in locks.locks("jobs:").await?.locks {
-    ///     println!("{} held by {} on {} nodes", lock.key, lock.value, lock.held_on);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NoQuorum`] when fewer than a quorum of nodes could be scanned to the end;
-    /// [`Error::Config`] ([`ConfigError::FencingRequired`]) in compat mode, where lock keys
-    /// are the users' own keys and cannot be told from others.
-    ///
-    /// # Cancellation safety
-    ///
-    /// Cancel-safe: it only reads.
-    pub async fn locks(&self, prefix: &str) -> Result<Inventory, Error> {
+impl Engine {
+    /// The engine side of [`Redlock::locks`](crate::Redlock::locks).
+    pub(crate) async fn locks(&self, prefix: &str) -> Result<Inventory, Error> {
         let (client, prefix) = (self.clone(), prefix.to_owned());
-        self.on_engine(async move { client.locks_inline(&prefix).await })
+        self.on_io_thread(async move { client.locks_inline(&prefix).await })
             .await
     }
 

@@ -12,7 +12,7 @@ use redis::Value;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
-use super::Redlock;
+use super::Engine;
 use crate::core::clock::Stamp;
 use crate::core::quorum::{self, Answer, Refusal, Tally, Verdict};
 use crate::error::{NodeError, NodeFailure};
@@ -90,7 +90,7 @@ impl Round {
 /// The calls of a round still unanswered when its verdict was taken.
 ///
 /// They are parked or driven until the round's deadline so that their queued commands reach
-/// the nodes (see `Redlock::settle` and `docs/design.md`, "Late answers").
+/// the nodes (see `Engine::settle` and `docs/design.md`, "Late answers").
 pub(crate) struct Tail {
     /// `None` when every call had answered by the verdict.
     calls: Option<Box<dyn Pending>>,
@@ -274,7 +274,7 @@ impl Tail {
     }
 }
 
-impl Redlock {
+impl Engine {
     /// Sends `call` to every node at once, each bounded by `deadline`, and returns as soon as the
     /// verdict is certain. Unanswered calls are handed back in `rest`. With `closes_at`, no
     /// call of the round is sent (nor re-sent as `EVAL`) from that time on the deadline clock.

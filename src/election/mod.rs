@@ -56,12 +56,12 @@ use tokio_util::sync::CancellationToken;
 pub use leadership::{Health, Leadership};
 pub use observe::{Leader, Observation, Observer};
 
-use crate::client::Redlock;
 use crate::core::lock;
 use crate::core::token::FencingToken;
 use crate::error::{ConfigError, Error, Setting};
 use crate::lock::builder::RedlockBuilder;
 use crate::lock::guard::Lock;
+use crate::lock::redlock::Redlock;
 
 /// One named election among candidates sharing a set of Redis masters.
 ///
@@ -245,7 +245,7 @@ impl ElectionBuilder {
                 max: RedlockBuilder::MAX_TIMING,
             });
         }
-        if !self.locks.fencing() {
+        if !self.locks.engine().fencing() {
             return Err(ConfigError::FencingRequired);
         }
         let observer = Observer::new(self.locks.clone(), self.name.clone(), poll);

@@ -8,10 +8,9 @@
 //! Its scripts (`node/lua.rs`, [`LEADER_WRITE`] and [`LEADER_RESIGN`]) are sent as `EVAL`
 //! with their body: they run once per term, and a body never meets `NOSCRIPT`.
 
+use crate::client::side::{LEADER_RESIGN, LEADER_WRITE, commands};
 use crate::core::keys::KeyLayout;
 use crate::core::token::FencingToken;
-use crate::node::commands;
-use crate::node::scripts::{LEADER_RESIGN, LEADER_WRITE};
 
 /// The keys of one election, all in the lock's hash slot: the lock `quorumlock:{NAME}`, the
 /// leader record `quorumlock:{NAME}:leader` and the notice channel `quorumlock:{NAME}:events`
