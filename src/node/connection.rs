@@ -223,7 +223,7 @@ impl Node {
     /// The connect of a standalone master or a Sentinel member's primary.
     ///
     /// `INFO` is required: the restart guard cannot work without the run id and uptime. The
-    /// server's version decides the fenced acquire's form (`fence.rs`).
+    /// server's version decides the fenced acquire's form (`acquire_form.rs`).
     async fn meet_server(
         &self,
         mut conn: MultiplexedConnection,
@@ -266,7 +266,7 @@ impl Node {
         }
         let (run_id, uptime) = parse_info(&info)
             .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
-        self.observe_fence(generation, super::fence::redis_major(&info));
+        self.observe_acquire_form(generation, super::acquire_form::redis_major(&info));
         let aof = info.lines().any(|l| l.trim() == "aof_enabled:1");
         self.observe_config(&config);
         // A server that was a replica during its current process (a Sentinel member's primary
