@@ -31,7 +31,13 @@ fn every_node_error_kind_is_in_the_documented_metrics_table() {
         NodeError::Evicting(crate::eviction::EvictionRisk::None),
         NodeError::Redis(io()),
         NodeError::HeldByAnother,
-        NodeError::BadReply(String::new()),
+        NodeError::BadReply {
+            expected: "",
+            got: String::new(),
+        },
+        NodeError::NotRedis {
+            closed_early: false,
+        },
         NodeError::LostDataRecently {
             ago: Duration::ZERO,
         },
@@ -55,7 +61,8 @@ fn every_node_error_kind_is_in_the_documented_metrics_table() {
             | NodeError::Evicting(_)
             | NodeError::Redis(_)
             | NodeError::HeldByAnother
-            | NodeError::BadReply(_)
+            | NodeError::BadReply { .. }
+            | NodeError::NotRedis { .. }
             | NodeError::LostDataRecently { .. }
             | NodeError::Denied { .. }
             | NodeError::Unsupported { .. } => {}

@@ -117,11 +117,10 @@ impl Node {
             }
             (first, second) => {
                 let said = |v: Option<Value>| v.as_ref().map_or("nothing".to_owned(), shape);
-                Err(NodeError::BadReply(format!(
-                    "unexpected reply: {} then {} where a value, or nil then a counter, was expected",
-                    said(first),
-                    said(second)
-                )))
+                Err(NodeError::BadReply {
+                    expected: "a value, or nil then a counter",
+                    got: format!("{} then {}", said(first), said(second)),
+                })
             }
         }
     }

@@ -235,7 +235,7 @@ impl Node {
             // that sent something unsolicited that is not Redis (an SSH banner) or closed at
             // once; the connection's driver has ended with it, so no reply is left to read.
             if e.is_connection_dropped() {
-                NodeError::BadReply(crate::error::NOT_REDIS_OR_CLOSED.to_owned())
+                NodeError::NotRedis { closed_early: true }
             } else {
                 self.connect_error(e)
             }
@@ -264,8 +264,10 @@ impl Node {
                 command: "EVAL".to_owned(),
             });
         }
-        let (run_id, uptime) = parse_info(&info)
-            .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
+        let (run_id, uptime) = parse_info(&info).ok_or_else(|| NodeError::BadReply {
+            expected: "INFO server with run_id and uptime_in_seconds",
+            got: "INFO server without them".to_owned(),
+        })?;
         self.observe_acquire_form(generation, super::acquire_form::redis_major(&info));
         let aof = info.lines().any(|l| l.trim() == "aof_enabled:1");
         self.observe_config(&config);

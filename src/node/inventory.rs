@@ -95,24 +95,28 @@ impl Node {
                     for (_, _, fence) in &locks {
                         pipe.arg(fence);
                     }
-                    let mut replies: Vec<redis::Value> = pipe
+                    let replies: Vec<redis::Value> = pipe
                         .query_async(&mut conn)
                         .await
                         .map_err(|e| self.call_error(e, generation))?;
-                    let bad = || NodeError::BadReply("inventory reply".to_owned());
+                    if replies.len() != locks.len() + 2 {
+                        return Err(NodeError::BadReply {
+                            expected: "an MGET of values, a PTTL per key and an MGET of counters",
+                            got: format!("{} replies for {} keys", replies.len(), locks.len()),
+                        });
+                    }
                     let fences: Vec<Option<u64>> =
-                        redis::from_redis_value(replies.pop().ok_or_else(bad)?)
-                            .map_err(|e| NodeError::BadReply(e.to_string()))?;
-                    let mut replies = replies.into_iter();
-                    let values: Vec<Option<String>> =
-                        redis::from_redis_value(replies.next().ok_or_else(bad)?)
-                            .map_err(|e| NodeError::BadReply(e.to_string()))?;
-                    let pttls: Vec<i64> = replies
-                        .map(redis::from_redis_value)
-                        .collect::<Result<_, _>>()
-                        .map_err(|e| NodeError::BadReply(e.to_string()))?;
-                    if values.len() != locks.len() || pttls.len() != locks.len() {
-                        return Err(bad());
+                        parse(&replies[replies.len() - 1], "an MGET of counters")?;
+                    let values: Vec<Option<String>> = parse(&replies[0], "an MGET of values")?;
+                    let pttls: Vec<i64> = replies[1..replies.len() - 1]
+                        .iter()
+                        .map(|v| parse(v, "a PTTL"))
+                        .collect::<Result<_, _>>()?;
+                    if values.len() != locks.len() {
+                        return Err(NodeError::BadReply {
+                            expected: "a value per key",
+                            got: format!("{} values for {} keys", values.len(), locks.len()),
+                        });
                     }
                     values
                         .into_iter()
@@ -138,4 +142,12 @@ impl Node {
             .await
             .unwrap_or(Err(NodeError::Timeout(timeout)))
     }
+}
+
+/// One reply of the inventory's pipeline read as `T`, or what it was instead.
+fn parse<T: redis::FromRedisValue>(
+    v: &redis::Value,
+    expected: &'static str,
+) -> Result<T, NodeError> {
+    T::from_redis_value_ref(v).map_err(|_| NodeError::unexpected(expected, v))
 }

@@ -509,27 +509,33 @@ impl Node {
             .query_async(conn)
             .await
             .map_err(|e| self.call_error(e, generation))?;
-        let [reply, info, replication] = <[Value; 3]>::try_from(replies).map_err(|_| {
-            NodeError::BadReply("a pipeline of three gave another count".to_owned())
+        let [reply, info, replication] =
+            <[Value; 3]>::try_from(replies).map_err(|replies| NodeError::BadReply {
+                expected: "3 replies to a pipeline of 3 commands",
+                got: format!("{} replies", replies.len()),
+            })?;
+        let text = |v: &Value, expected| {
+            <String as redis::FromRedisValue>::from_redis_value_ref(v)
+                .map_err(|_| NodeError::unexpected(expected, v))
+        };
+        let info = text(&info, "INFO server as text")?;
+        let replication = text(&replication, "INFO replication as text")?;
+        let (run_id, _) = parse_info(&info).ok_or_else(|| NodeError::BadReply {
+            expected: "INFO server with a run_id",
+            got: "INFO server without one".to_owned(),
         })?;
-        let info: String = redis::from_redis_value(info)
-            .map_err(|_| NodeError::BadReply("INFO server did not answer with text".to_owned()))?;
-        let replication: String = redis::from_redis_value(replication).map_err(|_| {
-            NodeError::BadReply("INFO replication did not answer with text".to_owned())
-        })?;
-        let (run_id, _) = parse_info(&info)
-            .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id".to_owned()))?;
         self.check_cluster_run_ids([server_identity(&run_id, &replication)], generation)?;
         let reply = reply
             .extract_error()
             .map_err(|e| self.call_error(e, generation))?;
         if resent_acquire(call, &reply) {
-            return Err(NodeError::BadReply(
-                "our own value already holds the key: the cluster client sent this acquire \
-                 again after it had run (a retry), so its counter is unknown; the member counts \
-                 as failed and our key there is released with the others"
+            return Err(NodeError::BadReply {
+                expected: "the reply of the acquire's first run",
+                got: "our own value, already holding the key: the cluster client sent this \
+                      acquire again after it had run (a retry), so its counter is unknown; the \
+                      member counts as failed and our key there is released with the others"
                     .to_owned(),
-            ));
+            });
         }
         Ok(reply)
     }

@@ -155,9 +155,10 @@ impl Node {
                     return Err(self.call_error(e, generation));
                 }
             }
-            Err(NodeError::BadReply(
-                "raising counters: EVALSHA and EVAL both failed".to_owned(),
-            ))
+            Err(NodeError::BadReply {
+                expected: "the counter raise script run by EVALSHA or EVAL",
+                got: "a refusal of both".to_owned(),
+            })
         };
         tokio::time::timeout(timeout, write)
             .await
