@@ -82,49 +82,7 @@ impl Node {
                         .await
                         .map_err(|e| self.call_error(e, generation))?
                 }
-                MemberConn::Single(_) => {
-                    let mut pipe = redis::pipe();
-                    pipe.cmd("MGET");
-                    for (_, lock, _) in &locks {
-                        pipe.arg(lock);
-                    }
-                    for (_, lock, _) in &locks {
-                        pipe.cmd("PTTL").arg(lock);
-                    }
-                    pipe.cmd("MGET");
-                    for (_, _, fence) in &locks {
-                        pipe.arg(fence);
-                    }
-                    let replies: Vec<redis::Value> = pipe
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(|e| self.call_error(e, generation))?;
-                    if replies.len() != locks.len() + 2 {
-                        return Err(NodeError::BadReply {
-                            expected: "an MGET of values, a PTTL per key and an MGET of counters",
-                            got: format!("{} replies for {} keys", replies.len(), locks.len()),
-                        });
-                    }
-                    let fences: Vec<Option<u64>> =
-                        parse(&replies[replies.len() - 1], "an MGET of counters")?;
-                    let values: Vec<Option<String>> = parse(&replies[0], "an MGET of values")?;
-                    let pttls: Vec<i64> = replies[1..replies.len() - 1]
-                        .iter()
-                        .map(|v| parse(v, "a PTTL"))
-                        .collect::<Result<_, _>>()?;
-                    if values.len() != locks.len() {
-                        return Err(NodeError::BadReply {
-                            expected: "a value per key",
-                            got: format!("{} values for {} keys", values.len(), locks.len()),
-                        });
-                    }
-                    values
-                        .into_iter()
-                        .zip(pttls)
-                        .zip(fences)
-                        .map(|((v, p), f)| (v, p, f))
-                        .collect()
-                }
+                MemberConn::Single(_) => self.read_pipelined(&mut conn, &locks, generation).await?,
             };
             let found = locks
                 .into_iter()
@@ -141,6 +99,57 @@ impl Node {
         tokio::time::timeout(timeout, read)
             .await
             .unwrap_or(Err(NodeError::Timeout(timeout)))
+    }
+
+    /// The value, `PTTL` and counter of each of `locks` (user key, lock key, counter key) on a
+    /// standalone server: one pipeline of `MGET` (values), a `PTTL` per key and `MGET`
+    /// (counters).
+    async fn read_pipelined(
+        &self,
+        conn: &mut MemberConn,
+        locks: &[(String, String, String)],
+        generation: u64,
+    ) -> Result<Vec<(Option<String>, i64, Option<u64>)>, NodeError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("MGET");
+        for (_, lock, _) in locks {
+            pipe.arg(lock);
+        }
+        for (_, lock, _) in locks {
+            pipe.cmd("PTTL").arg(lock);
+        }
+        pipe.cmd("MGET");
+        for (_, _, fence) in locks {
+            pipe.arg(fence);
+        }
+        let replies: Vec<redis::Value> = pipe
+            .query_async(conn)
+            .await
+            .map_err(|e| self.call_error(e, generation))?;
+        if replies.len() != locks.len() + 2 {
+            return Err(NodeError::BadReply {
+                expected: "an MGET of values, a PTTL per key and an MGET of counters",
+                got: format!("{} replies for {} keys", replies.len(), locks.len()),
+            });
+        }
+        let fences: Vec<Option<u64>> = parse(&replies[replies.len() - 1], "an MGET of counters")?;
+        let values: Vec<Option<String>> = parse(&replies[0], "an MGET of values")?;
+        let pttls: Vec<i64> = replies[1..replies.len() - 1]
+            .iter()
+            .map(|v| parse(v, "a PTTL"))
+            .collect::<Result<_, _>>()?;
+        if values.len() != locks.len() {
+            return Err(NodeError::BadReply {
+                expected: "a value per key",
+                got: format!("{} values for {} keys", values.len(), locks.len()),
+            });
+        }
+        Ok(values
+            .into_iter()
+            .zip(pttls)
+            .zip(fences)
+            .map(|((v, p), f)| (v, p, f))
+            .collect())
     }
 }
 
