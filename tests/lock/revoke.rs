@@ -29,6 +29,7 @@ fn operator(cluster: &LocalCluster) -> Redlock {
 /// the waiter takes over with a larger token, and the old token is refused by `fenced_set` and
 /// by a claim.
 #[tokio::test]
+#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn t70_a_kept_alive_holder_is_revoked_and_a_waiter_takes_over() {
     let cluster = cluster(5);
     let mut resource = store(&cluster.urls()[0]).await;
