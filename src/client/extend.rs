@@ -12,7 +12,7 @@ use super::Engine;
 use super::round::Round;
 use super::state::{LockState, Seen, SeenAt};
 use crate::core::clock::{self, Stamp};
-use crate::core::keys::{self, LockKeys};
+use crate::core::keys::LockKeys;
 use crate::core::quorum::Tally;
 use crate::core::timing::{self, Extension};
 use crate::core::token::FencingToken;
@@ -320,7 +320,7 @@ impl Engine {
         caller: &tracing::Span,
     ) -> Result<Arc<LockState>, Error> {
         let drift = self.check(key, ttl)?;
-        keys::check_value(value)?;
+        crate::core::value::check_value(value)?;
         self.inner.max_ttl.observe(ttl);
         let lock_keys = self.keys().lock_keys(key);
         let start = Instant::now();

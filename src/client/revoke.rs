@@ -58,7 +58,7 @@ impl Engine {
 
     /// The engine side of [`Redlock::revoke_value`](crate::Redlock::revoke_value).
     pub(crate) async fn revoke_value(&self, key: &str, value: &str) -> Result<Revocation, Error> {
-        keys::check_value(value)?;
+        crate::core::value::check_value(value)?;
         let (client, key, value) = (self.clone(), key.to_owned(), value.to_owned());
         self.on_io_thread(async move { client.revoke_inline(&key, Some(value)).await })
             .await
@@ -136,7 +136,7 @@ impl Engine {
         }
         Ok(Revocation {
             key: key.to_owned(),
-            owner: keys::owner_of(&value),
+            owner: crate::core::value::owner_of(&value),
             value: Some(value),
             token,
             deleted,

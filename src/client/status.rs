@@ -8,7 +8,6 @@ use redis::Value;
 use tokio::time::Instant;
 
 use super::Engine;
-use crate::core::keys;
 use crate::core::quorum::{self, HolderView};
 use crate::core::token::FencingToken;
 use crate::error::{Error, NodeError, NodeFailure};
@@ -90,7 +89,7 @@ impl LockStatus {
     /// The owner name of the [`holder`](Self::holder), if it holds the key and its client set
     /// one ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner)).
     pub fn owner(&self) -> Option<String> {
-        keys::owner_of(self.holder()?)
+        crate::core::value::owner_of(self.holder()?)
     }
 
     /// Who holds the key, as far as this read can tell: [`HolderView::Held`] with the value a
@@ -220,7 +219,7 @@ fn parse_status(v: Value) -> Result<KeyState, NodeError> {
         return Err(bad(&v));
     };
     Ok(KeyState {
-        owner: value.as_deref().and_then(keys::owner_of),
+        owner: value.as_deref().and_then(crate::core::value::owner_of),
         value,
         ttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
         fence: FencingToken::of_counter(*fence),

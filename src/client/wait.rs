@@ -99,7 +99,7 @@ const MAX_IDLE_KEYS: usize = 1024;
 impl Default for Hub {
     fn default() -> Self {
         Hub {
-            id: crate::core::keys::new_value(),
+            id: crate::core::value::new_value(),
             keys: Mutex::default(),
             any: AtomicBool::default(),
             sinks: Mutex::default(),

@@ -371,7 +371,7 @@ pub(crate) mod tests {
             node: "n".to_owned(),
             state: Ok(KeyState {
                 value: value.map(str::to_owned),
-                owner: value.and_then(crate::core::keys::owner_of),
+                owner: value.and_then(crate::core::value::owner_of),
                 ttl: ttl_ms.map(Duration::from_millis),
                 fence: crate::core::token::FencingToken::new(fence),
             }),

@@ -327,7 +327,7 @@ pub(crate) fn leader_from(status: &LockStatus, records: &[Record]) -> Option<Lea
         candidate: record.map(|r| r.candidate.clone()),
         token,
         expires_in,
-        owner: crate::core::keys::owner_of(value),
+        owner: crate::core::value::owner_of(value),
     })
 }
 

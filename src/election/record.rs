@@ -112,15 +112,15 @@ mod tests {
     /// fields apart.
     #[test]
     fn records_of_owner_named_values_round_trip() {
-        let suffix = crate::core::keys::owner_suffix("host-a/pid 4711").unwrap();
+        let suffix = crate::core::value::owner_suffix("host-a/pid 4711").unwrap();
         let r = Record {
-            value: crate::core::keys::new_value_of(&suffix),
+            value: crate::core::value::new_value_of(&suffix),
             token: FencingToken::new(3),
             candidate: "scheduler 0".to_owned(),
         };
         assert_eq!(Record::parse(&r.encode()), Some(r.clone()));
         assert_eq!(
-            crate::core::keys::owner_of(&r.value).as_deref(),
+            crate::core::value::owner_of(&r.value).as_deref(),
             Some("host-a/pid 4711")
         );
     }

@@ -319,7 +319,7 @@ impl RedlockBuilder {
     /// rslock and pottery: `tests/compat.rs`).
     ///
     /// The lock on `K` is the key `K` itself (no prefix, no hash tag), set with
-    /// `SET K value NX PX ttl` (`value`: 128 random bits); release is compare-and-delete,
+    /// `SET K value NX PX ttl` (`value`: 32 hex digits, as other clients write); release is compare-and-delete,
     /// extension compare-and-`PEXPIRE` (an extension never re-sets a key a node lost). Every
     /// call names the key `K` only, as the other clients' calls do: a Redis user limited to the
     /// resource's key is enough (`docs/acl.md`), and on a Redis Cluster member no call spans two
@@ -349,8 +349,8 @@ impl RedlockBuilder {
     /// [`LockStatus::owner`]), by `redlock status`, by [`Lock::owner`] and by an election's
     /// [`Leader::owner`], beside the lock's random value that `status` showed alone before.
     ///
-    /// It travels inside the lock's value, after its 128 random bits: `<32 hex digits>@<name>`,
-    /// with `%` and the space written `%25` and `%20`. The random part alone still makes each
+    /// It travels inside the lock's value, after its 32 hex digits: `<32 hex digits>@<name>`,
+    /// with `%` and the space written `%25` and `%20`. The hex digits alone still make each
     /// acquisition's value unique, and every ownership check (extension, release) compares the
     /// whole value as before, so naming a client changes no safety argument; no other key or
     /// command is used (the ACL of [`guide::acl`](crate::guide::acl) is enough, compat mode
@@ -493,7 +493,7 @@ impl RedlockBuilder {
         }
         let keys = KeyLayout::new(&self.key_prefix, self.compat)?;
         let owner_suffix = match &self.owner {
-            Some(name) => keys::owner_suffix(name)?,
+            Some(name) => crate::core::value::owner_suffix(name)?,
             None => String::new(),
         };
         if self.node_timeout.is_zero() {

@@ -95,8 +95,10 @@ impl Lock {
         self.state.key()
     }
 
-    /// This acquisition's value, as stored on the nodes: 128 random bits as 32 hex digits,
-    /// then `@` and the client's owner name when it set one
+    /// This acquisition's value, as stored on the nodes: 32 hex digits (the acquisition's
+    /// wall-clock time and 74 random bits, laid out as a UUIDv7: see
+    /// [`HeldLock::acquired_at`](crate::HeldLock::acquired_at)), then `@` and the client's
+    /// owner name when it set one
     /// ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner)). Only the holder of this value
     /// can extend or release the lock, so treat it as a capability: give it, with
     /// [`key`](Self::key) and [`token`](Self::token), to the process that is to take the lock
@@ -110,7 +112,7 @@ impl Lock {
     /// ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner) of the client that acquired
     /// it), if any.
     pub fn owner(&self) -> Option<String> {
-        crate::core::keys::owner_of(self.state.value())
+        crate::core::value::owner_of(self.state.value())
     }
 
     /// This acquisition's fencing token: greater than every earlier holder's (see

@@ -322,7 +322,10 @@ impl Redlock {
     }
 
     /// Every lock held under `prefix` (user keys starting with it; `""` for all): its holder,
-    /// on how many nodes, the time left on a quorum and the fencing counter. Each node is
+    /// on how many nodes, the time left on a quorum, the fencing counter, and when it was
+    /// acquired ([`HeldLock::acquired_at`](crate::HeldLock::acquired_at): read from the value,
+    /// which records the acquiring host's wall clock to the millisecond, so clock skew between
+    /// that host and this one applies; unknown for values of other clients). Each node is
     /// scanned (`SCAN`, 1,000 keys a page, each page bounded by the node timeout or 1 s,
     /// whichever is longer; a Redis Cluster member master by master), then each lock key read
     /// (values and counters by `MGET`, a `PTTL` per key), and the answers merged: a key is

@@ -15,7 +15,9 @@ use crate::error::NodeError;
 pub(crate) struct Found {
     /// The user key.
     pub(crate) key: String,
-    /// The value there (`None`: it expired between the scan and the read).
+    /// The value there (`None`: it expired between the scan and the read), its bytes read as
+    /// UTF-8 with invalid sequences replaced (as `status` shows values): another client's value
+    /// may be any bytes (rslock's: 20 random ones), and one such key must not fail the page.
     pub(crate) value: Option<String>,
     /// Its remaining time in milliseconds (`PTTL`: negative when absent or without expiry).
     pub(crate) pttl: i64,
@@ -74,7 +76,7 @@ impl Node {
                         pipe.cmd("GET").arg(lock).cmd("PTTL").arg(lock);
                         pipe.cmd("GET").arg(fence);
                         async move {
-                            pipe.query_async::<(Option<String>, i64, Option<u64>)>(&mut cluster)
+                            pipe.query_async::<(Option<Vec<u8>>, i64, Option<u64>)>(&mut cluster)
                                 .await
                         }
                     });
@@ -89,7 +91,7 @@ impl Node {
                 .zip(found)
                 .map(|((key, _, _), (value, pttl, fence))| Found {
                     key,
-                    value,
+                    value: value.map(|v| String::from_utf8_lossy(&v).into_owned()),
                     pttl,
                     fence: fence.unwrap_or(0),
                 })
@@ -109,7 +111,7 @@ impl Node {
         conn: &mut MemberConn,
         locks: &[(String, String, String)],
         generation: u64,
-    ) -> Result<Vec<(Option<String>, i64, Option<u64>)>, NodeError> {
+    ) -> Result<Vec<(Option<Vec<u8>>, i64, Option<u64>)>, NodeError> {
         let mut pipe = redis::pipe();
         pipe.cmd("MGET");
         for (_, lock, _) in locks {
@@ -133,7 +135,7 @@ impl Node {
             });
         }
         let fences: Vec<Option<u64>> = parse(&replies[replies.len() - 1], "an MGET of counters")?;
-        let values: Vec<Option<String>> = parse(&replies[0], "an MGET of values")?;
+        let values: Vec<Option<Vec<u8>>> = parse(&replies[0], "an MGET of values")?;
         let pttls: Vec<i64> = replies[1..replies.len() - 1]
             .iter()
             .map(|v| parse(v, "a PTTL"))
