@@ -209,7 +209,7 @@ impl Node {
             MemberConn::Single(conn) => return self.meet_server(conn, generation).await,
             MemberConn::Cluster(cluster) => cluster,
         };
-        let view = member::cluster_view(&mut cluster)
+        let view = super::cluster::cluster_view(&mut cluster)
             .await
             .map_err(|e| self.connect_error(e))?;
         let (run_id, uptime) = (view.run_id(), view.uptime);

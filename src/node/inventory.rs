@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Node;
-use super::member::{self, MemberConn};
+use super::cluster;
+use super::member::MemberConn;
 use crate::core::keys::KeyLayout;
 use crate::error::NodeError;
 
@@ -45,7 +46,7 @@ impl Node {
                 MemberConn::Cluster(cluster) => {
                     let masters = crate::core::lock(&self.cluster).masters.clone();
                     let (next, found, run_id) =
-                        member::cluster_scan_page(cluster, &masters, cursor, glob, count)
+                        cluster::cluster_scan_page(cluster, &masters, cursor, glob, count)
                             .await
                             .map_err(|e| self.call_error(e, generation))?;
                     self.check_cluster_run_ids([run_id], generation)?;

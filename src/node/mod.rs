@@ -16,6 +16,7 @@
 
 pub(crate) mod acquire_form;
 pub(crate) mod address;
+pub(crate) mod cluster;
 pub(crate) mod commands;
 pub(crate) mod connection;
 pub(crate) mod gate;
@@ -42,12 +43,13 @@ use tokio::time::Instant;
 use crate::core::health::{EvictionGuard, RestartGuard};
 use crate::error::NodeError;
 
+use self::cluster::ClusterView;
 use self::connection::ConnSlot;
 pub(crate) use self::gate::RoundGate;
 use self::health::NodeHealth;
 pub(crate) use self::health::{HoldOut, MaxTtl, Peers};
 use self::liveness::Liveness;
-use self::member::{ClusterView, Member, MemberConn};
+use self::member::{Member, MemberConn};
 use self::scripts::ScriptCall;
 
 /// What a call is for: its label in metrics and log lines.
