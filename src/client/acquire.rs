@@ -265,7 +265,7 @@ impl Redlock {
         tries: &mut Tries,
         waiter: &Waiter<'_>,
     ) -> RoundEnd {
-        let mut undo = UndoRelease::arm(self, &req.keys, value, req.caller);
+        let mut undo = UndoRelease::arm(self, &req.keys, value, req.ttl, req.caller);
         let round_start = Instant::now();
         let voted = match self.attempt(req, value).await {
             Ok(voted) => voted,
@@ -442,6 +442,9 @@ impl Redlock {
             .round(
                 Arc::new(call),
                 deadline,
+                // Calls queued behind this client's earlier ones wait on while their node
+                // answers those, as long as a quorum could still leave validity.
+                budget_end,
                 Some(started.saturating_add(round_time)),
                 Op::Acquire,
                 &[],
