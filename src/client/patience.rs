@@ -32,8 +32,14 @@ pub(crate) struct Patience {
     cap: Instant,
     /// Where the current window ends.
     until: Instant,
+    /// When the current window began (`seen` was read).
+    since: Instant,
     /// Each node's answer count when the current window began.
     seen: SmallVec<[u64; 8]>,
+    /// Whether this client was too busy to tell at the last judgement: its tasks (the callers
+    /// that count the nodes' answers among them) waited long for their turn, so answers
+    /// already arrived may not have been counted.
+    starved: bool,
 }
 
 impl Patience {
@@ -43,7 +49,9 @@ impl Patience {
             window,
             cap: cap.max(first),
             until: first,
+            since: Instant::now(),
             seen: nodes.iter().map(|n| n.answers()).collect(),
+            starved: false,
         }
     }
 
@@ -60,18 +68,24 @@ impl Patience {
             .is_some_and(|&seen| nodes[i].answers() != seen)
     }
 
-    /// At the end of a window: another one starts when a node `waiting` names answered
-    /// something during this one, unless the cap is reached. Lets the tasks that hold answers
-    /// already arrived run first (on a busy runtime, an answer is counted when its caller's
-    /// task runs, which may come after this timer's).
+    /// At the end of a window: another one starts, unless the cap is reached, when a node
+    /// `waiting` names answered something during this one, when this one was shorter than a
+    /// node timeout (its end was set before the calls were made), or when this client is too
+    /// busy to tell: its tasks wait long for their turn (an answer is counted when its
+    /// caller's task runs), or this timer came late. Lets the tasks that hold answers already
+    /// arrived run first.
     pub(crate) async fn renew(
         &mut self,
         nodes: &[Arc<Node>],
         waiting: impl Fn(usize) -> bool,
     ) -> bool {
+        // How long this task waits for its turn is about how long any task of this client
+        // does, the callers that would count the answers among them.
+        let queued = Instant::now();
         tokio::task::yield_now().await;
         tokio::task::yield_now().await;
-        self.renew_now(nodes, waiting)
+        let lagged = queued.elapsed() > self.window / 20;
+        self.judge(nodes, waiting, lagged)
     }
 
     /// [`renew`](Self::renew) without letting other tasks run first: for a caller that cannot
@@ -81,24 +95,45 @@ impl Patience {
         nodes: &[Arc<Node>],
         waiting: impl Fn(usize) -> bool,
     ) -> bool {
+        self.judge(nodes, waiting, false)
+    }
+
+    /// The judgement of [`renew`](Self::renew); `lagged`: this client's tasks wait long for
+    /// their turn.
+    fn judge(
+        &mut self,
+        nodes: &[Arc<Node>],
+        waiting: impl Fn(usize) -> bool,
+        lagged: bool,
+    ) -> bool {
+        let now = Instant::now();
+        self.starved = lagged || now.saturating_duration_since(self.until) > self.window / 4;
         if self.until >= self.cap {
             return false;
         }
-        if !(0..nodes.len()).any(|i| waiting(i) && self.busy(nodes, i)) {
+        let busy = (0..nodes.len()).any(|i| waiting(i) && self.busy(nodes, i));
+        if busy {
+            for (seen, node) in self.seen.iter_mut().zip(nodes) {
+                *seen = node.answers();
+            }
+            self.since = now;
+            self.until = now + self.window;
+        } else if self.starved {
+            self.until = now + self.window;
+        } else if now < self.since + self.window {
+            self.until = self.since + self.window;
+        } else {
             return false;
         }
-        for (seen, node) in self.seen.iter_mut().zip(nodes) {
-            *seen = node.answers();
-        }
-        self.until = (Instant::now() + self.window).min(self.cap);
+        self.until = self.until.min(self.cap);
         true
     }
 
     /// The failure of node `i`, which had not answered when the waiting ended after `waited`:
-    /// the client's backlog when the node was still answering during the last window, a
-    /// timeout otherwise.
+    /// the client's backlog when the node was still answering during the last window (or the
+    /// client was too busy to tell), a timeout otherwise.
     pub(crate) fn failure(&self, nodes: &[Arc<Node>], i: usize, waited: Duration) -> NodeError {
-        if self.busy(nodes, i) {
+        if self.busy(nodes, i) || self.starved {
             NodeError::Backlog(waited)
         } else {
             NodeError::Timeout(waited)
