@@ -98,11 +98,10 @@ pub(crate) struct Tail {
     answered: Answered,
     pub(super) gate: RoundGate,
     pub(super) deadline: Instant,
-    /// The round's waiting windows: a release's calls still queued behind busy nodes wait on,
-    /// up to its bound (`patience.rs`).
-    patience: Patience,
-    /// A release's calls: given up unanswered, they are counted as undelivered.
-    release: bool,
+    /// A release's waiting windows (`None` for other rounds, and when every call answered by
+    /// the verdict): its calls still queued behind busy nodes wait on, up to its bound
+    /// (`patience.rs`); given up unanswered, they are counted as undelivered.
+    patience: Option<Box<Patience>>,
 }
 
 impl std::fmt::Debug for Tail {
@@ -282,14 +281,14 @@ impl Tail {
             )
             .await
             .is_ok();
-            if done || !self.release {
+            let Some(patience) = self.patience.as_mut().filter(|_| !done) else {
+                break;
+            };
+            let answered = &self.answered;
+            if !patience.renew(nodes, |i| !answered[i]).await {
                 break;
             }
-            let answered = self.answered.clone();
-            if !self.patience.renew(nodes, |i| !answered[i]).await {
-                break;
-            }
-            self.deadline = self.patience.until();
+            self.deadline = patience.until();
         }
         client.count_undelivered(&self);
     }
@@ -297,21 +296,21 @@ impl Tail {
     /// A parked release tail past its deadline: whether it waits another window (its nodes
     /// are still answering this client's earlier calls, and its bound has not come).
     pub(super) fn renew_parked(&mut self, nodes: &[Arc<Node>]) -> bool {
-        if !self.release {
+        let Some(patience) = &mut self.patience else {
             return false;
-        }
+        };
         let answered = &self.answered;
-        if !self.patience.renew_now(nodes, |i| !answered[i]) {
+        if !patience.renew_now(nodes, |i| !answered[i]) {
             return false;
         }
-        self.deadline = self.patience.until();
+        self.deadline = patience.until();
         true
     }
 
     /// How many of a release's calls were given up: neither answered nor left unsent by a
     /// closed round.
     pub(super) fn undelivered(&self) -> usize {
-        if !self.release {
+        if self.patience.is_none() {
             return 0;
         }
         self.answered
@@ -426,7 +425,8 @@ impl Redlock {
         self.schedule_repairs();
         let calls = (!rest.is_empty()).then(|| Box::new(rest) as Box<dyn Pending>);
         let deadline = patience.until();
-        answers.into_round(verdict, calls, gate, deadline, patience, op == Op::Release)
+        let patience = (op == Op::Release && calls.is_some()).then(|| Box::new(patience));
+        answers.into_round(verdict, calls, gate, deadline, patience)
     }
 }
 
@@ -451,8 +451,7 @@ impl Answers {
         calls: Option<Box<dyn Pending>>,
         gate: RoundGate,
         deadline: Instant,
-        patience: Patience,
-        release: bool,
+        patience: Option<Box<Patience>>,
     ) -> Round {
         Round {
             verdict,
@@ -467,7 +466,6 @@ impl Answers {
                 gate,
                 deadline,
                 patience,
-                release,
             },
         }
     }
