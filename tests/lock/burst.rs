@@ -156,3 +156,51 @@ async fn t83_a_release_behind_a_hung_nodes_backlog_reaches_the_others() {
     );
     cluster.resume(2).unwrap();
 }
+
+/// A ttl whose validity budget a burst of [`BURST`] acquisitions cannot fit in: the nodes
+/// alone run 3 × 8,000 scripts, over 100 ms of their CPU on two cores at 10 µs a script.
+const BRIEF: Duration = Duration::from_millis(100);
+
+#[tokio::test]
+async fn t84_an_overloaded_client_says_so_and_blames_no_node() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let locks = builder(&cluster).node_timeout(SHORT).build().unwrap();
+    warm(&locks).await;
+    let keys: Vec<String> = (0..BURST).map(|i| format!("brief-{i}")).collect();
+    let results = join_all(keys.iter().map(|k| locks.try_acquire(k, BRIEF))).await;
+    let mut said_so = 0;
+    let mut blamed = Vec::new();
+    let mut held = Vec::new();
+    for r in results {
+        match r {
+            Ok(lock) => held.push(lock),
+            // The two truthful answers: the client's own backlog kept the quorum away past the
+            // budget, or a quorum came once no validity was left.
+            Err(e) if e.is_overloaded() => {
+                let text = e.to_string();
+                assert!(
+                    text.contains("this client is overloaded") && !text.contains("127.0.0.1"),
+                    "the overload names no node: {text}"
+                );
+                said_so += 1;
+            }
+            Err(quorumlock::Error::ValidityExpired { .. }) => said_so += 1,
+            Err(e) => blamed.push(e),
+        }
+    }
+    assert!(
+        blamed.is_empty(),
+        "{} of {BURST} acquisitions failed naming nodes; first: {}",
+        blamed.len(),
+        blamed[0]
+    );
+    assert!(
+        said_so > 0,
+        "{BURST} acquisitions cannot all fit in a {BRIEF:?} ttl ({} granted)",
+        held.len()
+    );
+    drop(held);
+    let _ = locks.flush().await;
+    let _ = urls;
+}
