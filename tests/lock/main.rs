@@ -10,6 +10,7 @@
 mod support;
 
 mod acquire;
+mod breaker;
 mod burst;
 mod claim;
 mod config;
