@@ -76,6 +76,24 @@ impl Breaker {
     }
 }
 
+impl super::Node {
+    /// Probes the node on `conn` in a task of its own, bounded by the node timeout: an answer
+    /// marks the node up, which closes the breaker.
+    pub(super) fn spawn_probe(
+        self: &std::sync::Arc<Self>,
+        mut conn: redis::aio::MultiplexedConnection,
+    ) {
+        let node = std::sync::Arc::clone(self);
+        tokio::spawn(async move {
+            let ping = redis::cmd("PING");
+            let answer = tokio::time::timeout(node.node_timeout, conn.send_packed_command(&ping));
+            if let Ok(Ok(_)) = answer.await {
+                node.mark_up();
+            }
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -102,23 +120,5 @@ mod tests {
         b.close();
         assert!(!b.is_open());
         assert_eq!(b.admit(window), Admit::Send);
-    }
-}
-
-impl super::Node {
-    /// Probes the node on `conn` in a task of its own, bounded by the node timeout: an answer
-    /// marks the node up, which closes the breaker.
-    pub(super) fn spawn_probe(
-        self: &std::sync::Arc<Self>,
-        mut conn: redis::aio::MultiplexedConnection,
-    ) {
-        let node = std::sync::Arc::clone(self);
-        tokio::spawn(async move {
-            let ping = redis::cmd("PING");
-            let answer = tokio::time::timeout(node.node_timeout, conn.send_packed_command(&ping));
-            if let Ok(Ok(_)) = answer.await {
-                node.mark_up();
-            }
-        });
     }
 }
