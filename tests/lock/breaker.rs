@@ -48,15 +48,14 @@ async fn resumes_after_a_starved_pause(blockers: usize) {
         .expect("the acquisitions of the pause end")
         .unwrap();
     let start = tokio::time::Instant::now();
-    let mut last = String::new();
     loop {
-        match locks.try_acquire("after", TTL).await {
+        let last = match locks.try_acquire("after", TTL).await {
             Ok(lock) => {
                 let _ = lock.release().await;
                 break;
             }
-            Err(e) => last = e.to_string(),
-        }
+            Err(e) => e,
+        };
         assert!(
             start.elapsed() < WAIT,
             "wedged: no acquisition succeeded {WAIT:?} after the nodes resumed; last: {last}"
