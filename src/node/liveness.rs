@@ -31,12 +31,8 @@ pub(super) struct Liveness {
 const HELD_OUT: [&str; 5] = ["", "held_out", "repairing", "same_server", "evicting"];
 
 impl Node {
-    /// Records a call that its round's deadline cut short; one given up for the node's
-    /// silence opens the breaker (`breaker.rs`).
+    /// Records a call that its round's deadline cut short.
     pub(crate) fn timed_out(&self, op: Op, e: &NodeError) {
-        if matches!(e, NodeError::Timeout(_)) {
-            self.breaker.open();
-        }
         self.failed(op, e);
     }
 
@@ -110,7 +106,6 @@ impl Node {
 
     pub(super) fn mark_up(&self) {
         self.live.answers.fetch_add(1, Ordering::Relaxed);
-        self.breaker.close();
         if self.live.down.load(Ordering::Relaxed) && self.live.down.swap(false, Ordering::Relaxed) {
             metrics::node_up(&self.name, true);
             tracing::info!(node = %self.name, "node answers again");

@@ -15,7 +15,6 @@
 //! undoes.
 
 pub(crate) mod address;
-mod breaker;
 pub(crate) mod commands;
 pub(crate) mod connection;
 pub(crate) mod fence;
@@ -82,8 +81,6 @@ impl Op {
 #[derive(Debug, Clone)]
 pub(crate) struct NodeSettings {
     pub(crate) connect_timeout: Duration,
-    /// The node timeout: a probe's turn while the breaker is open (`breaker.rs`).
-    pub(crate) node_timeout: Duration,
     pub(crate) restart_guard: RestartGuard,
     pub(crate) eviction_guard: EvictionGuard,
     /// Whether acquires carry a fencing counter (`fence.rs`).
@@ -127,10 +124,6 @@ pub(crate) struct Node {
     fence: fence::FencePath,
     /// The node's wall clock as last read on each connection (`wallclock.rs`).
     wallclock: wallclock::WallClock,
-    /// One call at a time to a node that stopped answering (`breaker.rs`).
-    breaker: breaker::Breaker,
-    /// The node timeout: a probe's turn.
-    node_timeout: Duration,
 }
 
 impl std::fmt::Debug for Node {
@@ -155,8 +148,6 @@ impl Node {
             index,
             peers,
             conn: ConnSlot::new(settings.connect_timeout),
-            breaker: breaker::Breaker::default(),
-            node_timeout: settings.node_timeout,
             fence: fence::FencePath::new(&settings),
             wallclock: wallclock::WallClock::new(settings.drift_factor),
             health: NodeHealth::new(settings, max_ttl),
@@ -242,19 +233,6 @@ impl Node {
         gate: Option<(RoundGate, usize)>,
     ) -> Result<Option<Value>, NodeError> {
         let (conn, generation) = self.connection().await?;
-        // A node that stopped answering gets no calls, only a probe at a time (`breaker.rs`);
-        // the calls fail at once, as the node's last call did.
-        if let MemberConn::Single(single) = &conn {
-            let admit = self.breaker.admit(self.node_timeout);
-            if admit == breaker::Admit::Probe {
-                self.spawn_probe(single.clone());
-            }
-            if admit != breaker::Admit::Send {
-                return Err(self
-                    .down_cause()
-                    .unwrap_or(NodeError::Timeout(self.node_timeout)));
-            }
-        }
         // The lean form where this connection is known to have seen the token (release).
         let call = call.for_node(self.index, generation);
         // Checked after connecting: a (re)connect is what reads the node's run id and uptime.

@@ -10,7 +10,6 @@
 mod support;
 
 mod acquire;
-mod breaker;
 mod burst;
 mod claim;
 mod config;
@@ -23,6 +22,7 @@ mod keyspace;
 mod lease;
 mod owner;
 mod pipeline;
+mod resume;
 mod revoke;
 mod spans;
 

@@ -1,6 +1,6 @@
-//! The breaker: a node that stopped answering gets a probe at a time, not every call, and a
-//! client never stays wedged once its nodes answer again, however starved its runtime was while
-//! they were paused.
+//! A client never stays wedged once its nodes answer again, however starved its runtime was
+//! while they were paused: the guard any breaker (fewer calls to a node that stopped
+//! answering) must pass, on both runtimes.
 
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ async fn resumes_after_a_starved_pause(blockers: usize) {
     for i in 0..3 {
         cluster.pause(i).unwrap();
     }
-    // Calls given up for the nodes' silence: their breakers open.
+    // Calls given up for the nodes' silence: the nodes are known down.
     for _ in 0..3 {
         let err = locks.try_acquire("opener", TTL).await.unwrap_err();
         assert!(err.is_no_quorum(), "{err}");
@@ -66,11 +66,11 @@ async fn resumes_after_a_starved_pause(blockers: usize) {
 }
 
 #[tokio::test]
-async fn b1_no_wedge_after_a_starved_pause_current_thread() {
+async fn r1_no_wedge_after_a_starved_pause_current_thread() {
     resumes_after_a_starved_pause(0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b2_no_wedge_after_a_starved_pause_multi_thread() {
+async fn r2_no_wedge_after_a_starved_pause_multi_thread() {
     resumes_after_a_starved_pause(2).await;
 }
