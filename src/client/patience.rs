@@ -23,6 +23,10 @@ use tokio::time::Instant;
 use crate::error::NodeError;
 use crate::node::{Node, Op};
 
+/// Tasks waiting in the runtime's shared queue beyond which this client counts as too busy to
+/// tell a silent node from answers it has not read yet.
+const QUEUED_TASKS: usize = 32;
+
 /// The waiting windows of one operation's calls to every node.
 #[derive(Debug)]
 pub(crate) struct Patience {
@@ -84,7 +88,12 @@ impl Patience {
         let queued = Instant::now();
         tokio::task::yield_now().await;
         tokio::task::yield_now().await;
-        let lagged = queued.elapsed() > self.window / 20;
+        // On the multi-thread runtime this task may wait less than the others (each worker
+        // has a queue of its own): tasks left waiting in the runtime's shared queue (spawned
+        // from outside it, or overflowing the workers' own) say the same.
+        let shared =
+            tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().global_queue_depth());
+        let lagged = queued.elapsed() > self.window / 20 || shared > QUEUED_TASKS;
         self.judge(nodes, waiting, lagged)
     }
 
