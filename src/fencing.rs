@@ -28,8 +28,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::aio::ConnectionLike;
 
+use crate::client::side::FENCED_WRITE;
 use crate::core::token::FencingToken;
-use crate::node::scripts;
 
 /// A write refused because a newer holder has already written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -156,7 +156,7 @@ pub async fn fenced_set<C: ConnectionLike + Send>(
     value: impl redis::ToRedisArgs + Send + Sync,
 ) -> redis::RedisResult<FencedWrite> {
     let fence_key = format!("{data_key}:fence");
-    let (written, highest): (i64, u64) = scripts::FENCED_WRITE
+    let (written, highest): (i64, u64) = FENCED_WRITE
         .script()
         .key(&fence_key)
         .key(data_key)
@@ -239,7 +239,7 @@ pub async fn fenced_claim<C: ConnectionLike + Send>(
     token: FencingToken,
 ) -> redis::RedisResult<FenceClaim> {
     let fence_key = format!("{data_key}:fence");
-    let (claimed, highest): (i64, u64) = scripts::FENCED_WRITE
+    let (claimed, highest): (i64, u64) = FENCED_WRITE
         .script()
         .key(&fence_key)
         .arg(token.get())

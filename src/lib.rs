@@ -41,12 +41,12 @@ pub use redis;
 /// `tokio-util`), re-exported so that you can name it without depending on `tokio-util`.
 pub use tokio_util::sync::CancellationToken;
 
+pub use crate::client::FlushReport;
 pub use crate::client::check::TokenCheck;
-pub use crate::client::engine::IoThread;
 pub use crate::client::inventory::{HeldLock, Inventory, MAX_LOCKS};
+pub use crate::client::io_thread::IoThread;
 pub use crate::client::revoke::Revocation;
 pub use crate::client::status::{KeyState, LockStatus, NodeStatus};
-pub use crate::client::{FlushReport, Redlock};
 pub use crate::core::health::{EvictionGuard, RestartGuard};
 pub use crate::core::quorum::HolderView;
 pub use crate::core::token::FencingToken;
@@ -62,6 +62,7 @@ pub use crate::fencing::{
 };
 pub use crate::lock::builder::RedlockBuilder;
 pub use crate::lock::guard::Lock;
+pub use crate::lock::redlock::Redlock;
 pub use crate::lock::scoped::LockContext;
 pub use crate::multi::MultiLock;
 pub use crate::run_once::{

@@ -19,10 +19,10 @@ use std::time::Duration;
 use futures::future::{join_all, select_all};
 use tokio::time::Instant;
 
-use crate::client::Redlock;
 use crate::core::token::FencingToken;
 use crate::error::{ArgumentError, Error, LostReason};
 use crate::lock::guard::Lock;
+use crate::lock::redlock::Redlock;
 
 impl Redlock {
     /// Acquires every key of `keys`, all or nothing, with the configured retries for each key
@@ -98,7 +98,7 @@ impl Redlock {
             .into());
         }
         for key in &keys {
-            self.check(key, ttl)?;
+            self.engine().check(key, ttl)?;
         }
         let called = Instant::now();
         let mut held: Vec<Lock> = Vec::with_capacity(keys.len());

@@ -27,12 +27,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::client::Redlock;
 use crate::client::wait::{KeyWait, Ticket, Turn, Woken};
 use crate::core::clock;
 use crate::core::keys::check_key;
 use crate::error::{ArgumentError, Error};
 use crate::lock::guard::Lock;
+use crate::lock::redlock::Redlock;
 
 /// A waiting acquirer's registration: every permit key's waiters (their release notices) and
 /// its place in this client's queue for the semaphore (permit 0's).
@@ -218,7 +218,7 @@ impl Semaphore {
     ///
     /// As [`Redlock::try_acquire`]: an attempt in flight is released in the background.
     pub async fn acquire_timeout(&self, ttl: Duration, wait: Duration) -> Result<Permit, Error> {
-        let sweeps = self.client.retry_count().saturating_add(1);
+        let sweeps = self.client.engine().retry_count().saturating_add(1);
         self.acquire_with(ttl, sweeps, wait).await
     }
 
@@ -228,7 +228,7 @@ impl Semaphore {
         sweeps: u32,
         wait: Duration,
     ) -> Result<Permit, Error> {
-        self.client.check(&self.name, ttl)?;
+        self.client.engine().check(&self.name, ttl)?;
         if !wait.is_zero() {
             return self.wait_for_permit(ttl, sweeps, wait).await;
         }
@@ -240,7 +240,7 @@ impl Semaphore {
                 Ok(permit) => return Ok(permit),
                 Err(e) => e,
             };
-            let pause = self.client.retry_pause();
+            let pause = self.client.engine().retry_pause();
             if !err.is_retryable()
                 || (sweep >= sweeps && called.elapsed().saturating_add(pause) > wait)
             {
@@ -256,7 +256,12 @@ impl Semaphore {
         (0..self.permits)
             .map(|i| {
                 let key = format!("{}:permit:{i}", self.name);
-                self.client.keys().lock_keys(&key).lock().to_owned()
+                self.client
+                    .engine()
+                    .keys()
+                    .lock_keys(&key)
+                    .lock()
+                    .to_owned()
             })
             .collect()
     }
@@ -274,7 +279,9 @@ impl Semaphore {
         let give_up_at = clock::tokio_after(called, wait);
         let keys = self.permit_keys();
         // Others of this client wait already: queue behind them instead of sweeping first.
-        let queued = keys.first().is_some_and(|k| self.client.has_waiters(k));
+        let queued = keys
+            .first()
+            .is_some_and(|k| self.client.engine().has_waiters(k));
         let mut waiting = if queued {
             self.register(&keys).await
         } else {
@@ -302,7 +309,7 @@ impl Semaphore {
                 Ok(permit) => return Ok(permit),
                 Err(e) => e,
             };
-            let backoff = self.client.retry_pause();
+            let backoff = self.client.engine().retry_pause();
             if !err.is_retryable() || (sweep >= sweeps && Instant::now() >= give_up_at) {
                 return Err(err);
             }
@@ -347,7 +354,8 @@ impl Semaphore {
     /// does, `Redlock::wait_for`), and joins this client's queue for the semaphore.
     /// `None` only without permits, which [`Semaphore::new`] refuses.
     async fn register(&self, keys: &[String]) -> Option<Waiting> {
-        let regs = futures::future::join_all(keys.iter().map(|k| self.client.wait_for(k))).await;
+        let regs =
+            futures::future::join_all(keys.iter().map(|k| self.client.engine().wait_for(k))).await;
         let mut regs = regs.into_iter();
         // Only permit 0's queue orders the semaphore's waiters; the other tickets leave it.
         let (kw0, ticket) = regs.next()?;
@@ -363,7 +371,8 @@ impl Semaphore {
     /// permit key); `None` when no permit's nodes can tell.
     async fn expiry_pause(&self, keys: &[String]) -> Option<Duration> {
         let pauses =
-            futures::future::join_all(keys.iter().map(|k| self.client.holder_pause(k))).await;
+            futures::future::join_all(keys.iter().map(|k| self.client.engine().holder_pause(k)))
+                .await;
         pauses.into_iter().flatten().min()
     }
 
@@ -373,7 +382,7 @@ impl Semaphore {
         loop {
             for (kw, key) in w.kws.iter().zip(&w.keys) {
                 let channel = crate::core::keys::waiters_key_of(key);
-                self.client.set_marker(kw, &channel, false).await;
+                self.client.engine().set_marker(kw, &channel, false).await;
             }
             let slice = (Instant::now() + crate::client::wait::MARKER_REFRESH).min(until);
             let any = futures::future::select_all(

@@ -1,6 +1,8 @@
 //! The crate's shape, checked: imports run one way across the layers of `docs/architecture.md`
 //! (core ← node ← client ← lock ← features), with no circle between top-level modules, and no
 //! source file grows past the size the map promises, and comments and guides state rules, not history.
+//! The public client is a face over the engine: `Redlock`'s public methods live in the face's
+//! files, and neither the face nor a feature imports the node layer.
 //!
 //! It reads `src/` as text: every `crate::<module>` path outside comments is an arrow from the
 //! file's top-level module to `<module>`, and a `crate::<Item>` path of an item the crate root
@@ -392,6 +394,113 @@ fn no_history_in_the_source_or_the_guides() {
     assert!(
         bad.is_empty(),
         "history where a rule belongs:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The layer of the features: the types users hold on top of locks.
+const FEATURES: u8 = 4;
+
+/// The face's own file: `Redlock` and its public methods, each a delegation to the engine.
+const FACE: &str = "src/lock/redlock.rs";
+
+/// Each `impl Redlock` block's public methods in `text` (`pub fn` / `pub async fn`, not
+/// `pub(crate)`), by name.
+fn public_redlock_methods(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut inside = false;
+    for line in text.lines() {
+        if line.starts_with("impl Redlock {") {
+            inside = true;
+        } else if line.starts_with('}') {
+            inside = false;
+        } else if inside {
+            let code = line.trim_start();
+            for prefix in ["pub fn ", "pub async fn "] {
+                if let Some(rest) = code.strip_prefix(prefix) {
+                    let name: String = rest
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    found.push(name);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The public client is a face over the engine: `Redlock`'s public methods live in the face's
+/// file (`lock/redlock.rs`) or in a feature's own files (`multi.rs`, `semaphore.rs`), never in
+/// the engine (`client/`, whose type is the crate-private `Engine`) or below it. The blocking
+/// client (`blocking::Redlock`) and the model's client are other types of that name.
+#[test]
+fn the_public_client_methods_live_in_the_face() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut misplaced = Vec::new();
+    let mut face_methods = 0;
+    for file in &files {
+        let rel = file.strip_prefix(&src).expect("under src");
+        let shown = format!("src/{}", rel.display());
+        let Some(module) = module_of(rel) else {
+            continue;
+        };
+        if module == "blocking" || module == "model" {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).expect("source is UTF-8");
+        let methods = public_redlock_methods(&text);
+        if shown == FACE {
+            face_methods = methods.len();
+        } else if !methods.is_empty() && layer(&module) != Some(FEATURES) {
+            misplaced.push(format!("{shown}: {}", methods.join(", ")));
+        }
+        if module == "client" && text.lines().any(|l| l.starts_with("pub struct Engine")) {
+            misplaced.push(format!("{shown}: the engine is public"));
+        }
+    }
+    assert!(face_methods > 0, "{FACE} holds no public method of Redlock");
+    assert!(
+        misplaced.is_empty(),
+        "public client methods outside the face ({FACE}) and the features:\n{}",
+        misplaced.join("\n")
+    );
+}
+
+/// The face and the features reach the nodes only through the engine: no file of `lock/` or
+/// of a feature imports `node/` (what they name of it, the engine hands on: `client/side.rs`).
+#[test]
+fn the_face_and_the_features_never_import_the_node_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let root = root_items(&src);
+    let mut bad = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).expect("under src");
+        let Some(module) = module_of(rel) else {
+            continue;
+        };
+        if module != "lock" && layer(&module) != Some(FEATURES) {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).expect("source is UTF-8");
+        let reaches_node = crate_refs(&text)
+            .into_iter()
+            .any(|name| root.get(&name).map_or(name.as_str(), String::as_str) == "node");
+        if reaches_node
+            || text
+                .lines()
+                .any(|l| l.trim_start().starts_with("use super::super::node"))
+        {
+            bad.push(format!("src/{}", rel.display()));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "files of the face or a feature that import node/ (go through client/):\n{}",
         bad.join("\n")
     );
 }

@@ -264,3 +264,42 @@ fn t11_every_dashboard_panel_plots_a_metric_the_crate_emits() {
         }
     }
 }
+
+/// The dashboard's table in `docs/observability.md` names every panel of the committed
+/// dashboard once, each row two cells (the panel's title, the metric its queries plot).
+#[test]
+fn t12_the_dashboard_table_names_each_panel_and_its_metric() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let guide = std::fs::read_to_string(root.join("docs/observability.md")).unwrap();
+    let section = guide.split("\n## Dashboard\n").nth(1).unwrap();
+    let section = section.split("\n## ").next().unwrap();
+    let rows: Vec<Vec<&str>> = section
+        .lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("| ---") && !l.starts_with("| panel"))
+        .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
+        .collect();
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("docs/grafana-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert_eq!(rows.len(), panels.len(), "{rows:?}");
+    for panel in panels {
+        let title = panel["title"].as_str().unwrap();
+        let row = rows.iter().find(|r| r[0] == title);
+        let row = row.unwrap_or_else(|| panic!("panel {title:?} is not in the table"));
+        assert_eq!(
+            row.len(),
+            2,
+            "row of {title:?} has {} cells: {row:?}",
+            row.len()
+        );
+        let metric = row[1].trim_matches('`');
+        let plotted = panel["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["expr"].as_str().unwrap().contains(metric));
+        assert!(plotted, "panel {title:?} plots no {metric}");
+    }
+}

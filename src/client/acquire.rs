@@ -11,16 +11,17 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{Instrument, field::Empty};
 
-use super::Redlock;
+use super::Engine;
 use super::round::{Round, Tail, Yeses, int_reply};
 use super::state::{Handing, LockState, Seen, SeenAt};
 use super::undo::UndoRelease;
 use super::waiter::Waiter;
 use crate::core::clock::{self, Stamp};
-use crate::core::keys::{LockKeys, new_value_of};
+use crate::core::keys::LockKeys;
 use crate::core::quorum::{self, Acquisition, Verdict};
 use crate::core::timing;
 use crate::core::token::{self, FencingToken};
+use crate::core::value::new_value_of;
 use crate::error::{Error, FailureList, NodeError, NodeFailure};
 use crate::metrics;
 use crate::node::commands;
@@ -170,7 +171,7 @@ enum RoundEnd {
     Failed(Error),
 }
 
-impl Redlock {
+impl Engine {
     /// Acquires `key` with this patience: the engine behind the public `try_acquire`,
     /// `acquire` and `acquire_timeout` (`crate::lock::acquire`), which wrap the state in a guard.
     /// Between rounds it pauses, or waits for a release, as its [`Waiter`] decides.

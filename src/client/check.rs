@@ -1,20 +1,20 @@
-//! Checking a fencing token against the lock nodes: [`Redlock::is_current`],
-//! [`Redlock::check_token`] and [`TokenCheck`].
+//! Checking a fencing token against the lock nodes: [`Redlock::is_current`](crate::Redlock::is_current),
+//! [`Redlock::check_token`](crate::Redlock::check_token) and [`TokenCheck`].
 
-use super::Redlock;
+use super::Engine;
 use super::status::LockStatus;
 use crate::core::quorum::HolderView;
 use crate::core::token::FencingToken;
 use crate::error::{ConfigError, Error};
 
-/// What a quorum of lock nodes says about a fencing token, from [`Redlock::check_token`].
+/// What a quorum of lock nodes says about a fencing token, from [`Redlock::check_token`](crate::Redlock::check_token).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TokenCheck {
     /// The key is held on a quorum and the highest counter read is exactly this token: no
     /// later acquisition or revoke has happened.
     Current,
-    /// A counter above the token: a later holder, or a revoke ([`Redlock::revoke`]). (The
+    /// A counter above the token: a later holder, or a revoke ([`Redlock::revoke`](crate::Redlock::revoke)). (The
     /// counter is shared by the keys of one Redis Cluster hash slot and a refused contender
     /// may raise it, so a current holder can read as superseded too: the check errs on the
     /// side of refusing.)
@@ -56,42 +56,18 @@ impl TokenCheck {
     }
 }
 
-impl Redlock {
-    /// Whether `token` is the current token of `key`: a quorum read shows the key held and its
-    /// highest fencing counter at exactly `token`. A resource that cannot keep a token of its
-    /// own ([`fenced_claim`](crate::fenced_claim)) can ask this before it acts; `false` means
-    /// do not act. It is a read: a holder can lose the lock right after it, so prefer a claim
-    /// at the resource where one is possible. See [`check_token`](Self::check_token) for why.
-    ///
-    /// ```no_run
-    /// # async fn demo(locks: &quorumlock::Redlock, token: quorumlock::FencingToken) -> Result<(), quorumlock::Error> {
-    /// if !locks.is_current("payout:42", token).await? {
-    ///     return Ok(()); // superseded, revoked or expired: refuse the write
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`check_token`](Self::check_token).
-    pub async fn is_current(&self, key: &str, token: FencingToken) -> Result<bool, Error> {
+impl Engine {
+    /// The engine side of [`Redlock::is_current`](crate::Redlock::is_current).
+    pub(crate) async fn is_current(&self, key: &str, token: FencingToken) -> Result<bool, Error> {
         Ok(self.check_token(key, token).await?.is_current())
     }
 
-    /// What a quorum of nodes says about `token` for `key` ([`TokenCheck`]). Waits for every
-    /// node (each bounded by the node timeout), as [`status`](Self::status) does; a node held
-    /// out by the restart guard does not count toward the quorum.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NoQuorum`] when fewer than a quorum of nodes answered;
-    /// [`Error::Config`] ([`ConfigError::FencingRequired`]) for a client without fencing tokens
-    /// (`fencing(false)`, `compat(true)`); [`Error::InvalidArgument`] for an invalid key.
-    ///
-    /// # Cancellation safety
-    ///
-    /// Cancel-safe: it only reads.
-    pub async fn check_token(&self, key: &str, token: FencingToken) -> Result<TokenCheck, Error> {
+    /// The engine side of [`Redlock::check_token`](crate::Redlock::check_token).
+    pub(crate) async fn check_token(
+        &self,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<TokenCheck, Error> {
         if !self.fencing() {
             return Err(ConfigError::FencingRequired.into());
         }

@@ -28,10 +28,10 @@ pub(crate) struct Config {
     /// Whether the per-lock metrics carry the lock's name as a `lock` label.
     pub(crate) metrics_lock_label: bool,
     /// What this client's lock values carry after their random part: `@` and the escaped owner
-    /// name, or empty (`core::keys::owner_suffix`).
+    /// name, or empty (`core::value::owner_suffix`).
     pub(crate) owner_suffix: String,
     /// Where connections and rounds run (the caller's runtime, or an I/O thread).
-    pub(crate) io_thread: super::engine::IoThread,
+    pub(crate) io_thread: super::io_thread::IoThread,
 }
 
 impl Config {

@@ -8,11 +8,11 @@ use tokio::time::Instant;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use super::Redlock;
+use super::Engine;
 use super::round::Round;
 use super::state::{LockState, Seen, SeenAt};
 use crate::core::clock::{self, Stamp};
-use crate::core::keys::{self, LockKeys};
+use crate::core::keys::LockKeys;
 use crate::core::quorum::Tally;
 use crate::core::timing::{self, Extension};
 use crate::core::token::FencingToken;
@@ -21,7 +21,7 @@ use crate::metrics;
 use crate::node::Op;
 use crate::node::scripts;
 
-impl Redlock {
+impl Engine {
     /// Extends a held lock to `ttl` from now on a quorum; returns the new validity.
     ///
     /// Rounds of one lock are serialised with its release: no extension is sent once the
@@ -281,7 +281,7 @@ fn extend_call(state: &LockState, ttl_ms: u64, compat: bool) -> scripts::ScriptC
     })
 }
 
-impl Redlock {
+impl Engine {
     /// Takes over a lock another process (or client) acquired, from its key, value and token:
     /// one extension round that counts only the nodes where `value` still stands, and that
     /// extends it there to `ttl`. It never re-sets an absent key and never raises a counter
@@ -324,7 +324,7 @@ impl Redlock {
         caller: &tracing::Span,
     ) -> Result<Arc<LockState>, Error> {
         let drift = self.check(key, ttl)?;
-        keys::check_value(value)?;
+        crate::core::value::check_value(value)?;
         self.inner.max_ttl.observe(ttl);
         let lock_keys = self.keys().lock_keys(key);
         let start = Instant::now();

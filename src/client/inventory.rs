@@ -1,16 +1,16 @@
-//! The inventory of held locks: [`Redlock::locks`], [`Inventory`], [`HeldLock`]. Each node is
+//! The inventory of held locks: [`Redlock::locks`](crate::Redlock::locks), [`Inventory`], [`HeldLock`]. Each node is
 //! scanned page by page (`node/inventory.rs`), the pages merged by key, and a key listed only
 //! where its value stands on a quorum (or could, counting the nodes that did not answer).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::Redlock;
-use crate::core::keys;
+use super::Engine;
 use crate::core::quorum::{self, HolderView};
 use crate::core::token::FencingToken;
+use crate::core::value;
 use crate::error::{ConfigError, Error, NodeError, NodeFailure};
 use crate::node::inventory::Found;
 
@@ -24,13 +24,14 @@ const PAGE: usize = 1000;
 /// [`truncated`](Inventory::truncated) (the memory bound: a few hundred bytes per key and node).
 pub const MAX_LOCKS: usize = 100_000;
 
-/// One held lock, from [`Redlock::locks`].
+/// One held lock, from [`Redlock::locks`](crate::Redlock::locks).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HeldLock {
     /// The user key.
     pub key: String,
-    /// The holder's value.
+    /// The holder's value (bytes that are not UTF-8, as another client may write, replaced by
+    /// `U+FFFD`, as [`Redlock::status`](crate::Redlock::status) shows them).
     pub value: String,
     /// The owner name that value carries, if its client set one.
     pub owner: Option<String>,
@@ -46,9 +47,42 @@ pub struct HeldLock {
     /// The highest fencing counter of the key's slot among the nodes that hold it: at or above
     /// the holder's token.
     pub fence: FencingToken,
+    /// When the holder acquired the lock, as the acquiring host's wall clock read it, to the
+    /// millisecond: the value records it (its hex digits are a UUIDv7, see [`Lock::value`]).
+    /// Extensions do not change it, and a lock handed over ([`Redlock::resume`](crate::Redlock::resume)) keeps the
+    /// time of its acquisition. Clock skew between that host and the reader applies as it is.
+    /// `None` when the value has no trustworthy time: a value of another Redlock client
+    /// (random bits, which would read as a random date), or one whose time falls outside the
+    /// plausible window (before 2025, or more than a day ahead of the reader's clock).
+    ///
+    /// [`Lock::value`]: crate::Lock::value
+    pub acquired_at: Option<SystemTime>,
 }
 
-/// Every lock held under a prefix, from [`Redlock::locks`].
+impl HeldLock {
+    /// How long ago the lock was acquired, by `now` (the reader's wall clock, as
+    /// [`SystemTime::now`]): `None` when [`acquired_at`](Self::acquired_at) is unknown; zero
+    /// when the acquiring host's clock is ahead of `now`.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: &quorumlock::Redlock) -> Result<(), quorumlock::Error> {
+    /// use std::time::{Duration, SystemTime};
+    ///
+    /// let now = SystemTime::now();
+    /// for lock in locks.locks("").await?.locks {
+    ///     if lock.age(now).is_some_and(|age| age > Duration::from_secs(3600)) {
+    ///         println!("{} has been held for over an hour by {}", lock.key, lock.value);
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn age(&self, now: SystemTime) -> Option<Duration> {
+        self.acquired_at
+            .map(|at| now.duration_since(at).unwrap_or(Duration::ZERO))
+    }
+}
+
+/// Every lock held under a prefix, from [`Redlock::locks`](crate::Redlock::locks).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Inventory {
@@ -64,36 +98,11 @@ pub struct Inventory {
     pub truncated: bool,
 }
 
-impl Redlock {
-    /// Every lock held under `prefix` (user keys starting with it; `""` for all): its holder,
-    /// on how many nodes, the time left on a quorum and the fencing counter. Each node is
-    /// scanned (`SCAN`, 1,000 keys a page, each page bounded by the node timeout or 1 s,
-    /// whichever is longer; a Redis Cluster member master by master), then each lock key read
-    /// (values and counters by `MGET`, a `PTTL` per key), and the answers merged: a key is
-    /// listed when a value stands on a quorum of the nodes that answered, or could with the
-    /// nodes that did not ([`HeldLock::certain`]). A value on fewer nodes (a remnant of an
-    /// expired or undone lock) is not listed. Memory: at most [`MAX_LOCKS`] keys per node.
-    ///
-    /// ```no_run
-    /// # async fn demo(locks: &quorumlock::Redlock) -> Result<(), quorumlock::Error> {
-    /// for lock in locks.locks("jobs:").await?.locks {
-    ///     println!("{} held by {} on {} nodes", lock.key, lock.value, lock.held_on);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NoQuorum`] when fewer than a quorum of nodes could be scanned to the end;
-    /// [`Error::Config`] ([`ConfigError::FencingRequired`]) in compat mode, where lock keys
-    /// are the users' own keys and cannot be told from others.
-    ///
-    /// # Cancellation safety
-    ///
-    /// Cancel-safe: it only reads.
-    pub async fn locks(&self, prefix: &str) -> Result<Inventory, Error> {
+impl Engine {
+    /// The engine side of [`Redlock::locks`](crate::Redlock::locks).
+    pub(crate) async fn locks(&self, prefix: &str) -> Result<Inventory, Error> {
         let (client, prefix) = (self.clone(), prefix.to_owned());
-        self.on_engine(async move { client.locks_inline(&prefix).await })
+        self.on_io_thread(async move { client.locks_inline(&prefix).await })
             .await
     }
 
@@ -163,9 +172,10 @@ impl Redlock {
             });
         }
         let unanswered = n - answered;
+        let now = SystemTime::now();
         let locks = by_key
             .into_iter()
-            .filter_map(|(key, answers)| merge(key, &answers, answered, unanswered, q))
+            .filter_map(|(key, answers)| merge(key, &answers, answered, unanswered, q, now))
             .collect();
         Ok(Inventory {
             locks,
@@ -178,13 +188,15 @@ impl Redlock {
 }
 
 /// One key's answers merged (pure): listed when its value stands, or may stand, on a quorum.
-/// `answers` has one entry per node (`None`: absent there, or the node did not answer).
+/// `answers` has one entry per node (`None`: absent there, or the node did not answer); `now`
+/// bounds the acquisition times believed.
 fn merge(
     key: String,
     answers: &[Option<Answer>],
     answered: usize,
     unanswered: usize,
     q: usize,
+    now: SystemTime,
 ) -> Option<HeldLock> {
     let mut values: Vec<Option<&str>> = answers
         .iter()
@@ -217,7 +229,8 @@ fn merge(
         .map(Duration::from_millis);
     let fence = holding.iter().map(|(_, _, f)| *f).max().unwrap_or(0);
     Some(HeldLock {
-        owner: keys::owner_of(&value),
+        owner: value::owner_of(&value),
+        acquired_at: value::acquired_at_of(&value, now),
         held_on: holding.len(),
         certain,
         ttl,
@@ -236,7 +249,27 @@ mod tests {
     }
 
     #[test]
+    fn a_dated_value_gives_the_lock_its_age() {
+        let now = SystemTime::now();
+        let value = value::new_value_of("@w");
+        let answers = [at(&value, 900, 1), at(&value, 900, 1), None];
+        let held = merge("k".into(), &answers, 3, 0, 2, now).unwrap();
+        let made = held.acquired_at.expect("dated");
+        assert!(made <= now, "{made:?} {now:?}");
+        assert_eq!(
+            held.age(made + Duration::from_secs(7)),
+            Some(Duration::from_secs(7))
+        );
+        // A host's clock ahead of the reader's: age zero, not negative.
+        assert_eq!(
+            held.age(made - Duration::from_secs(7)),
+            Some(Duration::ZERO)
+        );
+    }
+
+    #[test]
     fn a_key_is_listed_only_where_a_quorum_holds_it_or_may() {
+        let now = SystemTime::now();
         // 5 nodes, 4 answered: a bare majority is held, with the 3rd longest ttl.
         let bare = [
             at("a", 900, 4),
@@ -245,21 +278,26 @@ mod tests {
             None,
             None,
         ];
-        let held = merge("k".into(), &bare, 4, 1, 3).unwrap();
+        let held = merge("k".into(), &bare, 4, 1, 3, now).unwrap();
         assert!(held.certain);
         assert_eq!(
             (held.held_on, held.ttl),
             (3, Some(Duration::from_millis(700)))
         );
         assert_eq!(held.fence, FencingToken::new(5));
+        assert_eq!(
+            (held.acquired_at, held.age(now)),
+            (None, None),
+            "not a dated value"
+        );
         // Two nodes and one unanswered could make a quorum: listed, not certain.
         let maybe = [at("a", 900, 4), at("a", 800, 4), None, None, None];
-        let maybe = merge("k".into(), &maybe, 4, 1, 3).unwrap();
+        let maybe = merge("k".into(), &maybe, 4, 1, 3, now).unwrap();
         assert!(!maybe.certain);
         assert_eq!(maybe.ttl, None);
         // A remnant on one node: not a lock.
         let remnant = [at("a", 900, 4), None, None, None, None];
-        assert_eq!(merge("k".into(), &remnant, 4, 1, 3), None);
-        assert_eq!(merge("k".into(), &remnant, 5, 0, 3), None);
+        assert_eq!(merge("k".into(), &remnant, 4, 1, 3, now), None);
+        assert_eq!(merge("k".into(), &remnant, 5, 0, 3, now), None);
     }
 }

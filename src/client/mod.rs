@@ -5,11 +5,12 @@
 //! is [`state`]; the public guard around it lives in `crate::lock`.
 
 pub(crate) mod acquire;
+pub(crate) mod assemble;
 pub(crate) mod check;
 pub(crate) mod config;
-pub(crate) mod engine;
 mod extend;
 pub(crate) mod inventory;
+pub(crate) mod io_thread;
 mod patience;
 mod queue;
 mod release;
@@ -40,37 +41,11 @@ use crate::core::timing::{self, MAX_TTL};
 use crate::error::{ArgumentError, Error, NodeFailure};
 use crate::node::{MaxTtl, Node};
 
-/// A Redlock client over N independent Redis masters. Cheap to clone (one `Arc`); clones share
-/// the node connections.
-///
-/// ```no_run
-/// use std::time::Duration;
-/// use quorumlock::Redlock;
-///
-/// # async fn run() -> Result<(), quorumlock::Error> {
-/// let locks = Redlock::builder([
-///     "redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003",
-///     "redis://127.0.0.1:7004", "redis://127.0.0.1:7005",
-/// ])
-/// .build()?;
-///
-/// match locks.try_acquire("payout-batch-42", Duration::from_secs(10)).await {
-///     Ok(lock) => {
-///         println!("token {} valid for {:?}", lock.token(), lock.validity());
-///         // ... do the work, stamping writes with lock.token() ...
-///         if let Err(e) = lock.release().await {
-///             // `Lost`: the work outlived the validity (the fencing token guarded its writes);
-///             // `NoQuorum`: the keys the release missed expire with the ttl.
-///             tracing::warn!("{e}");
-///         }
-///     }
-///     Err(e) if e.is_held() => { /* another instance is doing it: skip quietly */ }
-///     Err(e) => tracing::warn!("lock service degraded: {e}"),
-/// }
-/// # Ok(()) }
-/// ```
+/// The engine behind the public [`Redlock`](crate::Redlock): its nodes, configuration,
+/// background work and waiters, and every operation that fans out to the nodes. Cheap to
+/// clone (one `Arc`).
 #[derive(Clone, Debug)]
-pub struct Redlock {
+pub(crate) struct Engine {
     pub(crate) inner: Arc<Inner>,
 }
 
@@ -86,7 +61,7 @@ pub(crate) struct Inner {
     /// (a reopening under another flush's wait left that one waiting for ever).
     flushing: tokio::sync::Mutex<()>,
     /// Finished rounds' unanswered calls, kept (unpolled) until their deadline so that the
-    /// queued commands are written: much cheaper than a task per round (see `Redlock::settle`).
+    /// queued commands are written: much cheaper than a task per round (see `Engine::settle`).
     pub(crate) parked: Mutex<VecDeque<Tail>>,
     /// Set by an acquisition round that could not reach a quorum for lack of answers, cleared
     /// by one that reached it: the client warns once per outage, not once per round.
@@ -97,9 +72,9 @@ pub(crate) struct Inner {
     undelivered: AtomicU64,
     /// Waiters for held locks and the subscriptions that wake them (`wait.rs`).
     pub(crate) waiting: wait::Waiting,
-    /// The I/O thread, once started (`engine.rs`); dropped last, so the tasks above it stop
+    /// The I/O thread, once started (`io_thread.rs`); dropped last, so the tasks above it stop
     /// before its runtime does.
-    pub(crate) engine: engine::EngineSlot,
+    pub(crate) io_thread: io_thread::IoThreadSlot,
 }
 
 /// How many finished rounds may be parked at once; beyond, a round's calls get a task of their
@@ -111,14 +86,14 @@ const MAX_PARKED: usize = 4096;
 /// drains, and few enough that the caller does not pay for a whole idle spell's backlog.
 const SWEEP: usize = 4;
 
-impl Redlock {
+impl Engine {
     pub(crate) fn from_parts(nodes: Vec<Arc<Node>>, cfg: Config, max_ttl: Arc<MaxTtl>) -> Self {
         crate::metrics::describe();
         // Up until a call fails: the gauge moves on each change (`node/liveness.rs`).
         for node in &nodes {
             crate::metrics::node_up(node.name(), true);
         }
-        Redlock {
+        Engine {
             inner: Arc::new(Inner {
                 nodes,
                 cfg,
@@ -129,29 +104,28 @@ impl Redlock {
                 outage: AtomicBool::new(false),
                 undelivered: AtomicU64::new(0),
                 waiting: wait::Waiting::default(),
-                engine: engine::EngineSlot::default(),
+                io_thread: io_thread::IoThreadSlot::default(),
             }),
         }
     }
 
-    /// The configured number of nodes.
-    pub fn node_count(&self) -> usize {
+    /// The engine side of [`Redlock::node_count`](crate::Redlock::node_count).
+    pub(crate) fn node_count(&self) -> usize {
         self.inner.nodes.len()
     }
 
-    /// The quorum: `nodes / 2 + 1`.
-    pub fn quorum(&self) -> usize {
+    /// The engine side of [`Redlock::quorum`](crate::Redlock::quorum).
+    pub(crate) fn quorum(&self) -> usize {
         quorum::quorum(self.inner.nodes.len())
     }
 
-    /// The owner name this client's locks carry
-    /// ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner)), if one was set.
-    pub fn owner(&self) -> Option<&str> {
+    /// The engine side of [`Redlock::owner`](crate::Redlock::owner).
+    pub(crate) fn owner(&self) -> Option<&str> {
         self.inner.cfg.owner.as_deref()
     }
 
-    /// The node addresses (passwords redacted), in configuration order.
-    pub fn node_names(&self) -> Vec<String> {
+    /// The engine side of [`Redlock::node_names`](crate::Redlock::node_names).
+    pub(crate) fn node_names(&self) -> Vec<String> {
         self.inner
             .nodes
             .iter()
@@ -172,44 +146,14 @@ impl Redlock {
         self.inner.cfg.retry_count
     }
 
-    /// The nodes, in configuration order: for the features that talk to each node on their
-    /// own (the election's notice subscriptions, run-once's marker reads).
-    pub(crate) fn nodes(&self) -> &[Arc<Node>] {
-        &self.inner.nodes
-    }
-
     /// Whether this client has waiters queued for `lock_key` (`wait.rs`).
     pub(crate) fn has_waiters(&self, lock_key: &str) -> bool {
         self.inner.waiting.queued(lock_key).is_some()
     }
 
-    /// Waits until the work this client does in the background has finished: releases of failed,
-    /// cancelled or dropped acquisitions, the unanswered part of a release, and calls still in
-    /// flight after a won round. Call it before a short-lived process exits, so its releases
-    /// are not cut off.
-    ///
-    /// A release call waits for its node a node timeout at a time, for as long as the node
-    /// keeps answering this client's earlier calls (a burst of thousands of releases is
-    /// delivered, however long the client's queue to a node), and at most until the lock's key
-    /// has expired on its own. It is given up when its node answers nothing for a whole node
-    /// timeout (down, hung, unreachable) or fails the call. The [`FlushReport`] counts the
-    /// release calls given up since the previous `flush`: each leaves a key that expires with
-    /// its ttl.
-    ///
-    /// ```no_run
-    /// # async fn run(locks: quorumlock::Redlock) {
-    /// let report = locks.flush().await;
-    /// if report.undelivered() > 0 {
-    ///     tracing::warn!("{report}");
-    /// }
-    /// # }
-    /// ```
-    ///
-    /// # Cancellation safety
-    ///
-    /// Cancel-safe: it only waits; the background work goes on (what a cancelled flush would
-    /// have reported is reported by the next). Concurrent calls run one after the other.
-    pub async fn flush(&self) -> FlushReport {
+    /// The engine side of [`Redlock::flush`](crate::Redlock::flush): the release calls given
+    /// up since the previous flush are in its report.
+    pub(crate) async fn flush(&self) -> FlushReport {
         let _one_at_a_time = self.inner.flushing.lock().await;
         let parked: Vec<Tail> = lock(&self.inner.parked).drain(..).collect();
         let tasks = &self.inner.tasks;
@@ -368,10 +312,10 @@ impl Redlock {
     }
 }
 
-/// What [`Redlock::flush`] could not do: the release calls it gave up since the previous
-/// flush. Each was to a node that failed or answered nothing for a whole node timeout (or was
-/// still answering this client's earlier calls when the key had expired on its own); the key
-/// it was to delete there expires with its ttl.
+/// What [`Redlock::flush`](crate::Redlock::flush) could not do: the release calls it gave up
+/// since the previous flush. Each was to a node that failed or answered nothing for a whole
+/// node timeout (or was still answering this client's earlier calls when the key had expired
+/// on its own); the key it was to delete there expires with its ttl.
 ///
 /// ```
 /// # async fn run(locks: quorumlock::Redlock) {
@@ -477,51 +421,5 @@ impl Drop for SpanOutcome {
         if !self.done {
             self.span.record("outcome", "cancelled");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::pin::pin;
-    use std::time::Duration;
-
-    use super::Redlock;
-
-    /// Two `flush` calls at once both return once the background work is done. The order that
-    /// stranded the second: the first's wait ends (task A done) but it has not run since; task
-    /// B starts and the second flush waits for it; the first then ends and reopens the tracker;
-    /// B ends on an open tracker, which wakes no one. No node is asked: a flush with nothing
-    /// parked only waits for the client's tasks.
-    #[tokio::test]
-    async fn concurrent_flushes_both_return() {
-        let client = Redlock::builder(["redis://127.0.0.1:1"]).build().unwrap();
-        let tasks = &client.inner.tasks;
-        let (a_done, a) = tokio::sync::oneshot::channel::<()>();
-        tasks.spawn(async move {
-            let _ = a.await;
-        });
-        let mut first = pin!(client.flush());
-        assert!(futures::poll!(first.as_mut()).is_pending(), "A runs");
-        a_done.send(()).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while !tasks.is_empty() {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await
-        .expect("task A ends");
-        let (b_done, b) = tokio::sync::oneshot::channel::<()>();
-        tasks.spawn(async move {
-            let _ = b.await;
-        });
-        let mut second = pin!(client.flush());
-        assert!(futures::poll!(second.as_mut()).is_pending(), "B runs");
-        tokio::time::timeout(Duration::from_secs(5), first)
-            .await
-            .expect("the first flush returns (A is done)");
-        b_done.send(()).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), second)
-            .await
-            .expect("the second flush returns once B is done");
     }
 }

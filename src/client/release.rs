@@ -11,7 +11,7 @@ use tracing::Instrument;
 use tracing::field::Empty;
 use tracing::instrument::WithSubscriber;
 
-use super::Redlock;
+use super::Engine;
 use super::patience::patiently;
 use super::state::LockState;
 use crate::core::clock;
@@ -21,7 +21,7 @@ use crate::error::{Error, LostReason};
 use crate::node::scripts::{self, ScriptCall};
 use crate::node::{HoldOut, Op};
 
-impl Redlock {
+impl Engine {
     /// Releases a held lock on every node; returns once a quorum has answered (the remaining
     /// releases finish in the background). Waits for an extension round in flight, so that no
     /// extension can follow the release on any node.

@@ -54,7 +54,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Inner, Redlock};
+use super::{Engine, Inner};
 use crate::core::quorum::quorum;
 use crate::core::repair::{MIN_PAUSE, PAGE, next_page, repair_pause, repair_ready};
 use crate::error::NodeError;
@@ -66,7 +66,7 @@ const HOLD_OUT_CHECK: Duration = Duration::from_secs(1);
 /// Calls to one node that may time out in a row before a repair warns (a timeout is first
 /// retried with a smaller page).
 const WARN_AFTER: u32 = 5;
-impl Redlock {
+impl Engine {
     /// Starts restoring the counters of every node that needs it (at most one repair per node at
     /// a time). Called around every round, so a restart seen in a round is repaired right away.
     ///

@@ -1,5 +1,5 @@
-//! Revoking a held lock from outside (an operator's `redlock break`): [`Redlock::revoke`],
-//! [`Redlock::revoke_value`] and [`Revocation`].
+//! Revoking a held lock from outside (an operator's `redlock break`): [`Redlock::revoke`](crate::Redlock::revoke),
+//! [`Redlock::revoke_value`](crate::Redlock::revoke_value) and [`Revocation`].
 //!
 //! The rule it keeps: the fencing counter is raised on a quorum *past* the holder's token
 //! before the holder's value is deleted on that node (one script per node), so from the
@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::Redlock;
+use super::Engine;
 use crate::core::keys;
 use crate::core::quorum::HolderView;
 use crate::core::token::FencingToken;
@@ -19,14 +19,14 @@ use crate::error::{ConfigError, Error, NodeFailure};
 use crate::node::scripts;
 use crate::node::{HoldOut, Op};
 
-/// What [`Redlock::revoke`] did.
+/// What [`Redlock::revoke`](crate::Redlock::revoke) did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Revocation {
     /// The user key.
     pub key: String,
     /// The value revoked: the holder's on a quorum, or the one asked for
-    /// ([`Redlock::revoke_value`]). `None` when nobody held the key on a quorum: nothing was
+    /// ([`Redlock::revoke_value`](crate::Redlock::revoke_value)). `None` when nobody held the key on a quorum: nothing was
     /// done.
     pub value: Option<String>,
     /// The owner name that value carries, if its client set one.
@@ -48,55 +48,19 @@ impl Revocation {
     }
 }
 
-impl Redlock {
-    /// Revokes whoever holds `key` on a quorum: raises the key's fencing counter past the
-    /// holder's token on a quorum of nodes, then deletes the holder's value (one atomic script
-    /// per node) and notifies waiters, who take over with a larger token. From then on the
-    /// holder's fenced writes are refused by resources that checked the counter
-    /// ([`is_current`](Self::is_current)) or were claimed with [`Revocation::token`] or a later
-    /// holder's token, its next extension fails and its `lost()` fires with
-    /// [`LostReason::Revoked`](crate::LostReason::Revoked). A key that nobody holds on a quorum
-    /// (released meanwhile, expired) is left alone.
-    ///
-    /// ```no_run
-    /// # async fn demo(locks: &quorumlock::Redlock) -> Result<(), quorumlock::Error> {
-    /// let revocation = locks.revoke("nightly").await?;
-    /// if revocation.revoked() {
-    ///     println!("revoked; tokens below {} are refused", revocation.token);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NoQuorum`] when fewer than a quorum of nodes answered the read or raised their
-    /// counter (a partial revoke: where it ran, the counter is raised and the value deleted,
-    /// which is always safe; run it again); [`Error::Config`]
-    /// ([`ConfigError::FencingRequired`]) for a client without fencing tokens;
-    /// [`Error::InvalidArgument`] for an invalid key.
-    ///
-    /// # Cancellation safety
-    ///
-    /// Dropping the future may leave the revoke done on some nodes: as a partial revoke.
-    pub async fn revoke(&self, key: &str) -> Result<Revocation, Error> {
+impl Engine {
+    /// The engine side of [`Redlock::revoke`](crate::Redlock::revoke).
+    pub(crate) async fn revoke(&self, key: &str) -> Result<Revocation, Error> {
         let (client, key) = (self.clone(), key.to_owned());
-        self.on_engine(async move { client.revoke_inline(&key, None).await })
+        self.on_io_thread(async move { client.revoke_inline(&key, None).await })
             .await
     }
 
-    /// [`revoke`](Self::revoke) of one value only (`redlock break --value V`): nothing is
-    /// deleted where another value holds the key, so a revoke aimed at a stuck holder cannot
-    /// take the lock from the one that followed it. The counters are raised all the same (it
-    /// only makes later tokens larger).
-    ///
-    /// # Errors
-    ///
-    /// As [`revoke`](Self::revoke); [`Error::InvalidArgument`] for a value that cannot be a
-    /// lock's.
-    pub async fn revoke_value(&self, key: &str, value: &str) -> Result<Revocation, Error> {
-        keys::check_value(value)?;
+    /// The engine side of [`Redlock::revoke_value`](crate::Redlock::revoke_value).
+    pub(crate) async fn revoke_value(&self, key: &str, value: &str) -> Result<Revocation, Error> {
+        crate::core::value::check_value(value)?;
         let (client, key, value) = (self.clone(), key.to_owned(), value.to_owned());
-        self.on_engine(async move { client.revoke_inline(&key, Some(value)).await })
+        self.on_io_thread(async move { client.revoke_inline(&key, Some(value)).await })
             .await
     }
 
@@ -172,7 +136,7 @@ impl Redlock {
         }
         Ok(Revocation {
             key: key.to_owned(),
-            owner: keys::owner_of(&value),
+            owner: crate::core::value::owner_of(&value),
             value: Some(value),
             token,
             deleted,

@@ -12,7 +12,7 @@ use redis::Value;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
-use super::Redlock;
+use super::Engine;
 use super::patience::Patience;
 use crate::core::clock::Stamp;
 use crate::core::quorum::{self, Answer, Refusal, Tally, Verdict};
@@ -91,7 +91,7 @@ impl Round {
 /// The calls of a round still unanswered when its verdict was taken.
 ///
 /// They are parked or driven until the round's deadline so that their queued commands reach
-/// the nodes (see `Redlock::settle` and `docs/design.md`, "Late answers").
+/// the nodes (see `Engine::settle` and `docs/design.md`, "Late answers").
 pub(crate) struct Tail {
     /// `None` when every call had answered by the verdict.
     calls: Option<Box<dyn Pending>>,
@@ -255,7 +255,7 @@ impl Tail {
     /// release's, renewed while its nodes work through this client's earlier calls); not those
     /// of a closed round still waiting for their connection (they will never be sent). A
     /// release's calls given up are counted as undelivered (`Redlock::flush`).
-    pub(super) async fn drive(mut self, client: Redlock) {
+    pub(super) async fn drive(mut self, client: Engine) {
         let nodes = &client.inner.nodes;
         loop {
             let deadline = self.deadline;
@@ -321,7 +321,7 @@ impl Tail {
     }
 }
 
-impl Redlock {
+impl Engine {
     /// Sends `call` to every node at once and returns as soon as the verdict is certain. A call
     /// unanswered at `deadline` waits on, a node timeout at a time, while its node answers this
     /// client's earlier calls, never past `cap` (`patience.rs`). Unanswered calls are handed back in `rest`. With `closes_at`, no

@@ -14,12 +14,19 @@ use futures::StreamExt;
 use redis::FromRedisValue;
 use tokio::time::Instant;
 
-use super::Redlock;
+use super::Engine;
 use super::status::LockStatus;
 use crate::core::quorum::HolderView;
 use crate::core::timing;
 use crate::error::{Error, NodeError, NodeFailure};
-use crate::node::{HoldOut, Node, commands};
+use crate::node::Node;
+// What a feature names to talk to the nodes through the engine: whether a call respects the
+// restart hold-out, the commands and scripts it sends (built in `node/`), and the subscriber of
+// a per-node subscription. Features import these from here, never from `node/`.
+pub(crate) use crate::node::HoldOut;
+pub(crate) use crate::node::commands;
+pub(crate) use crate::node::pubsub::Subscriber;
+pub(crate) use crate::node::scripts::{FENCED_WRITE, LEADER_RESIGN, LEADER_WRITE};
 
 /// Each node's reply to one command, in node order.
 #[derive(Debug)]
@@ -27,7 +34,44 @@ pub(crate) struct Replies<T> {
     nodes: Vec<(String, Result<T, NodeError>)>,
 }
 
-impl Redlock {
+impl Engine {
+    /// For each node, in configuration order: how long ago this client last saw it lose its
+    /// data (a restart or failover without proof the data survived), when that is less than
+    /// `within` ago. A node's "absent" for a key written with an expiry of `within` proves
+    /// absence only where this is `None`.
+    pub(crate) fn lost_data_within(
+        &self,
+        within: std::time::Duration,
+    ) -> Vec<Option<std::time::Duration>> {
+        self.inner
+            .nodes
+            .iter()
+            .map(|n| n.lost_data_within(within))
+            .collect()
+    }
+
+    /// One subscription per node, each kept up by the node layer's pub/sub loop (reconnect
+    /// pauses, `PING` checks) on `handle` until its handle is dropped. `subscriber` makes the
+    /// subscriber of the node it is given the name of.
+    pub(crate) fn subscribe_everywhere<S>(
+        &self,
+        handle: &tokio::runtime::Handle,
+        mut subscriber: impl FnMut(&str) -> S,
+    ) -> Vec<tokio_util::task::AbortOnDropHandle<()>>
+    where
+        S: Subscriber + Send + 'static,
+    {
+        self.inner
+            .nodes
+            .iter()
+            .map(|node| {
+                let task =
+                    crate::node::pubsub::keep_subscribed(Arc::clone(node), subscriber(node.name()));
+                tokio_util::task::AbortOnDropHandle::new(handle.spawn(task))
+            })
+            .collect()
+    }
+
     /// Sends `cmd` to every node at once, each call bounded by the node timeout. With
     /// [`HoldOut::Respect`], the answer of a node that counts toward no quorum (within its
     /// restart hold-out, a second URL of one server, evicting under the strict guard) is
@@ -120,7 +164,7 @@ impl Redlock {
 
 /// `cmd` on one node's connection, bounded by `deadline`. With [`HoldOut::Respect`], the answer
 /// of a node that counts toward no quorum is replaced by why (see
-/// [`Redlock::on_every_node`]).
+/// [`Engine::on_every_node`]).
 async fn command_on<T: FromRedisValue>(
     node: &Arc<Node>,
     cmd: &redis::Cmd,

@@ -1,5 +1,5 @@
 //! Reading every node's view of a key: [`LockStatus`], [`NodeStatus`], [`KeyState`], and
-//! [`Redlock::status`].
+//! [`Redlock::status`](crate::Redlock::status).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,8 +7,7 @@ use std::time::Duration;
 use redis::Value;
 use tokio::time::Instant;
 
-use super::Redlock;
-use crate::core::keys;
+use super::Engine;
 use crate::core::quorum::{self, HolderView};
 use crate::core::token::FencingToken;
 use crate::error::{Error, NodeError, NodeFailure};
@@ -16,7 +15,7 @@ use crate::eviction::EvictionRisk;
 use crate::node::scripts;
 use crate::node::{HoldOut, Op};
 
-/// What one node says about a key, from [`Redlock::status`].
+/// What one node says about a key, from [`Redlock::status`](crate::Redlock::status).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct KeyState {
@@ -58,7 +57,7 @@ pub struct NodeStatus {
     pub scripts_by_eval: bool,
 }
 
-/// Every node's view of one key, from [`Redlock::status`].
+/// Every node's view of one key, from [`Redlock::status`](crate::Redlock::status).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct LockStatus {
@@ -90,7 +89,7 @@ impl LockStatus {
     /// The owner name of the [`holder`](Self::holder), if it holds the key and its client set
     /// one ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner)).
     pub fn owner(&self) -> Option<String> {
-        keys::owner_of(self.holder()?)
+        crate::core::value::owner_of(self.holder()?)
     }
 
     /// Who holds the key, as far as this read can tell: [`HolderView::Held`] with the value a
@@ -154,21 +153,12 @@ impl LockStatus {
     }
 }
 
-impl Redlock {
-    /// Every node's view of `key`: value, remaining ttl and fencing counter. Waits for every node
-    /// (each bounded by the node timeout).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for an invalid key; node failures are reported per node.
-    ///
-    /// # Cancellation safety
-    ///
-    /// Cancel-safe: it only reads.
-    pub async fn status(&self, key: &str) -> Result<LockStatus, Error> {
+impl Engine {
+    /// The engine side of [`Redlock::status`](crate::Redlock::status).
+    pub(crate) async fn status(&self, key: &str) -> Result<LockStatus, Error> {
         // On the client's I/O thread when it has one (it may open the connections).
         let (client, key) = (self.clone(), key.to_owned());
-        self.on_engine(async move { client.status_inline(&key).await })
+        self.on_io_thread(async move { client.status_inline(&key).await })
             .await
     }
 
@@ -229,7 +219,7 @@ fn parse_status(v: Value) -> Result<KeyState, NodeError> {
         return Err(bad(&v));
     };
     Ok(KeyState {
-        owner: value.as_deref().and_then(keys::owner_of),
+        owner: value.as_deref().and_then(crate::core::value::owner_of),
         value,
         ttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
         fence: FencingToken::of_counter(*fence),

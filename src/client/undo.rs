@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::Redlock;
+use super::Engine;
 use super::round::Tail;
 use crate::core::keys::LockKeys;
 use crate::core::quorum;
@@ -15,7 +15,7 @@ use crate::error::NodeError;
 /// value holds the key (`skip`) are spared: our value is not there. A node that timed out or
 /// failed is not spared: it may have set our value all the same.
 pub(super) struct UndoRelease<'a> {
-    client: &'a Redlock,
+    client: &'a Engine,
     /// The span current when the acquisition was called: the undo's task runs in it.
     caller: &'a tracing::Span,
     keys: &'a LockKeys,
@@ -38,7 +38,7 @@ pub(super) struct UndoRelease<'a> {
 
 impl<'a> UndoRelease<'a> {
     pub(super) fn arm(
-        client: &'a Redlock,
+        client: &'a Engine,
         keys: &'a LockKeys,
         value: &'a str,
         ttl: Duration,

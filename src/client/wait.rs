@@ -77,7 +77,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::Redlock;
+use super::Engine;
 use super::queue::Notice;
 pub(crate) use super::queue::{KeyWait, Ticket, Turn, Woken};
 use super::side::until_quorum;
@@ -99,7 +99,7 @@ const MAX_IDLE_KEYS: usize = 1024;
 impl Default for Hub {
     fn default() -> Self {
         Hub {
-            id: crate::core::keys::new_value(),
+            id: crate::core::value::new_value(),
             keys: Mutex::default(),
             any: AtomicBool::default(),
             sinks: Mutex::default(),
@@ -174,7 +174,7 @@ impl Waiting {
     }
 }
 
-impl Redlock {
+impl Engine {
     /// Joins the queue of `lock_key`'s waiters in this client: subscribes on every node and
     /// sets the waiters marker there (both awaited for at most the node timeout), so that a
     /// release from now on publishes a notice. The caller then reads the holder's key: the

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Redlock;
+use super::Engine;
 use super::wait::{KeyWait, MARKER_REFRESH, Ticket, Turn, Woken};
 use crate::core::keys::LockKeys;
 use crate::core::timing;
@@ -25,7 +25,7 @@ const MAX_DEFERRED_LOSSES: u32 = 2;
 /// notices). Without one (`try_acquire`, `acquire`) it pauses between rounds after the same
 /// policy.
 pub(super) struct Waiter<'a> {
-    client: &'a Redlock,
+    client: &'a Engine,
     keys: &'a LockKeys,
     /// Whether the acquisition may wait (`acquire_timeout`): only then does it queue.
     waits: bool,
@@ -49,7 +49,7 @@ impl<'a> Waiter<'a> {
     /// The waiting of an acquisition of `keys` that may wait until `give_up_at` (`waits`). A
     /// waiter queues at once behind this client's waiters for the key instead of trying first.
     pub(super) async fn new(
-        client: &'a Redlock,
+        client: &'a Engine,
         keys: &'a LockKeys,
         waits: bool,
         give_up_at: Instant,

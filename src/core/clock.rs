@@ -21,6 +21,14 @@ use std::time::Duration;
 /// the suspend.
 pub(crate) const SLICE: Duration = Duration::from_millis(250);
 
+/// The wall clock, in ms since the Unix epoch (0 before it, saturating far after): the time a
+/// lock value records ([`super::value::new_value`]). Never used for a deadline.
+pub(crate) fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// A reading of the deadline clock: the time since its origin (boot, on Linux).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct Stamp(Duration);

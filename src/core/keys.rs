@@ -1,7 +1,7 @@
-//! Key layout and lock identity: the Redis keys of a user key (the lock, and the fencing counter
-//! bucket it shares with the other lock keys of its Redis Cluster hash slot), the check that a
-//! user key and a key prefix can be laid out, and the random value that identifies one
-//! acquisition. Pure: see [`crate::core`].
+//! Key layout: the Redis keys of a user key (the lock, and the fencing counter bucket it shares
+//! with the other lock keys of its Redis Cluster hash slot), and the check that a user key and a
+//! key prefix can be laid out (the value a lock key holds: [`super::value`]). Pure: see
+//! [`crate::core`].
 //!
 //! # Layout (prefix `P`, `quorumlock` by default)
 //!
@@ -328,108 +328,6 @@ pub(crate) fn check_key(key: &str) -> Result<(), ArgumentError> {
     })
 }
 
-/// A fresh 128-bit random owner value, as 32 hex digits: what identifies one acquisition on the
-/// nodes (only its owner can extend or release it).
-pub(crate) fn new_value() -> String {
-    format!("{:032x}", rand::random::<u128>())
-}
-
-/// A fresh lock value: 128 random bits as 32 hex digits, then `owner` (an [`owner_suffix`], or
-/// empty). The random part alone makes the value unique; the suffix only names who holds it.
-pub(crate) fn new_value_of(owner: &str) -> String {
-    let mut value = String::with_capacity(32 + owner.len());
-    value.push_str(&new_value());
-    value.push_str(owner);
-    value
-}
-
-/// What separates a lock value's random part from its owner's name (`<32 hex>@<owner>`).
-pub(crate) const OWNER_SEPARATOR: char = '@';
-
-/// The longest owner name accepted, in bytes (before escaping).
-pub(crate) const MAX_OWNER_LEN: usize = 128;
-
-/// The longest lock value [`check_value`] accepts, in bytes.
-pub(crate) const MAX_VALUE_LEN: usize = 1024;
-
-/// Checks an owner name and returns what this client's lock values carry after their random
-/// part: `@` and the name, with `%` and the space escaped (`%25`, `%20`), so that a value never
-/// holds a space (release notices are `"<value> <waiting clients>"`, leader records
-/// `"<value> <token> <candidate>"`). 1 to [`MAX_OWNER_LEN`] bytes, no control characters.
-pub(crate) fn owner_suffix(owner: &str) -> Result<String, ConfigError> {
-    let reason = if owner.is_empty() {
-        "it is empty"
-    } else if owner.len() > MAX_OWNER_LEN {
-        "it is longer than 128 bytes"
-    } else if owner.chars().any(char::is_control) {
-        "it holds a control character (a line break, a tab...)"
-    } else {
-        let mut suffix = String::with_capacity(1 + owner.len() + 8);
-        suffix.push(OWNER_SEPARATOR);
-        for c in owner.chars() {
-            match c {
-                '%' => suffix.push_str("%25"),
-                ' ' => suffix.push_str("%20"),
-                c => suffix.push(c),
-            }
-        }
-        return Ok(suffix);
-    };
-    Err(ConfigError::InvalidOwner {
-        owner: owner.to_owned(),
-        reason,
-    })
-}
-
-/// The owner name a lock value carries: `Some` for a value of this crate's form
-/// `<32 lowercase hex digits>@<escaped name>` (see [`owner_suffix`]), unescaped; `None` for a
-/// value without one (a client with no owner set, another Redlock client's value).
-pub(crate) fn owner_of(value: &str) -> Option<String> {
-    let (random, rest) = value.split_at_checked(32)?;
-    let name = rest.strip_prefix(OWNER_SEPARATOR)?;
-    if name.is_empty()
-        || !random
-            .bytes()
-            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-    {
-        return None;
-    }
-    let mut out = String::with_capacity(name.len());
-    let mut rest = name;
-    while let Some(at) = rest.find('%') {
-        out.push_str(&rest[..at]);
-        let escape = &rest[at..];
-        if let Some(after) = escape.strip_prefix("%20") {
-            out.push(' ');
-            rest = after;
-        } else if let Some(after) = escape.strip_prefix("%25") {
-            out.push('%');
-            rest = after;
-        } else {
-            out.push('%');
-            rest = &escape[1..];
-        }
-    }
-    out.push_str(rest);
-    Some(out)
-}
-
-/// Checks a lock value given back to the library (to resume a lock handed over by another
-/// process): not empty, at most [`MAX_VALUE_LEN`] bytes, no space and no control character
-/// (no value this crate writes has either).
-pub(crate) fn check_value(value: &str) -> Result<(), ArgumentError> {
-    let reason = if value.is_empty() {
-        "it is empty"
-    } else if value.len() > MAX_VALUE_LEN {
-        "it is longer than 1024 bytes"
-    } else if value.chars().any(|c| c == ' ' || c.is_control()) {
-        "it holds a space or a control character"
-    } else {
-        return Ok(());
-    };
-    Err(ArgumentError::InvalidValue { reason })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -525,58 +423,6 @@ mod tests {
         }
         for bad in ["", "a:b", "a{b", "a*", "a b", "é", &"x".repeat(65)] {
             assert!(check_prefix(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn owner_names_are_carried_escaped_and_read_back() {
-        for name in [
-            "host-a/pid 4711",
-            "100% sure",
-            "worker@host",
-            "é ü",
-            "%20",
-            "a",
-        ] {
-            let suffix = owner_suffix(name).unwrap();
-            assert!(!suffix.contains(' '), "{suffix}");
-            let value = new_value_of(&suffix);
-            assert_eq!(owner_of(&value).as_deref(), Some(name), "{value}");
-            assert!(check_value(&value).is_ok(), "{value}");
-        }
-        assert_eq!(
-            owner_suffix("host-a/pid 4711").unwrap(),
-            "@host-a/pid%204711"
-        );
-        assert_eq!(owner_of(&new_value()), None);
-        assert_eq!(owner_of(&new_value_of("")), None);
-        assert_eq!(owner_of("not-hex-not-hex-not-hex-not-hex-@x"), None);
-        assert_eq!(owner_of("short@x"), None);
-        for bad in ["", "a\nb", "tab\there", &"x".repeat(129)] {
-            assert!(
-                matches!(owner_suffix(bad), Err(ConfigError::InvalidOwner { .. })),
-                "{bad:?}"
-            );
-        }
-        assert!(owner_suffix(&"x".repeat(128)).is_ok());
-    }
-
-    proptest! {
-        #[test]
-        fn any_accepted_owner_round_trips(name in "\\PC{1,40}") {
-            if let Ok(suffix) = owner_suffix(&name) {
-                let value = new_value_of(&suffix);
-                prop_assert!(!value.contains(' '));
-                prop_assert_eq!(owner_of(&value), Some(name));
-            }
-        }
-    }
-
-    #[test]
-    fn values_given_back_are_checked() {
-        assert!(check_value(&new_value()).is_ok());
-        for bad in ["", "a b", "a\nb", &"x".repeat(1025)] {
-            assert!(check_value(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -8,8 +8,10 @@
 //! - [`health`]: restart hold-outs, whether data survived, the restart guard's verdict, the
 //!   eviction risk of a memory policy;
 //! - [`repair`]: how many sources a repair needs, when it has read enough, its pacing;
-//! - [`keys`]: key layout and lock identity;
-//! - [`clock`]: the deadline clock (the one thing here that reads the time; no other I/O).
+//! - [`keys`]: key layout;
+//! - [`value`]: lock values (identity, acquisition time, owner name);
+//! - [`clock`]: the deadline clock and the wall clock (the one thing here that reads the time;
+//!   no other I/O).
 //!
 //! Nothing here imports from another layer of the crate except [`crate::error`]'s types.
 
@@ -20,6 +22,7 @@ pub(crate) mod quorum;
 pub(crate) mod repair;
 pub(crate) mod timing;
 pub(crate) mod token;
+pub(crate) mod value;
 
 /// Locks a mutex, recovering from poisoning: the library's mutexes guard plain values that are
 /// consistent after every statement, so a panic elsewhere never makes them unusable.

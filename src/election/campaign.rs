@@ -19,12 +19,12 @@ use tracing::field::Empty;
 use super::notices::{Fresh, Notice, wait_for};
 use super::record::Record;
 use super::{Election, SharedLock, Term};
+use crate::client::side::HoldOut;
 use crate::client::status::LockStatus;
 use crate::client::{SpanOutcome, millis, span_outcome};
 use crate::core::clock;
 use crate::error::{Error, FailureList, NodeError, NodeFailure};
 use crate::lock::guard::Lock;
-use crate::node::HoldOut;
 
 use super::leadership::Leadership;
 
@@ -157,7 +157,7 @@ impl Election {
             let next = match &state.last {
                 Some(Error::Held { .. }) => self.next_attempt_while_held(state).await,
                 Some(Error::NoQuorum { .. }) => Instant::now() + self.inner.observer.poll_pause(),
-                _ => Instant::now() + self.locks().retry_pause(),
+                _ => Instant::now() + self.locks().engine().retry_pause(),
             };
             #[cfg(feature = "testkit")]
             self.inner.standbys.send_modify(|n| *n += 1);
@@ -181,7 +181,7 @@ impl Election {
         state: &mut Campaign,
         mut next: Instant,
     ) {
-        let key = self.locks().keys().lock_key(self.name());
+        let key = self.locks().engine().keys().lock_key(self.name());
         loop {
             let fresh = &mut state.fresh;
             let notified = wait_for(notices, next, |n| {
@@ -191,7 +191,7 @@ impl Election {
             if notified || !matches!(state.last, Some(Error::Held { .. })) {
                 return;
             }
-            match self.locks().holder_pause(&key).await {
+            match self.locks().engine().holder_pause(&key).await {
                 Some(pause) if !pause.is_zero() => {
                     tracing::trace!(election = %self.name(), ?pause, "the leader's term goes on; standing by");
                     next = Instant::now() + pause;
@@ -260,7 +260,7 @@ impl Election {
         {
             state.split_rounds += 1;
             tracing::debug!(election = %name, round = state.split_rounds, "no candidate holds a quorum (a split vote); retrying after a short pause");
-            return now + self.locks().retry_pause();
+            return now + self.locks().engine().retry_pause();
         }
         state.split_rounds = 0;
         let poll = now + self.inner.observer.poll_pause();
@@ -269,7 +269,7 @@ impl Election {
         match free_in {
             // `d` comes from the nodes' PTTL: a foreign key with an absurd ttl must not
             // overflow the clock.
-            Some(d) => (clock::tokio_after(now, d) + self.locks().retry_pause()).min(poll),
+            Some(d) => (clock::tokio_after(now, d) + self.locks().engine().retry_pause()).min(poll),
             None => poll,
         }
     }
@@ -341,6 +341,7 @@ impl Election {
                 };
                 let replies = sh
                     .locks
+                    .engine()
                     .on_every_node_to_quorum::<i64>(&sh.keys.write(&record), HoldOut::Ignore)
                     .await;
                 let written = replies.answers().filter(|&&r| r == 1).count();
@@ -359,6 +360,7 @@ impl Election {
         };
         let message = Notice::elected(token, self.candidate());
         sh.locks
+            .engine()
             .on_every_node_to_quorum::<i64>(&sh.keys.publish(&message), HoldOut::Ignore)
             .await;
         record

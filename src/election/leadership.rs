@@ -10,11 +10,11 @@ use tracing::Instrument;
 use super::notices::Notice;
 use super::record::Record;
 use super::{Election, SharedLock};
+use crate::client::side::HoldOut;
 use crate::core::lock;
 use crate::core::token::FencingToken;
 use crate::error::{Error, LostReason};
 use crate::lock::guard::Lock;
-use crate::node::HoldOut;
 
 /// What a health check reports for one candidate, from [`Election::health`].
 #[derive(Debug)]
@@ -241,6 +241,7 @@ impl Election {
         let cmd = sh.keys.resign(record, &message);
         let replies = sh
             .locks
+            .engine()
             .on_every_node_to_quorum::<i64>(&cmd, HoldOut::Ignore)
             .await;
         let reached: i64 = replies.answers().sum();

@@ -56,12 +56,12 @@ use tokio_util::sync::CancellationToken;
 pub use leadership::{Health, Leadership};
 pub use observe::{Leader, Observation, Observer};
 
-use crate::client::Redlock;
 use crate::core::lock;
 use crate::core::token::FencingToken;
 use crate::error::{ConfigError, Error, Setting};
 use crate::lock::builder::RedlockBuilder;
 use crate::lock::guard::Lock;
+use crate::lock::redlock::Redlock;
 
 /// One named election among candidates sharing a set of Redis masters.
 ///
@@ -245,7 +245,7 @@ impl ElectionBuilder {
                 max: RedlockBuilder::MAX_TIMING,
             });
         }
-        if !self.locks.fencing() {
+        if !self.locks.engine().fencing() {
             return Err(ConfigError::FencingRequired);
         }
         let observer = Observer::new(self.locks.clone(), self.name.clone(), poll);
@@ -371,7 +371,7 @@ pub(crate) mod tests {
             node: "n".to_owned(),
             state: Ok(KeyState {
                 value: value.map(str::to_owned),
-                owner: value.and_then(crate::core::keys::owner_of),
+                owner: value.and_then(crate::core::value::owner_of),
                 ttl: ttl_ms.map(Duration::from_millis),
                 fence: crate::core::token::FencingToken::new(fence),
             }),

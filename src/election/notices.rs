@@ -5,7 +5,6 @@
 //! again with backoff when it breaks or stops answering), so that a standby retries the moment
 //! the leader resigns; the copies of a notice from several nodes are told apart by token.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::PubSubSink;
@@ -13,9 +12,9 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::client::Redlock;
+use crate::client::side::Subscriber;
 use crate::core::token::FencingToken;
-use crate::node::pubsub::{Subscriber, keep_subscribed};
+use crate::lock::redlock::Redlock;
 
 /// A message on an election's channel.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,18 +64,13 @@ impl Notifier {
     pub(crate) fn start(locks: &Redlock, channel: &str, handle: &tokio::runtime::Handle) -> Self {
         let (tx, _) = broadcast::channel(64);
         let tasks = locks
-            .nodes()
-            .iter()
-            .map(|node| {
-                let notices = NodeNotices {
-                    node: node.name().to_owned(),
-                    channel: channel.to_owned(),
-                    tx: tx.clone(),
-                    subscribed_before: false,
-                };
-                AbortOnDropHandle::new(handle.spawn(keep_subscribed(Arc::clone(node), notices)))
-            })
-            .collect();
+            .engine()
+            .subscribe_everywhere(handle, |node| NodeNotices {
+                node: node.to_owned(),
+                channel: channel.to_owned(),
+                tx: tx.clone(),
+                subscribed_before: false,
+            });
         Notifier { tx, _tasks: tasks }
     }
 

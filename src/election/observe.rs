@@ -10,12 +10,12 @@ use tokio::time::Instant;
 
 use super::notices::{Fresh, Notice, Notifier, wait_for};
 use super::record::{Keys, Record};
-use crate::client::Redlock;
+use crate::client::side::HoldOut;
 use crate::client::status::LockStatus;
 use crate::core::quorum::HolderView;
 use crate::core::token::FencingToken;
 use crate::error::{Error, NodeFailure};
-use crate::node::HoldOut;
+use crate::lock::redlock::Redlock;
 
 /// Reads who leads an election and streams its changes, without being a candidate: no
 /// candidate id, no campaign. Obtained from
@@ -98,7 +98,7 @@ impl Observer {
     pub(crate) fn new(locks: Redlock, name: String, poll: Duration) -> Self {
         Observer {
             shared: Arc::new(Shared {
-                keys: Keys::new(locks.keys(), &name),
+                keys: Keys::new(locks.engine().keys(), &name),
                 locks,
                 name,
                 poll,
@@ -136,6 +136,7 @@ impl Observer {
         let (status, records) = tokio::join!(
             sh.locks.status(&sh.name),
             sh.locks
+                .engine()
                 .on_every_node::<Option<String>>(&read, HoldOut::Ignore)
         );
         let status = status?;
@@ -201,7 +202,7 @@ impl Observer {
         for _ in 0..3 {
             match self.leader().await {
                 Ok(Some(l)) if l.candidate.is_none() => {
-                    tokio::time::sleep(self.shared.locks.retry_pause()).await;
+                    tokio::time::sleep(self.shared.locks.engine().retry_pause()).await;
                 }
                 other => return observation(other),
             }
@@ -326,7 +327,7 @@ pub(crate) fn leader_from(status: &LockStatus, records: &[Record]) -> Option<Lea
         candidate: record.map(|r| r.candidate.clone()),
         token,
         expires_in,
-        owner: crate::core::keys::owner_of(value),
+        owner: crate::core::value::owner_of(value),
     })
 }
 

@@ -8,10 +8,9 @@
 //! Its scripts (`node/lua.rs`, [`LEADER_WRITE`] and [`LEADER_RESIGN`]) are sent as `EVAL`
 //! with their body: they run once per term, and a body never meets `NOSCRIPT`.
 
+use crate::client::side::{LEADER_RESIGN, LEADER_WRITE, commands};
 use crate::core::keys::KeyLayout;
 use crate::core::token::FencingToken;
-use crate::node::commands;
-use crate::node::scripts::{LEADER_RESIGN, LEADER_WRITE};
 
 /// The keys of one election, all in the lock's hash slot: the lock `quorumlock:{NAME}`, the
 /// leader record `quorumlock:{NAME}:leader` and the notice channel `quorumlock:{NAME}:events`
@@ -113,15 +112,15 @@ mod tests {
     /// fields apart.
     #[test]
     fn records_of_owner_named_values_round_trip() {
-        let suffix = crate::core::keys::owner_suffix("host-a/pid 4711").unwrap();
+        let suffix = crate::core::value::owner_suffix("host-a/pid 4711").unwrap();
         let r = Record {
-            value: crate::core::keys::new_value_of(&suffix),
+            value: crate::core::value::new_value_of(&suffix),
             token: FencingToken::new(3),
             candidate: "scheduler 0".to_owned(),
         };
         assert_eq!(Record::parse(&r.encode()), Some(r.clone()));
         assert_eq!(
-            crate::core::keys::owner_of(&r.value).as_deref(),
+            crate::core::value::owner_of(&r.value).as_deref(),
             Some("host-a/pid 4711")
         );
     }

@@ -1,23 +1,18 @@
 //! [`RedlockBuilder`]: defaults as constants, by-value setters, checked once by
 //! [`RedlockBuilder::build`] into the engine's plain configuration and its nodes.
 
-use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::client::Redlock;
+use crate::client::Engine;
+use crate::client::assemble::{Source, Tls};
 use crate::client::config::Config;
-use crate::client::engine::IoThread;
+use crate::client::io_thread::IoThread;
 use crate::core::health::{EvictionGuard, RestartGuard};
 use crate::core::keys::{self, KeyLayout};
 use crate::core::timing;
 use crate::error::{ConfigError, Setting};
-use crate::node::address::{node_name, redact};
-use crate::node::connection::{Tls, open_client, tcp_settings};
-use crate::node::member::{self, Parsed};
-use crate::node::{MaxTtl, Node, NodeSettings, Peers};
 
-/// Builds a [`Redlock`]. Obtained from [`Redlock::builder`].
+/// Builds a [`Redlock`](crate::Redlock). Obtained from [`Redlock::builder`](crate::Redlock::builder).
 ///
 /// # Defaults
 ///
@@ -84,7 +79,7 @@ impl RedlockBuilder {
     pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
     /// Clock drift allowed per unit of ttl; 2 ms are always added.
     pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
-    /// Extra attempt rounds [`Redlock::acquire`] makes after the first one fails.
+    /// Extra attempt rounds [`Redlock::acquire`](crate::Redlock::acquire) makes after the first one fails.
     pub const DEFAULT_RETRY_COUNT: u32 = 3;
     /// Fixed part of the pause between attempt rounds.
     pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(50);
@@ -262,7 +257,7 @@ impl RedlockBuilder {
         self
     }
 
-    /// Extra attempt rounds of [`Redlock::acquire`] after the first.
+    /// Extra attempt rounds of [`Redlock::acquire`](crate::Redlock::acquire) after the first.
     pub fn retry_count(mut self, count: u32) -> Self {
         self.retry_count = count;
         self
@@ -271,7 +266,7 @@ impl RedlockBuilder {
     /// The crate's retry policy: the pause before retry `n` (0-based) of a series (attempt
     /// rounds, lease extensions that could not reach a quorum) is
     /// `min(delay * 2^n, max(delay, 1 s)) + uniform(0, jitter)`. A waiting
-    /// [`Redlock::acquire_timeout`] is woken by release notices and uses this only as its poll.
+    /// [`Redlock::acquire_timeout`](crate::Redlock::acquire_timeout) is woken by release notices and uses this only as its poll.
     pub fn retry_delay(mut self, delay: Duration, jitter: Duration) -> Self {
         self.retry_delay = delay;
         self.retry_jitter = jitter;
@@ -330,7 +325,7 @@ impl RedlockBuilder {
     /// rslock and pottery: `tests/compat.rs`).
     ///
     /// The lock on `K` is the key `K` itself (no prefix, no hash tag), set with
-    /// `SET K value NX PX ttl` (`value`: 128 random bits); release is compare-and-delete,
+    /// `SET K value NX PX ttl` (`value`: 32 hex digits, as other clients write); release is compare-and-delete,
     /// extension compare-and-`PEXPIRE` (an extension never re-sets a key a node lost). Every
     /// call names the key `K` only, as the other clients' calls do: a Redis user limited to the
     /// resource's key is enough (`docs/acl.md`), and on a Redis Cluster member no call spans two
@@ -360,8 +355,8 @@ impl RedlockBuilder {
     /// [`LockStatus::owner`]), by `redlock status`, by [`Lock::owner`] and by an election's
     /// [`Leader::owner`], beside the lock's random value that `status` showed alone before.
     ///
-    /// It travels inside the lock's value, after its 128 random bits: `<32 hex digits>@<name>`,
-    /// with `%` and the space written `%25` and `%20`. The random part alone still makes each
+    /// It travels inside the lock's value, after its 32 hex digits: `<32 hex digits>@<name>`,
+    /// with `%` and the space written `%25` and `%20`. The hex digits alone still make each
     /// acquisition's value unique, and every ownership check (extension, release) compares the
     /// whole value as before, so naming a client changes no safety argument; no other key or
     /// command is used (the ACL of [`guide::acl`](crate::guide::acl) is enough, compat mode
@@ -493,17 +488,9 @@ impl RedlockBuilder {
         self
     }
 
-    /// Checks the configuration and builds the client. No connection is made: nodes may be down,
-    /// they are connected (and reconnected) in the background when first needed.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError`] for no nodes, an invalid or duplicate URL, a drift factor outside `[0, 0.5)`,
-    /// an invalid key prefix or owner name, a zero timeout, or a timing above [`MAX_TIMING`](Self::MAX_TIMING) (a max ttl above
-    /// [`MAX_TTL`](Self::MAX_TTL)). An even node count is accepted with a warning: its quorum
-    /// tolerates no more failures than one node fewer. A single node is accepted with a
-    /// warning too: it tolerates no failure.
-    pub fn build(self) -> Result<Redlock, ConfigError> {
+    /// The checked configuration as an engine over its nodes ([`build`](Self::build) wraps it
+    /// in the face).
+    pub(crate) fn engine(self) -> Result<Engine, ConfigError> {
         if self.members.is_empty() {
             return Err(ConfigError::NoNodes);
         }
@@ -512,7 +499,7 @@ impl RedlockBuilder {
         }
         let keys = KeyLayout::new(&self.key_prefix, self.compat)?;
         let owner_suffix = match &self.owner {
-            Some(name) => keys::owner_suffix(name)?,
+            Some(name) => crate::core::value::owner_suffix(name)?,
             None => String::new(),
         };
         if self.node_timeout.is_zero() {
@@ -540,97 +527,23 @@ impl RedlockBuilder {
                 return Err(ConfigError::TooLong { name, value, max });
             }
         }
-        let max_ttl = Arc::new(MaxTtl::new(self.max_ttl));
-        let mut seen = HashSet::new();
-        let mut clients = Vec::with_capacity(self.members.len());
-        for (position, source) in self.members.iter().enumerate() {
-            let Parsed {
-                name,
-                identity,
-                member,
-            } = self.open_member(source, position + 1)?;
-            if !seen.insert(identity) {
-                return Err(ConfigError::DuplicateNode(name));
-            }
-            clients.push((name, member));
-        }
         let cfg = self.config(keys, owner_suffix);
-        let settings = cfg.node_settings();
-        // URLs that differ can still reach one server: the nodes compare run ids on connect.
-        let peers = Arc::new(Peers::new(clients.iter().map(|(name, _)| name.clone())));
-        let nodes: Vec<Arc<Node>> = clients
-            .into_iter()
-            .enumerate()
-            .map(|(index, (name, client))| {
-                Arc::new(Node::new(
-                    name,
-                    client,
-                    self.settings_of(&settings, index),
-                    Arc::clone(&max_ttl),
-                    index,
-                    Arc::clone(&peers),
-                ))
-            })
-            .collect();
-        if nodes.len() == 1 {
-            tracing::warn!(
-                "one node is no quorum: the lock is unavailable while it is down and lost when it \
-                 loses its data; prefer 3 or 5 independent nodes"
-            );
-        } else if nodes.len().is_multiple_of(2) {
-            tracing::warn!(
-                nodes = nodes.len(),
-                "an even number of nodes tolerates no more failures than {}; prefer an odd count",
-                nodes.len() - 1
-            );
-        }
-        Ok(Redlock::from_parts(nodes, cfg, max_ttl))
+        Engine::assemble(
+            &self.members,
+            cfg,
+            self.max_ttl,
+            &self.tls(),
+            self.scripted(),
+        )
     }
 
-    /// What the member at `index` is given: the client's node settings, and (feature
-    /// `testkit`) whether a test keeps it on the acquire script.
-    fn settings_of(&self, settings: &NodeSettings, index: usize) -> NodeSettings {
+    /// The members (by position, from 0) a test keeps on the acquire script (feature
+    /// `testkit`).
+    fn scripted(&self) -> &[usize] {
         #[cfg(feature = "testkit")]
-        return NodeSettings {
-            force_script: self.script_acquire.contains(&index),
-            ..settings.clone()
-        };
+        return &self.script_acquire;
         #[cfg(not(feature = "testkit"))]
-        {
-            let _ = index;
-            settings.clone()
-        }
-    }
-
-    /// Opens one member as given: a URL parsed (a Cluster or Sentinel member URL, else one
-    /// server), or a client of the user's, kept with our TCP settings (`node/member.rs`).
-    fn open_member(&self, source: &Source, position: usize) -> Result<Parsed, ConfigError> {
-        match source {
-            Source::Url(url) => {
-                let invalid = |source| ConfigError::InvalidUrl {
-                    url: redact(url),
-                    source,
-                };
-                // A Redis Cluster or a Sentinel-managed primary as one member.
-                if let Some(parsed) =
-                    member::parse(url, &tcp_settings(), self.connect_timeout).map_err(invalid)?
-                {
-                    return Ok(parsed);
-                }
-                Ok(member::standalone(open_client(url, &self.tls())?))
-            }
-            Source::Client(client) => {
-                member::from_client(client, &tcp_settings()).map_err(|source| {
-                    ConfigError::InvalidUrl {
-                        url: node_name(client.get_connection_info()),
-                        source,
-                    }
-                })
-            }
-            Source::Cluster(client) => {
-                Ok(member::from_cluster_client((**client).clone(), position))
-            }
-        }
+        &[]
     }
 
     /// The checked settings as the engine's plain values.
@@ -668,30 +581,5 @@ impl Default for RedlockBuilder {
     /// [`cluster_client`](RedlockBuilder::cluster_client).
     fn default() -> Self {
         RedlockBuilder::new(std::iter::empty::<&str>())
-    }
-}
-
-/// One member as given to the builder.
-#[derive(Clone)]
-enum Source {
-    /// A member URL (`redis://`, `rediss://`, `unix://`, `redis+cluster://`, `redis+sentinel://`).
-    Url(String),
-    /// A standalone master through the user's client.
-    Client(Box<redis::Client>),
-    /// A Redis Cluster through the user's cluster client.
-    Cluster(Box<redis::cluster::ClusterClient>),
-}
-
-impl std::fmt::Debug for Source {
-    /// Never a password: URLs redacted, clients by their display name.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Source::Url(url) => f.debug_tuple("Url").field(&redact(url)).finish(),
-            Source::Client(client) => f
-                .debug_tuple("Client")
-                .field(&node_name(client.get_connection_info()))
-                .finish(),
-            Source::Cluster(_) => f.write_str("ClusterClient"),
-        }
     }
 }

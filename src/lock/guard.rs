@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::lease;
-use crate::client::Redlock;
+use crate::client::Engine;
 use crate::client::state::LockState;
 use crate::core::lock;
 use crate::core::token::FencingToken;
@@ -59,7 +59,7 @@ use crate::error::{Error, LostReason};
 /// ```
 #[must_use = "dropping the lock releases it at once (in the background); call .release().await to see the result"]
 pub struct Lock {
-    client: Redlock,
+    client: Engine,
     state: Arc<LockState>,
     /// The runtime the lock was acquired on: a guard dropped outside any runtime (a plain
     /// thread, a `Drop` after `block_on` returned) still sends its release there, while that
@@ -80,7 +80,7 @@ impl std::fmt::Debug for Lock {
 }
 
 impl Lock {
-    pub(crate) fn new(client: Redlock, state: Arc<LockState>) -> Self {
+    pub(crate) fn new(client: Engine, state: Arc<LockState>) -> Self {
         Lock {
             client,
             state,
@@ -95,12 +95,14 @@ impl Lock {
         self.state.key()
     }
 
-    /// This acquisition's value, as stored on the nodes: 128 random bits as 32 hex digits,
-    /// then `@` and the client's owner name when it set one
+    /// This acquisition's value, as stored on the nodes: 32 hex digits (the acquisition's
+    /// wall-clock time and 74 random bits, laid out as a UUIDv7: see
+    /// [`HeldLock::acquired_at`](crate::HeldLock::acquired_at)), then `@` and the client's
+    /// owner name when it set one
     /// ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner)). Only the holder of this value
     /// can extend or release the lock, so treat it as a capability: give it, with
     /// [`key`](Self::key) and [`token`](Self::token), to the process that is to take the lock
-    /// over, which then [`Redlock::resume`]s it (see there, and the guide
+    /// over, which then [`Redlock::resume`](crate::Redlock::resume)s it (see there, and the guide
     /// [`safety`](crate::guide::safety), "Handing a lock over").
     pub fn value(&self) -> &str {
         self.state.value()
@@ -110,7 +112,7 @@ impl Lock {
     /// ([`RedlockBuilder::owner`](crate::RedlockBuilder::owner) of the client that acquired
     /// it), if any.
     pub fn owner(&self) -> Option<String> {
-        crate::core::keys::owner_of(self.state.value())
+        crate::core::value::owner_of(self.state.value())
     }
 
     /// This acquisition's fencing token: greater than every earlier holder's (see
@@ -201,7 +203,7 @@ impl Lock {
     pub async fn extend(&self, ttl: Duration) -> Result<Duration, Error> {
         let (client, state) = (self.client.clone(), Arc::clone(&self.state));
         self.client
-            .on_engine(async move { client.extend_held(&state, ttl).await })
+            .on_io_thread(async move { client.extend_held(&state, ttl).await })
             .await
     }
 
@@ -247,7 +249,7 @@ impl Lock {
         let (client, state) = (self.client.clone(), Arc::clone(&self.state));
         let result = self
             .client
-            .on_engine(async move { client.release_held(&state).await })
+            .on_io_thread(async move { client.release_held(&state).await })
             .await;
         self.done = true;
         self.state.lost_signal().cancel();

@@ -9,7 +9,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 use tracing::instrument::WithSubscriber;
 
-use crate::client::Redlock;
+use crate::client::Engine;
 use crate::client::state::LockState;
 use crate::core::clock;
 use crate::error::{Error, FailureList, LostReason, NodeFailure};
@@ -22,7 +22,7 @@ use crate::error::{Error, FailureList, LostReason, NodeFailure};
 /// extension's `quorumlock.extend` span is its child. The watcher logs nothing and holds no
 /// span (it would keep the caller's span open until the lock ends).
 pub(crate) fn spawn(
-    client: Redlock,
+    client: Engine,
     state: Arc<LockState>,
     every: Option<Duration>,
 ) -> Option<AbortOnDropHandle<()>> {
@@ -45,7 +45,7 @@ pub(crate) fn spawn(
     Some(AbortOnDropHandle::new(task))
 }
 
-async fn keep_alive(client: Redlock, state: &Arc<LockState>, every: Duration) {
+async fn keep_alive(client: Engine, state: &Arc<LockState>, every: Duration) {
     let mut next = Instant::now() + every;
     // Whether extensions are failing for lack of a quorum: warned once per outage.
     let mut outage = false;
@@ -66,7 +66,7 @@ async fn keep_alive(client: Redlock, state: &Arc<LockState>, every: Duration) {
 /// Returns false when the lock is lost (the signal has fired) or was released. `outage` says
 /// whether the lock's extensions are failing for lack of a quorum: the first failed round of an
 /// outage warns, the others are logged at debug level, and the first success after it at info.
-async fn extend_once(client: &Redlock, state: &Arc<LockState>, outage: &mut bool) -> bool {
+async fn extend_once(client: &Engine, state: &Arc<LockState>, outage: &mut bool) -> bool {
     let mut round = 0u32;
     // The failures of the last round that could not reach a quorum: if the deadline then cuts a
     // later round short, they are why the lock was lost.

@@ -1,16 +1,15 @@
-//! Scoped locking: [`Redlock::with_lock`] runs work while the lock is held (kept alive), stops it
+//! Scoped locking: [`Redlock::with_lock`](crate::Redlock::with_lock) runs work while the lock is held (kept alive), stops it
 //! when the lock is lost, and releases when it ends; [`LockContext`] is what the work sees.
 
 use std::future::Future;
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::client::Redlock;
+use super::guard::Lock;
 use crate::core::token::FencingToken;
 use crate::error::{Error, LostReason};
 
-/// What work run by [`Redlock::with_lock`] knows about its lock.
+/// What work run by [`Redlock::with_lock`](crate::Redlock::with_lock) knows about its lock.
 #[derive(Debug, Clone)]
 pub struct LockContext {
     key: String,
@@ -46,70 +45,40 @@ impl LockContext {
     }
 }
 
-impl Redlock {
-    /// Acquires `key` (with the configured retries), keeps it alive while `work` runs, and
-    /// releases it when `work` finishes.
-    ///
-    /// If the lock is lost first, `work`'s future is dropped (cancelled at its current await)
-    /// and the call returns [`Error::Lost`]; `work` can also watch [`LockContext::lost`] to stop
-    /// at a point of its choosing. Work that finishes but only after the lock was lost (it
-    /// never yielded, or the release finds the lock gone) also returns [`Error::Lost`]: its
-    /// result cannot be trusted to have run under the lock.
-    ///
-    /// ```no_run
-    /// # async fn run(locks: quorumlock::Redlock) -> Result<(), quorumlock::Error> {
-    /// use std::time::Duration;
-    /// let total = locks
-    ///     .with_lock("nightly-report", Duration::from_secs(30), |ctx| async move {
-    ///         // stamp every write with ctx.token()
-    ///         ctx.token().get()
-    ///     })
-    ///     .await?;
-    /// # let _ = total; Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Those of [`acquire`](Self::acquire), and [`Error::Lost`] when the lock is lost while
-    /// `work` runs.
-    ///
-    /// # Cancellation safety
-    ///
-    /// Dropping the future drops `work` and the guard, which releases in the background.
-    pub async fn with_lock<F, Fut, T>(&self, key: &str, ttl: Duration, work: F) -> Result<T, Error>
-    where
-        F: FnOnce(LockContext) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let lock = self.acquire(key, ttl).await?;
-        lock.keep_alive();
-        let ctx = LockContext {
-            key: key.to_owned(),
-            token: lock.token(),
-            lost: lock.lost_token(),
-        };
-        let lost = lock.lost();
-        tokio::select! {
-            biased;
-            _ = lost => {
-                let reason = lock.lost_reason().unwrap_or(LostReason::Expired);
-                drop(lock);
-                Err(Error::Lost { key: key.to_owned(), reason })
-            }
-            out = work(ctx) => {
-                let lost_meanwhile = lock.is_lost();
-                match lock.release().await {
-                    Err(Error::Lost { reason, .. }) => Err(Error::Lost { key: key.to_owned(), reason }),
-                    _ if lost_meanwhile => Err(Error::Lost {
-                        key: key.to_owned(),
-                        reason: LostReason::Expired,
-                    }),
-                    Err(e) => {
-                        tracing::warn!(key, error = %e, "release after scoped work failed; the ttl will expire the lock");
-                        Ok(out)
-                    }
-                    Ok(()) => Ok(out),
+/// [`Redlock::with_lock`](crate::Redlock::with_lock) once `lock` is acquired: the lock kept
+/// alive while `work` runs, released after it.
+pub(super) async fn with_lock<F, Fut, T>(lock: Lock, key: &str, work: F) -> Result<T, Error>
+where
+    F: FnOnce(LockContext) -> Fut,
+    Fut: Future<Output = T>,
+{
+    lock.keep_alive();
+    let ctx = LockContext {
+        key: key.to_owned(),
+        token: lock.token(),
+        lost: lock.lost_token(),
+    };
+    let lost = lock.lost();
+    tokio::select! {
+        biased;
+        _ = lost => {
+            let reason = lock.lost_reason().unwrap_or(LostReason::Expired);
+            drop(lock);
+            Err(Error::Lost { key: key.to_owned(), reason })
+        }
+        out = work(ctx) => {
+            let lost_meanwhile = lock.is_lost();
+            match lock.release().await {
+                Err(Error::Lost { reason, .. }) => Err(Error::Lost { key: key.to_owned(), reason }),
+                _ if lost_meanwhile => Err(Error::Lost {
+                    key: key.to_owned(),
+                    reason: LostReason::Expired,
+                }),
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "release after scoped work failed; the ttl will expire the lock");
+                    Ok(out)
                 }
+                Ok(()) => Ok(out),
             }
         }
     }

@@ -15,7 +15,9 @@ use crate::error::NodeError;
 pub(crate) struct Found {
     /// The user key.
     pub(crate) key: String,
-    /// The value there (`None`: it expired between the scan and the read).
+    /// The value there (`None`: it expired between the scan and the read), its bytes read as
+    /// UTF-8 with invalid sequences replaced (as `status` shows values): another client's value
+    /// may be any bytes (rslock's: 20 random ones), and one such key must not fail the page.
     pub(crate) value: Option<String>,
     /// Its remaining time in milliseconds (`PTTL`: negative when absent or without expiry).
     pub(crate) pttl: i64,
@@ -74,7 +76,7 @@ impl Node {
                         pipe.cmd("GET").arg(lock).cmd("PTTL").arg(lock);
                         pipe.cmd("GET").arg(fence);
                         async move {
-                            pipe.query_async::<(Option<String>, i64, Option<u64>)>(&mut cluster)
+                            pipe.query_async::<(Option<Vec<u8>>, i64, Option<u64>)>(&mut cluster)
                                 .await
                         }
                     });
@@ -104,7 +106,7 @@ impl Node {
                         redis::from_redis_value(replies.pop().ok_or_else(bad)?)
                             .map_err(|e| NodeError::BadReply(e.to_string()))?;
                     let mut replies = replies.into_iter();
-                    let values: Vec<Option<String>> =
+                    let values: Vec<Option<Vec<u8>>> =
                         redis::from_redis_value(replies.next().ok_or_else(bad)?)
                             .map_err(|e| NodeError::BadReply(e.to_string()))?;
                     let pttls: Vec<i64> = replies
@@ -127,7 +129,7 @@ impl Node {
                 .zip(found)
                 .map(|((key, _, _), (value, pttl, fence))| Found {
                     key,
-                    value,
+                    value: value.map(|v| String::from_utf8_lossy(&v).into_owned()),
                     pttl,
                     fence: fence.unwrap_or(0),
                 })

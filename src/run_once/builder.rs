@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::RunOnce;
-use crate::client::Redlock;
 use crate::error::{ConfigError, Setting};
+use crate::lock::redlock::Redlock;
 
 /// What a job's failure ([`RunOnce::try_run`] returning `Err`) means for its tick, set with
 /// [`RunOnceBuilder::policy`]. [`RunOnce::run`] never looks at its job's output: for it the
@@ -207,7 +207,7 @@ impl RunOnceBuilder {
         if self.marker_ttl.is_some_and(|t| t.as_millis() == 0) {
             return Err(ConfigError::ZeroDuration(Setting::TickMarkerTtl));
         }
-        if !self.locks.fencing() {
+        if !self.locks.engine().fencing() {
             return Err(ConfigError::FencingRequired);
         }
         Ok(RunOnce {

@@ -45,13 +45,13 @@ use std::time::{Duration, SystemTime};
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use crate::client::{Redlock, SpanOutcome, millis, span_outcome};
+use crate::client::side::{HoldOut, commands};
+use crate::client::{SpanOutcome, millis, span_outcome};
 use crate::core::quorum;
 use crate::core::token::FencingToken;
 use crate::error::{Error, FailureList, LostReason, NodeError, NodeFailure};
 use crate::lock::guard::Lock;
-use crate::node::HoldOut;
-use crate::node::commands;
+use crate::lock::redlock::Redlock;
 
 mod builder;
 mod outcome;
@@ -454,7 +454,7 @@ impl RunOnce {
     /// gets no second chance at its tick, and instances that split the nodes with one node
     /// down (the client cannot prove that split) would all skip it (`t51`).
     async fn try_lock(&self) -> Result<Lock, Error> {
-        let retries = self.locks.retry_count();
+        let retries = self.locks.engine().retry_count();
         let mut round = 0;
         loop {
             match self.locks.try_acquire(&self.job, self.ttl).await {
@@ -464,7 +464,7 @@ impl RunOnce {
                         _ => return Err(e),
                     }
                     round += 1;
-                    tokio::time::sleep(self.locks.retry_pause()).await;
+                    tokio::time::sleep(self.locks.engine().retry_pause()).await;
                 }
                 other => return other,
             }
@@ -508,7 +508,10 @@ impl RunOnce {
     }
 
     fn marker_key(&self, tick: &str) -> String {
-        format!("{}:tick:{tick}", self.locks.keys().lock_key(&self.job))
+        format!(
+            "{}:tick:{tick}",
+            self.locks.engine().keys().lock_key(&self.job)
+        )
     }
 
     /// Reads the tick marker from every node: present anywhere means the tick ran (markers are
@@ -524,6 +527,7 @@ impl RunOnce {
         let get = commands::get(&key);
         let replies = self
             .locks
+            .engine()
             .on_every_node_to_quorum::<Option<String>>(&get, HoldOut::Respect)
             .await;
         if let Some(by) = replies.answers().flatten().next() {
@@ -533,10 +537,11 @@ impl RunOnce {
         let now = SystemTime::now();
         let lost: Vec<Option<Duration>> = self
             .locks
-            .nodes()
-            .iter()
-            .map(|n| {
-                n.lost_data_within(expiry).filter(|&ago| {
+            .engine()
+            .lost_data_within(expiry)
+            .into_iter()
+            .map(|ago| {
+                ago.filter(|&ago| {
                     let seen = now
                         .checked_sub(ago)
                         .and_then(|t| t.checked_add(self.clock_skew));
@@ -550,12 +555,12 @@ impl RunOnce {
             return Marker::Absent;
         }
         let mut failures = replies.failures();
-        for (node, ago) in self.locks.nodes().iter().zip(&lost) {
+        for (node, ago) in self.locks.node_names().into_iter().zip(&lost) {
             if let Some(ago) = *ago
-                && !failures.iter().any(|f| f.node == node.name())
+                && !failures.iter().any(|f| f.node == node)
             {
                 failures.push(NodeFailure {
-                    node: node.name().to_owned(),
+                    node,
                     cause: NodeError::LostDataRecently { ago },
                 });
             }
@@ -579,6 +584,7 @@ impl RunOnce {
         );
         let replies = self
             .locks
+            .engine()
             .on_every_node_to_quorum::<Option<String>>(&set, HoldOut::Respect)
             .await;
         // OK (written) and nil (already there) both leave the marker on the node.

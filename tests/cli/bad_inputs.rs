@@ -1,5 +1,6 @@
 //! The table of bad inputs in `docs/cli.md` ("Bad inputs"), run row by row (t160): each row's
-//! case is set up here, `redlock run` is run, and its exit code and one line must be the row's.
+//! case is set up here, `redlock run` (`redlock ls` for the `ls-*` rows) is run, and its exit
+//! code and one line must be the row's.
 //! A row this file does not know, or a case here the table lacks, fails the test: the table
 //! cannot drift from what `redlock` does.
 
@@ -76,6 +77,8 @@ const CASES: &[&str] = &[
     "tls-ca-missing",
     "tls-ca-endless",
     "tls-ca-fifo",
+    "ls-older-than",
+    "ls-older-than-long",
 ];
 
 #[tokio::test]
@@ -121,6 +124,8 @@ async fn t160_the_table_of_bad_inputs_is_what_redlock_does() {
         let mut flags: Vec<String> = Vec::new();
         let mut key = KEY.to_owned();
         let mut keep = Vec::new();
+        // `redlock ls` with these flags instead of `redlock run`.
+        let mut ls: Option<[&str; 2]> = None;
         let set_nodes = |env: &mut Vec<(&str, String)>, urls: String| {
             env.retain(|(k, _)| *k != "REDLOCK_NODES");
             env.push(("REDLOCK_NODES", urls));
@@ -183,6 +188,8 @@ async fn t160_the_table_of_bad_inputs_is_what_redlock_does() {
                     _ => fifo.clone(),
                 }));
             }
+            "ls-older-than" => ls = Some(["--older-than", "yesterday"]),
+            "ls-older-than-long" => ls = Some(["--older-than", "20years"]),
             other => panic!("no set-up for the table's case {other:?}"),
         }
         let mut cmd = bare();
@@ -190,9 +197,13 @@ async fn t160_the_table_of_bad_inputs_is_what_redlock_does() {
         for (k, v) in &env {
             cmd.env(k, v);
         }
-        cmd.arg("run")
-            .args(&flags)
-            .args([key.as_str(), "--", "sh", "-c", &script]);
+        match ls {
+            Some(ls) => cmd.arg("ls").args(ls),
+            None => cmd
+                .arg("run")
+                .args(&flags)
+                .args([key.as_str(), "--", "sh", "-c", &script]),
+        };
         let out = output(cmd).await;
         let case = &row.case;
         assert_eq!(out.code(), row.code, "{case}: {out:?}");

@@ -134,3 +134,112 @@ async fn t101_ls_lists_the_held_locks() {
     out.one_line_error();
     drop((a, b, other));
 }
+
+/// `redlock ls --older-than D`: a lock held (and extended, on a 1 s ttl) by a `redlock run` for
+/// more than 2 s is listed with `--older-than 2s` and its AGE, not with `--older-than 1h` (exit
+/// 1); a lock another client wrote (a random value) has AGE `-`, and `--older-than` leaves it
+/// out and says so on stderr; `--json` carries `acquired_at_ms` (null for it).
+#[tokio::test]
+async fn t102_ls_older_than_lists_the_locks_held_longer() {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    let cluster = cluster(5);
+    let dir = scratch();
+    let tokenfile = file(&dir, "token");
+    let started = SystemTime::now();
+    let script = format!(
+        "echo $REDLOCK_TOKEN > {}; exec sleep 60",
+        path_str(&tokenfile)
+    );
+    let holder = run_sh(redlock(&cluster), &["--ttl", "1s"], &script)
+        .spawn()
+        .unwrap();
+    line_in(&tokenfile).await;
+    let seen = SystemTime::now(); // the lock was acquired before this
+    for url in cluster.urls() {
+        let _: () = redis::cmd("SET")
+            .arg(lock_key("foreign"))
+            .arg("0123456789abcdef0123456789abcdef")
+            .arg("PX")
+            .arg(LONG_TTL.as_millis() as u64)
+            .query(&mut conn(&url))
+            .unwrap();
+    }
+    let ls = |args: &[&str]| {
+        let mut cmd = redlock(&cluster);
+        cmd.arg("ls").args(args);
+        output(cmd)
+    };
+    let ms = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+
+    let all = ls(&[]).await;
+    assert_eq!(all.code(), 0, "{all:?}");
+    let rows: Vec<Vec<&str>> = all
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0], ["KEY", "HOLDER", "NODES", "AGE", "TTL", "FENCE"]);
+    assert_eq!((rows.len(), rows[1][0], rows[1][3]), (3, "foreign", "-"));
+    assert_eq!(rows[2][0], KEY);
+    let age = humantime::parse_duration(rows[2][3]).unwrap();
+    assert!(
+        age <= started.elapsed().unwrap() + Duration::from_millis(1),
+        "{all:?}"
+    );
+
+    // Wait out the age itself: the holder has held the lock over 2 s once 2 s have passed
+    // since it was seen acquired.
+    let two = Duration::from_secs(2);
+    tokio::time::sleep(
+        (seen + two + Duration::from_millis(200))
+            .duration_since(SystemTime::now())
+            .unwrap_or_default(),
+    )
+    .await;
+    let old = ls(&["--older-than", "2s"]).await;
+    assert_eq!(old.code(), 0, "{old:?}");
+    let lines: Vec<&str> = old.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "only the dated lock: {old:?}");
+    assert!(lines[1].starts_with(&format!("{KEY} ")), "{old:?}");
+    let age: Duration =
+        humantime::parse_duration(lines[1].split_whitespace().nth(3).unwrap()).unwrap();
+    assert!(
+        age >= two && age <= started.elapsed().unwrap() + Duration::from_millis(1),
+        "{old:?}"
+    );
+    assert!(
+        old.stderr
+            .contains("1 lock of unknown age (values of other Redlock clients) not listed"),
+        "{old:?}"
+    );
+
+    let none = ls(&["--older-than", "1h"]).await;
+    assert_eq!(none.code(), 1, "{none:?}");
+    assert_eq!(none.stdout.lines().count(), 1, "the header alone: {none:?}");
+
+    let json = ls(&["--json"]).await;
+    assert_eq!(json.code(), 0, "{json:?}");
+    let doc: serde_json::Value = serde_json::from_str(json.stdout.trim()).unwrap();
+    assert_eq!(doc["locks"][0]["key"], "foreign");
+    assert!(doc["locks"][0]["acquired_at_ms"].is_null(), "{doc}");
+    let at = doc["locks"][1]["acquired_at_ms"]
+        .as_u64()
+        .expect("a number");
+    assert!(at + 1 > ms(started) && at <= ms(seen), "{doc}");
+    let json = ls(&["--json", "--older-than", "2s"]).await;
+    let doc: serde_json::Value = serde_json::from_str(json.stdout.trim()).unwrap();
+    assert_eq!(
+        (
+            &doc["older_than_ms"],
+            &doc["unknown_age_not_listed"],
+            doc["locks"].as_array().unwrap().len()
+        ),
+        (&serde_json::json!(2000), &serde_json::json!(1), 1),
+        "{doc}"
+    );
+
+    nix::sys::signal::kill(pid_of(&holder), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = finish(holder, tokio::time::Instant::now()).await;
+    assert_eq!(out.code(), 143, "{out:?}");
+}

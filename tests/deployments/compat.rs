@@ -312,45 +312,14 @@ async fn c5_compat_mode_releases_on_a_cluster_member() {
 /// `QUORUMLOCK_REQUIRE_PEERS` is set (CI sets it, after installing pottery).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c6_compat_mode_and_pottery_exclude_each_other_on_redlock_prefixed_names() {
-    let has_pottery = std::process::Command::new("python3")
-        .args(["-c", "import pottery"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_pottery {
-        // CI installs pottery and sets this, so that the test never passes there unrun.
-        assert!(
-            std::env::var_os("QUORUMLOCK_REQUIRE_PEERS").is_none(),
-            "QUORUMLOCK_REQUIRE_PEERS is set but python3 with pottery is not installed"
-        );
-        eprintln!("c6 skipped: python3 with pottery is not installed (pip install pottery)");
+    if !has_pottery("c6") {
         return;
     }
     let cluster = cluster(3);
     let urls = cluster.urls();
     let locks = compat_client(&cluster);
     warm(&locks).await;
-    // pottery takes NAME for 10 s and exits without releasing; prints whether it acquired.
-    let pottery = |name: &str| -> bool {
-        let script = "import sys\n\
-                      from redis import Redis\n\
-                      from pottery import Redlock\n\
-                      masters = {Redis.from_url(u) for u in sys.argv[2:]}\n\
-                      lock = Redlock(key=sys.argv[1], masters=masters, auto_release_time=10)\n\
-                      print(lock.acquire(blocking=False))\n";
-        let out = std::process::Command::new("python3")
-            .arg("-c")
-            .arg(script)
-            .arg(name)
-            .args(&urls)
-            .output()
-            .expect("python3 runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim() == "True"
-    };
+    let pottery = |name: &str| pottery_takes(&urls, name);
     assert!(pottery("printer"), "pottery takes printer");
     assert!(
         urls.iter()
@@ -379,6 +348,48 @@ async fn c6_compat_mode_and_pottery_exclude_each_other_on_redlock_prefixed_names
     assert!(!pottery("scanner"), "pottery must not take a lock we hold");
     ours.release().await.unwrap();
     assert!(pottery("scanner"), "free again once released");
+}
+
+/// Whether `python3` with pottery is installed; when not, `test` says on stderr that it is
+/// skipped, and fails if `QUORUMLOCK_REQUIRE_PEERS` is set (CI sets it, after installing
+/// pottery, so that a pottery test never passes there unrun).
+fn has_pottery(test: &str) -> bool {
+    let has = std::process::Command::new("python3")
+        .args(["-c", "import pottery"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has {
+        assert!(
+            std::env::var_os("QUORUMLOCK_REQUIRE_PEERS").is_none(),
+            "QUORUMLOCK_REQUIRE_PEERS is set but python3 with pottery is not installed"
+        );
+        eprintln!("{test} skipped: python3 with pottery is not installed (pip install pottery)");
+    }
+    has
+}
+
+/// pottery, in a process of its own, takes NAME (its key: `redlock:NAME`) on `urls` for 10 s
+/// and exits without releasing; whether it acquired.
+fn pottery_takes(urls: &[String], name: &str) -> bool {
+    let script = "import sys\n\
+                  from redis import Redis\n\
+                  from pottery import Redlock\n\
+                  masters = {Redis.from_url(u) for u in sys.argv[2:]}\n\
+                  lock = Redlock(key=sys.argv[1], masters=masters, auto_release_time=10)\n\
+                  print(lock.acquire(blocking=False))\n";
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(name)
+        .args(urls)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim() == "True"
 }
 
 /// Issue 26, item 5 (b): when a node's ACL refuses the extension (here the user may not
@@ -467,4 +478,39 @@ async fn c9_a_compat_waiter_does_not_wait_for_subscriptions() {
     .expect("the compat waiter took the expired lock (a stall would last the 30 s connect timeout)")
     .unwrap();
     won.release().await.unwrap();
+}
+
+/// Locks other Redlock clients took inside a namespace (the resource named as the lock key)
+/// are listed by the inventory with no owner and no age: rslock's value (20 random bytes, which
+/// must not fail the scan) and pottery's (a UUIDv4; when python3 with pottery is installed)
+/// carry no acquisition time, beside a lock of ours whose age is known.
+#[tokio::test]
+async fn c10_locks_of_other_clients_have_no_age_in_the_inventory() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    // pottery's keys are `redlock:NAME`: this namespace's lock on `{K}` is pottery's on `{K}`.
+    let locks = builder(&cluster).key_prefix("redlock").build().unwrap();
+    let ours = locks.try_acquire("peers:ours", TTL).await.unwrap();
+    let mut rs = rslock::LockManager::new(urls.clone());
+    rs.set_retry(1, Duration::from_millis(1));
+    let theirs = rs
+        .lock(b"redlock:{peers:rslock}", TTL)
+        .await
+        .expect("rslock acquires");
+    let mut expected = vec![("peers:ours", true), ("peers:rslock", false)];
+    if has_pottery("c10's pottery part") {
+        assert!(pottery_takes(&urls, "{peers:pottery}"), "pottery acquires");
+        expected.insert(1, ("peers:pottery", false));
+    }
+    let fresh = builder(&cluster).key_prefix("redlock").build().unwrap();
+    let inventory = fresh.locks("peers:").await.unwrap();
+    let listed: Vec<(&str, bool)> = inventory
+        .locks
+        .iter()
+        .map(|l| (l.key.as_str(), l.acquired_at.is_some()))
+        .collect();
+    assert_eq!(listed, expected, "{inventory:?}");
+    assert!(inventory.locks[1..].iter().all(|l| l.owner.is_none()));
+    rs.unlock(&theirs).await;
+    drop(ours);
 }

@@ -1,6 +1,8 @@
-//! `Redlock::locks`: the inventory of held locks, against 5 real nodes with one down (t80).
+//! `Redlock::locks`: the inventory of held locks, against 5 real nodes with one down (t80);
+//! the acquisition time it reads from a value, kept across extensions and a hand-over, unknown
+//! for another client's value (t81).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::support::*;
 
@@ -30,6 +32,7 @@ async fn t80_the_inventory_is_complete_without_phantoms_and_bounded() {
     let locks = client(&cluster);
     let mut held = Vec::new();
     let key = |kind: &str, i: usize| format!("inv:{kind}:{i:04}");
+    let started = SystemTime::now();
     for i in 0..800 {
         let lock = locks.try_acquire(&key("full", i), LONG_TTL).await.unwrap();
         held.push(lock);
@@ -74,6 +77,7 @@ async fn t80_the_inventory_is_complete_without_phantoms_and_bounded() {
         .collect();
     let fresh = client(&cluster); // as `redlock ls` is: a new process
     let inventory = fresh.locks("inv:").await.unwrap();
+    let read = SystemTime::now();
     let cost: Vec<u64> = urls[1..]
         .iter()
         .zip(&before)
@@ -100,8 +104,18 @@ async fn t80_the_inventory_is_complete_without_phantoms_and_bounded() {
         if lock.key.contains(":full:") {
             assert_eq!(lock.held_on, 4, "{lock:?}");
             assert!(lock.fence.get() >= 1, "{lock:?}");
+            // Taken during this test, by this host's clock (to the millisecond, rounded down).
+            let at = lock.acquired_at.expect("a value of this crate is dated");
+            assert!(
+                at + Duration::from_millis(1) > started && at <= read,
+                "{lock:?}"
+            );
         } else {
             assert_eq!((lock.held_on, lock.value.len()), (3, 32), "{lock:?}");
+            assert_eq!(
+                lock.acquired_at, None,
+                "a random value has no age: {lock:?}"
+            );
         }
     }
     let full = inventory
@@ -133,4 +147,57 @@ async fn t80_the_inventory_is_complete_without_phantoms_and_bounded() {
     }
     drop(outside);
     drop(held);
+}
+
+/// A lock's acquisition time is its value's: the same after extensions and after another
+/// process resumes it by value, as any fresh client reads it; a value another client wrote
+/// (random hex, as node-redlock and redsync write) has none.
+#[tokio::test]
+async fn t81_the_acquisition_time_survives_extension_and_hand_over() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let before = SystemTime::now();
+    let dispatcher = client(&cluster);
+    let lock = dispatcher.acquire("aged:job", LONG_TTL).await.unwrap();
+    let after = SystemTime::now();
+    let (value, token) = (lock.value().to_owned(), lock.token());
+    lock.forget();
+    let worker = client(&cluster);
+    let resumed = worker
+        .resume("aged:job", &value, token, LONG_TTL)
+        .await
+        .unwrap();
+    resumed.extend(LONG_TTL).await.unwrap();
+    // A foreign client's lock in the namespace, on every node.
+    for url in &urls {
+        let _: () = redis::cmd("SET")
+            .arg(lock_key("aged:foreign"))
+            .arg("5f0c2a9e81d34b7c9a6e0f1d2c3b4a59")
+            .arg("PX")
+            .arg(LONG_TTL.as_millis() as u64)
+            .query(&mut conn(url))
+            .unwrap();
+    }
+
+    let inventory = client(&cluster).locks("aged:").await.unwrap();
+    let now = SystemTime::now();
+    let keys: Vec<&str> = inventory.locks.iter().map(|l| l.key.as_str()).collect();
+    assert_eq!(keys, ["aged:foreign", "aged:job"]);
+    let (foreign, job) = (&inventory.locks[0], &inventory.locks[1]);
+    assert_eq!(
+        (foreign.acquired_at, foreign.age(now)),
+        (None, None),
+        "{foreign:?}"
+    );
+    assert_eq!(job.value, value);
+    let at = job.acquired_at.expect("dated");
+    assert!(
+        at + Duration::from_millis(1) > before && at <= after,
+        "the dispatcher's acquisition, not the resume or the extension: {job:?}"
+    );
+    let age = job.age(now).unwrap();
+    // The stamp is rounded down to a millisecond: up to 1 ms before `before`.
+    let most = now.duration_since(before).unwrap() + Duration::from_millis(1);
+    assert!(age <= most, "{age:?} {most:?}");
+    drop(resumed);
 }

@@ -126,11 +126,12 @@ enum Command {
     )]
     Break(BreakArgs),
     /// List every lock held under PREFIX (all when omitted): key, holder, on how many nodes,
-    /// time left on a quorum, fencing counter.
+    /// age, time left on a quorum, fencing counter.
     #[command(
         after_help = "Exit codes: 0 when a quorum of nodes was scanned (those that were not \
-        are named on stderr), 69 otherwise, 77 the nodes' ACL refuses the scan, 64 usage \
-        error (also with --compat)."
+        are named on stderr) and, with --older-than, some lock is older; 1 with --older-than \
+        when no lock is (the table is empty); 69 too few nodes scanned, 77 the nodes' ACL \
+        refuses the scan, 64 usage error (also with --compat)."
     )]
     Ls(LsArgs),
     /// Start 5 throwaway local redis-servers and watch workers hand a lock over.
@@ -270,12 +271,17 @@ struct CheckArgs {
     token: u64,
 }
 
-/// `redlock ls [PREFIX] [--json]`
+/// `redlock ls [PREFIX] [--older-than D] [--json]`
 #[derive(Debug, Args)]
 struct LsArgs {
     /// Print one JSON object (schema in docs/cli.md) instead of the table.
     #[arg(long)]
     json: bool,
+    /// List only the locks acquired more than D ago (by the acquiring host's clock; e.g. 90s,
+    /// 2h). Locks of unknown age (values of other Redlock clients) are left out, and counted
+    /// on stderr.
+    #[arg(long, value_name = "D", value_parser = duration_up_to(MAX_AGE, "3650days"))]
+    older_than: Option<Duration>,
     /// List only the keys that start with PREFIX.
     #[arg(default_value = "")]
     prefix: String,
@@ -351,7 +357,7 @@ fn main() -> ExitCode {
             },
             Command::Ls(args) => match client(&cli.nodes, None) {
                 Ok(locks) => (
-                    ls::ls(locks.clone(), &args.prefix, args.json).await,
+                    ls::ls(locks.clone(), &args.prefix, args.older_than, args.json).await,
                     Some(locks),
                 ),
                 Err(e) => (e.fail(), None),
@@ -391,6 +397,8 @@ const MAX_TTL_TEXT: &str = "4294967295ms, about 49.7 days";
 const MAX_NODE_TIMEOUT: Duration = RedlockBuilder::MAX_TIMING;
 /// The longest `--wait`: a year (beyond it, loop in the caller).
 const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The longest `ls --older-than`: ten years.
+const MAX_AGE: Duration = Duration::from_secs(3650 * 24 * 3600);
 /// The longest `--kill-after`: a day.
 const MAX_KILL_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// The longest `--once-per` period: a tick's marker lives two periods, which must fit the

@@ -28,7 +28,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 use tracing::instrument::WithSubscriber;
 
-use super::Redlock;
+use super::Engine;
 use crate::error::{ConfigError, Error};
 
 /// Where a client's node connections and rounds run (see
@@ -54,7 +54,7 @@ pub enum IoThread {
 
 /// The running I/O thread: a handle on its runtime and a way to stop it.
 #[derive(Debug)]
-pub(crate) struct Engine {
+pub(crate) struct IoRuntime {
     handle: Handle,
     thread: ThreadId,
     /// Dropped (closing the channel) when the client is: the thread then ends.
@@ -63,14 +63,14 @@ pub(crate) struct Engine {
 
 /// The client's I/O thread, started at most once.
 #[derive(Debug, Default)]
-pub(crate) struct EngineSlot {
-    engine: OnceLock<Option<Engine>>,
+pub(crate) struct IoThreadSlot {
+    running: OnceLock<Option<IoRuntime>>,
 }
 
-impl Engine {
+impl IoRuntime {
     /// Starts the thread and its current-thread runtime; `None` (with a warning) when either
     /// cannot start: the client then runs inline.
-    fn start() -> Option<Engine> {
+    fn start() -> Option<IoRuntime> {
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -92,7 +92,7 @@ impl Engine {
                 runtime.shutdown_background();
             });
         match spawned {
-            Ok(thread) => Some(Engine {
+            Ok(thread) => Some(IoRuntime {
                 handle,
                 thread: thread.thread().id(),
                 _stop: stop,
@@ -105,31 +105,31 @@ impl Engine {
     }
 }
 
-impl Redlock {
+impl Engine {
     /// The I/O thread's runtime, when operations go there from this thread: started on first
     /// use with [`IoThread::Always`]; `None` to run inline (no I/O thread, or this is it).
-    fn engine(&self) -> Option<&Handle> {
+    fn io_runtime(&self) -> Option<&Handle> {
         if self.inner.cfg.io_thread == IoThread::Never {
             return None;
         }
-        let engine = self
+        let running = self
             .inner
-            .engine
-            .engine
-            .get_or_init(Engine::start)
+            .io_thread
+            .running
+            .get_or_init(IoRuntime::start)
             .as_ref()?;
-        (std::thread::current().id() != engine.thread).then_some(&engine.handle)
+        (std::thread::current().id() != running.thread).then_some(&running.handle)
     }
 
     /// Runs `op` on the I/O thread when there is one (in the caller's span and with its tracing
     /// subscriber), inline otherwise. Dropping the returned future aborts the operation there,
     /// as dropping it inline would: its own cancellation handling (background releases) runs.
-    pub(crate) async fn on_engine<T, F>(&self, op: F) -> Result<T, Error>
+    pub(crate) async fn on_io_thread<T, F>(&self, op: F) -> Result<T, Error>
     where
         F: Future<Output = Result<T, Error>> + Send + 'static,
         T: Send + 'static,
     {
-        let Some(handle) = self.engine() else {
+        let Some(handle) = self.io_runtime() else {
             return op.await;
         };
         let task = handle.spawn(
@@ -148,8 +148,8 @@ impl Redlock {
     /// Where the client's background tasks go: the I/O thread when there is one (started by
     /// an earlier operation), else the current runtime.
     pub(crate) fn task_runtime(&self) -> Option<Handle> {
-        match self.inner.engine.engine.get() {
-            Some(Some(engine)) => Some(engine.handle.clone()),
+        match self.inner.io_thread.running.get() {
+            Some(Some(running)) => Some(running.handle.clone()),
             _ => Handle::try_current().ok(),
         }
     }
