@@ -29,7 +29,7 @@ const QUEUED_TASKS: usize = 32;
 
 /// The waiting windows of one operation's calls to every node.
 #[derive(Debug)]
-pub(crate) struct Patience {
+pub(crate) struct NodeWait {
     /// One window: the node timeout.
     window: Duration,
     /// The operation's own bound: no window goes past it.
@@ -46,10 +46,10 @@ pub(crate) struct Patience {
     starved: bool,
 }
 
-impl Patience {
+impl NodeWait {
     /// Windows of `window` over `nodes`, the first ending at `first`, none past `cap`.
     pub(crate) fn new(nodes: &[Arc<Node>], window: Duration, first: Instant, cap: Instant) -> Self {
-        Patience {
+        NodeWait {
             window,
             cap: cap.max(first),
             until: first,
@@ -161,7 +161,7 @@ pub(crate) async fn patiently(
 ) -> Result<Value, NodeError> {
     let start = Instant::now();
     let nodes = std::slice::from_ref(node);
-    let mut patience = Patience::new(nodes, window, (start + window).min(cap), cap);
+    let mut patience = NodeWait::new(nodes, window, (start + window).min(cap), cap);
     let mut call = std::pin::pin!(call);
     loop {
         if let Ok(reply) = tokio::time::timeout_at(patience.until(), call.as_mut()).await {

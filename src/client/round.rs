@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::Engine;
-use super::patience::Patience;
+use super::patience::NodeWait;
 use crate::core::clock::Stamp;
 use crate::core::quorum::{self, Answer, Refusal, Tally, Verdict};
 use crate::error::{NodeError, NodeFailure};
@@ -101,7 +101,7 @@ pub(crate) struct Tail {
     /// A release's waiting windows (`None` for other rounds, and when every call answered by
     /// the verdict): its calls still queued behind busy nodes wait on, up to its bound
     /// (`patience.rs`); given up unanswered, they are counted as undelivered.
-    patience: Option<Box<Patience>>,
+    patience: Option<Box<NodeWait>>,
 }
 
 impl std::fmt::Debug for Tail {
@@ -365,7 +365,7 @@ impl Engine {
         // An acquisition refused by a quorum also waits until it is known whether that was
         // contention (see `quorum::refusal`); nothing else does.
         let classify = op == Op::Acquire;
-        let mut patience = Patience::new(nodes, self.inner.cfg.node_timeout, deadline, cap);
+        let mut patience = NodeWait::new(nodes, self.inner.cfg.node_timeout, deadline, cap);
         let decided = loop {
             let step = tokio::time::timeout_at(patience.until(), async {
                 while let Some((i, reply)) = rest.next().await {
@@ -451,7 +451,7 @@ impl Answers {
         calls: Option<Box<dyn Pending>>,
         gate: RoundGate,
         deadline: Instant,
-        patience: Option<Box<Patience>>,
+        patience: Option<Box<NodeWait>>,
     ) -> Round {
         Round {
             verdict,
@@ -587,12 +587,12 @@ impl Answers {
     }
 
     /// The round's deadline passed undecided: every node that has not answered failed, for
-    /// its silence or for the client's backlog (`Patience::failure`).
+    /// its silence or for the client's backlog (`NodeWait::failure`).
     fn time_out(
         &mut self,
         nodes: &[Arc<Node>],
         op: Op,
-        patience: &Patience,
+        patience: &NodeWait,
         waited: Duration,
     ) -> Verdict {
         for (i, node) in nodes.iter().enumerate() {
