@@ -47,13 +47,20 @@ pub(crate) struct NodeWait {
 }
 
 impl NodeWait {
-    /// Windows of `window` over `nodes`, the first ending at `first`, none past `cap`.
-    pub(crate) fn new(nodes: &[Arc<Node>], window: Duration, first: Instant, cap: Instant) -> Self {
+    /// Windows of `window` over `nodes`, the first begun at `since` (the calls were made) and
+    /// ending at `first`, none past `cap`.
+    pub(crate) fn new(
+        nodes: &[Arc<Node>],
+        window: Duration,
+        since: Instant,
+        first: Instant,
+        cap: Instant,
+    ) -> Self {
         NodeWait {
             window,
             cap: cap.max(first),
             until: first,
-            since: Instant::now(),
+            since,
             seen: nodes.iter().map(|n| n.answers()).collect(),
             starved: false,
         }
@@ -161,7 +168,7 @@ pub(crate) async fn patiently(
 ) -> Result<Value, NodeError> {
     let start = Instant::now();
     let nodes = std::slice::from_ref(node);
-    let mut patience = NodeWait::new(nodes, window, (start + window).min(cap), cap);
+    let mut patience = NodeWait::new(nodes, window, start, (start + window).min(cap), cap);
     let mut call = std::pin::pin!(call);
     loop {
         if let Ok(reply) = tokio::time::timeout_at(patience.until(), call.as_mut()).await {

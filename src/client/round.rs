@@ -365,7 +365,7 @@ impl Engine {
         // An acquisition refused by a quorum also waits until it is known whether that was
         // contention (see `quorum::refusal`); nothing else does.
         let classify = op == Op::Acquire;
-        let mut patience = NodeWait::new(nodes, self.inner.cfg.node_timeout, deadline, cap);
+        let mut patience = NodeWait::new(nodes, self.inner.cfg.node_timeout, start, deadline, cap);
         let decided = loop {
             let step = tokio::time::timeout_at(patience.until(), async {
                 while let Some((i, reply)) = rest.next().await {
