@@ -49,7 +49,7 @@ async fn take(locks: &quorumlock::Redlock, prefix: &str, count: usize) -> Vec<qu
 }
 
 #[tokio::test]
-async fn t80_a_dropped_burst_is_released_by_flush() {
+async fn t90_a_dropped_burst_is_released_by_flush() {
     let cluster = cluster(3);
     let urls = cluster.urls();
     let locks = builder(&cluster).node_timeout(SHORT).build().unwrap();
@@ -66,7 +66,7 @@ async fn t80_a_dropped_burst_is_released_by_flush() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t81_a_released_burst_blames_no_healthy_node() {
+async fn t91_a_released_burst_blames_no_healthy_node() {
     let cluster = cluster(3);
     let urls = cluster.urls();
     let locks = builder(&cluster).node_timeout(SHORT).build().unwrap();
@@ -89,7 +89,7 @@ async fn t81_a_released_burst_blames_no_healthy_node() {
 }
 
 #[tokio::test]
-async fn t82_a_burst_of_acquisitions_blames_no_healthy_node() {
+async fn t92_a_burst_of_acquisitions_blames_no_healthy_node() {
     let cluster = cluster(3);
     let urls = cluster.urls();
     let locks = builder(&cluster).node_timeout(SHORT).build().unwrap();
@@ -125,7 +125,7 @@ async fn t82_a_burst_of_acquisitions_blames_no_healthy_node() {
 const BEHIND_HUNG: usize = 6000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t83_a_release_behind_a_hung_nodes_backlog_reaches_the_others() {
+async fn t93_a_release_behind_a_hung_nodes_backlog_reaches_the_others() {
     let mut cluster = cluster(3);
     let urls = cluster.urls();
     let locks = builder(&cluster).node_timeout(SHORT).build().unwrap();
@@ -162,7 +162,7 @@ async fn t83_a_release_behind_a_hung_nodes_backlog_reaches_the_others() {
 const BRIEF: Duration = Duration::from_millis(100);
 
 #[tokio::test]
-async fn t84_an_overloaded_client_says_so_and_blames_no_node() {
+async fn t94_an_overloaded_client_says_so_and_blames_no_node() {
     let cluster = cluster(3);
     let urls = cluster.urls();
     let locks = builder(&cluster).node_timeout(SHORT).build().unwrap();
