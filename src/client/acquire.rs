@@ -140,7 +140,7 @@ struct Voted {
 }
 
 /// A round that did not win: its error, and what its undo needs to know.
-struct Lost {
+struct NotWon {
     err: Error,
     /// Refused although no value can stand on a quorum (contenders split the nodes).
     contended: bool,
@@ -416,7 +416,7 @@ impl Engine {
 
     /// One attempt round's vote: the acquire script (or its pipelined form) on every node.
     /// `Ok` when the value stood on a quorum; the token is then chosen by [`seal`](Self::seal).
-    async fn attempt(&self, req: &Request<'_>, value: &str) -> Result<Voted, Lost> {
+    async fn attempt(&self, req: &Request<'_>, value: &str) -> Result<Voted, NotWon> {
         metrics::attempt(self.metrics_lock(req.key));
         let start = Instant::now();
         let started = clock::now();
@@ -458,7 +458,7 @@ impl Engine {
                 let held_elsewhere = self.held_elsewhere(&round);
                 let set_on = round.set_on();
                 let err = self.unreachable(req.key, round);
-                return Err(Lost {
+                return Err(NotWon {
                     err,
                     contended: false,
                     held_elsewhere,
@@ -498,7 +498,7 @@ impl Engine {
     }
 
     /// A round refused by a holder (or by contenders that split the nodes: `contended`).
-    fn refused(&self, key: &str, round: Round, contended: bool) -> Lost {
+    fn refused(&self, key: &str, round: Round, contended: bool) -> NotWon {
         tracing::debug!(
             key,
             yes = round.tally.yes(),
@@ -508,7 +508,7 @@ impl Engine {
             contended,
             "lock held by another owner"
         );
-        Lost {
+        NotWon {
             err: self.held(key, round.held_by_other()),
             contended,
             held_elsewhere: self.held_elsewhere(&round),
@@ -667,7 +667,7 @@ impl Engine {
 
     /// The acquire call: with fencing on, the acquire-and-fence script (for nodes that run it:
     /// Redis 6, Cluster members) and/or its pipelined form (`SET NX PX GET` + `INCR`, for the
-    /// others; `node/fence.rs`), each built only if a node takes it; a plain `SET NX PX` with
+    /// others; `node/acquire_form.rs`), each built only if a node takes it; a plain `SET NX PX` with
     /// fencing off.
     ///
     /// A key this client has waited for is likely held: every node gets the script, which

@@ -17,13 +17,13 @@ const SEEN: usize = 8;
 /// The waiters of one key in this client.
 #[derive(Debug, Default)]
 pub(crate) struct KeyWait {
-    pub(super) state: Mutex<KeyState>,
+    pub(super) state: Mutex<QueueState>,
     /// Notified (all waiters) on a release notice and when the queue's head changes.
     pub(super) notify: Notify,
 }
 
 #[derive(Debug, Default)]
-pub(super) struct KeyState {
+pub(super) struct QueueState {
     /// Release notices counted so far.
     pub(super) epoch: u64,
     /// The last released values, each with the nodes that announced it (one bit per node: a
@@ -52,7 +52,7 @@ pub(super) struct KeyState {
 
 /// A release notice as one node's subscription passes it on.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Notice<'a> {
+pub(super) struct ReleaseNotice<'a> {
     /// The released value.
     pub(super) value: &'a str,
     /// How many clients waited (the release script's count of the waiters marker).
@@ -129,7 +129,7 @@ impl KeyWait {
     /// the nodes the release had not reached yet, and would otherwise wait for its timer).
     /// Other copies of a release are ignored, but for the release of the lock the previous head
     /// won (`handed`): its first copy to arrive gives the next head its turn.
-    pub(super) fn released(&self, notice: Option<Notice<'_>>) {
+    pub(super) fn released(&self, notice: Option<ReleaseNotice<'_>>) {
         let mut st = lock(&self.state);
         // The release the next head waits for (any copy of it), or notices maybe missed.
         if notice.is_none_or(|n| st.handed.as_deref() == Some(n.value))
@@ -137,7 +137,7 @@ impl KeyWait {
         {
             self.notify.notify_waiters();
         }
-        if let Some(Notice {
+        if let Some(ReleaseNotice {
             value: v,
             clients,
             node,

@@ -78,7 +78,7 @@ use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::Engine;
-use super::queue::Notice;
+use super::queue::ReleaseNotice;
 pub(crate) use super::queue::{KeyWait, Ticket, Turn, Woken};
 use super::side::until_quorum;
 use crate::core::keys::{WAITERS_SUFFIX, waiters_key_of};
@@ -454,7 +454,7 @@ impl Subscriber for NodeWaiters {
         let i = self.i;
         tracing::trace!(lock_key, node = i, value, "release notice");
         if let Some(kw) = kw {
-            kw.released(Some(Notice {
+            kw.released(Some(ReleaseNotice {
                 value,
                 clients,
                 node: i,

@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use self::text::one_line;
-pub(crate) use self::text::{NOT_REDIS_OR_CLOSED, RedisText, shape};
+pub(crate) use self::text::{RedisText, shape};
 
 mod input;
 mod text;
@@ -451,11 +451,25 @@ pub enum NodeError {
     /// failures names every node that counted against the quorum.
     #[error("refused: another owner's value holds the key there")]
     HeldByAnother,
-    /// The node's reply had an unexpected shape, or did not follow the Redis protocol at all
-    /// (`not a Redis server (unexpected reply)`: an HTTP server, an SSH server or anything else
-    /// listening on the port). The text says what was received, in words.
-    #[error("{0}")]
-    BadReply(String),
+    /// The node's reply had an unexpected shape: `got`, where `expected` was expected, both in
+    /// words (`unexpected reply: a string where an integer was expected`).
+    #[error("unexpected reply: {got} where {expected} was expected")]
+    BadReply {
+        /// What the crate expected, in words (`an integer`).
+        expected: &'static str,
+        /// What came, in words (its shape: `a string`, `2 replies`), never its raw bytes.
+        got: String,
+    },
+    /// The node does not follow the Redis protocol (an HTTP server, an SSH server or anything
+    /// else listening on the port), or closed the connection before its first reply
+    /// (`closed_early`). Its [`kind`](NodeError::kind) is `bad_reply`, as a reply of the wrong
+    /// shape.
+    #[error("{}", text::not_redis(*.closed_early))]
+    NotRedis {
+        /// The connection closed before the first reply, rather than carrying bytes that are
+        /// not Redis.
+        closed_early: bool,
+    },
     /// A run-once tick marker read: this client saw the node come back without proof that its
     /// data survived (a restart, a failover) `ago`, less than the marker's expiry, so its
     /// answer that the marker is absent proves nothing (the marker may have been lost with
@@ -498,15 +512,15 @@ pub enum NodeError {
 
 impl NodeError {
     /// A reply of the wrong shape: `got`, where `expected` (in words) was expected.
-    pub(crate) fn unexpected(expected: &str, got: &redis::Value) -> Self {
-        NodeError::BadReply(format!(
-            "unexpected reply: {} where {expected} was expected",
-            text::shape(got)
-        ))
+    pub(crate) fn unexpected(expected: &'static str, got: &redis::Value) -> Self {
+        NodeError::BadReply {
+            expected,
+            got: text::shape(got),
+        }
     }
 
     /// Classifies a `redis` error by its own predicates, never by its text: a reply that does
-    /// not parse is [`NodeError::BadReply`].
+    /// not parse is [`NodeError::NotRedis`].
     pub(crate) fn from_redis(e: redis::RedisError) -> Self {
         if e.is_timeout() {
             NodeError::Timeout(Duration::ZERO)
@@ -514,7 +528,9 @@ impl NodeError {
             e.kind(),
             redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType
         ) {
-            NodeError::BadReply(text::NOT_REDIS.to_owned())
+            NodeError::NotRedis {
+                closed_early: false,
+            }
         } else if e.is_connection_refusal() {
             NodeError::Refused(e)
         } else if e.is_connection_dropped() || e.is_io_error() {
@@ -548,7 +564,7 @@ impl NodeError {
             NodeError::Evicting(_) => "evicting",
             NodeError::Redis(_) => "redis",
             NodeError::HeldByAnother => "held",
-            NodeError::BadReply(_) => "bad_reply",
+            NodeError::BadReply { .. } | NodeError::NotRedis { .. } => "bad_reply",
             NodeError::LostDataRecently { .. } => "lost_data_recently",
             NodeError::Denied { .. } => "denied",
             NodeError::Unsupported { .. } => "unsupported",

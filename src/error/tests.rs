@@ -32,7 +32,13 @@ fn every_node_error_kind_is_in_the_documented_metrics_table() {
         NodeError::Evicting(crate::eviction::EvictionRisk::None),
         NodeError::Redis(io()),
         NodeError::HeldByAnother,
-        NodeError::BadReply(String::new()),
+        NodeError::BadReply {
+            expected: "",
+            got: String::new(),
+        },
+        NodeError::NotRedis {
+            closed_early: false,
+        },
         NodeError::LostDataRecently {
             ago: Duration::ZERO,
         },
@@ -57,7 +63,8 @@ fn every_node_error_kind_is_in_the_documented_metrics_table() {
             | NodeError::Evicting(_)
             | NodeError::Redis(_)
             | NodeError::HeldByAnother
-            | NodeError::BadReply(_)
+            | NodeError::BadReply { .. }
+            | NodeError::NotRedis { .. }
             | NodeError::LostDataRecently { .. }
             | NodeError::Denied { .. }
             | NodeError::Unsupported { .. } => {}
@@ -167,36 +174,36 @@ pub(crate) fn assert_plain(text: &str) {
     }
 }
 
-/// Every variant of every public error, built from the worst a node can send (a parse error
-/// over several lines, an error reply with escapes and newlines, a failed DNS lookup, the
-/// crate's own client errors), displays as one line of words.
-#[test]
-fn every_error_displays_as_one_plain_line() {
-    let hostile = || {
-        vec![
-            redis::parse_redis_value(b"\xff\x00\r\n").unwrap_err(),
-            redis::parse_redis_value(b"HTTP/1.1 400 Bad Request\r\n\r\n").unwrap_err(),
-            redis::parse_redis_value(b"-ERR a\x1b[2J\x07b\r\n")
-                .and_then(redis::Value::extract_error)
-                .unwrap_err(),
-            redis::parse_redis_value(b"-WRONGTYPE Operation against a key\r\n")
-                .and_then(redis::Value::extract_error)
-                .unwrap_err(),
-            redis::RedisError::from(std::io::Error::other(
-                "failed to lookup address information: Name or service not known",
-            )),
-            redis::RedisError::from((
-                redis::ErrorKind::AuthenticationFailed,
-                "Password authentication failed",
-            )),
-            redis::RedisError::from((
-                redis::ErrorKind::InvalidClientConfig,
-                "Redis URL did not parse",
-            )),
-            redis::Client::open("redis://127.0.0.1:99999").unwrap_err(),
-            redis::RedisError::from((redis::ErrorKind::Client, "x", "a\nb".to_owned())),
-        ]
-    };
+/// The worst a node can send, as `redis` errors: a parse error over several lines, an error
+/// reply with escapes and newlines, a failed DNS lookup, the crate's own client errors.
+fn hostile() -> Vec<redis::RedisError> {
+    vec![
+        redis::parse_redis_value(b"\xff\x00\r\n").unwrap_err(),
+        redis::parse_redis_value(b"HTTP/1.1 400 Bad Request\r\n\r\n").unwrap_err(),
+        redis::parse_redis_value(b"-ERR a\x1b[2J\x07b\r\n")
+            .and_then(redis::Value::extract_error)
+            .unwrap_err(),
+        redis::parse_redis_value(b"-WRONGTYPE Operation against a key\r\n")
+            .and_then(redis::Value::extract_error)
+            .unwrap_err(),
+        redis::RedisError::from(std::io::Error::other(
+            "failed to lookup address information: Name or service not known",
+        )),
+        redis::RedisError::from((
+            redis::ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        )),
+        redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "Redis URL did not parse",
+        )),
+        redis::Client::open("redis://127.0.0.1:99999").unwrap_err(),
+        redis::RedisError::from((redis::ErrorKind::Client, "x", "a\nb".to_owned())),
+    ]
+}
+
+/// Every variant of `NodeError`, from the hostile errors where it carries one.
+fn every_node_error() -> Vec<NodeError> {
     let mut nodes = Vec::new();
     for e in hostile() {
         nodes.push(NodeError::from_redis(e.clone()));
@@ -218,6 +225,7 @@ fn every_error_displays_as_one_plain_line() {
         NodeError::Evicting(crate::eviction::EvictionRisk::Unknown),
         NodeError::HeldByAnother,
         NodeError::unexpected("an integer", &reply),
+        NodeError::NotRedis { closed_early: true },
         NodeError::LostDataRecently {
             ago: Duration::from_secs(1),
         },
@@ -226,16 +234,19 @@ fn every_error_displays_as_one_plain_line() {
             reason: "command not allowed",
         },
     ]);
-    let failures: Vec<NodeFailure> = nodes.iter().cloned().map(failure).collect();
-    let mut texts: Vec<String> = nodes.iter().map(ToString::to_string).collect();
-    let errors = [
+    nodes
+}
+
+/// Every variant of `Error` and its argument errors, carrying `failures` where it has any.
+fn every_client_error(failures: &[NodeFailure]) -> Vec<Error> {
+    vec![
         Error::Held {
             key: "k\x1b".into(),
             held: 3,
             nodes: 5,
             needed: 3,
         },
-        Error::no_quorum("k", 1, 5, 3, failures.clone()),
+        Error::no_quorum("k", 1, 5, 3, failures.to_vec()),
         Error::no_quorum("k", 1, 3, 2, vec![denied(), denied()]),
         Error::WrongType {
             key: "k".into(),
@@ -250,7 +261,7 @@ fn every_error_displays_as_one_plain_line() {
         Error::Lost {
             key: "k".into(),
             reason: LostReason::Unreachable {
-                failures: failures.clone(),
+                failures: failures.to_vec(),
             },
         },
         Error::Lost {
@@ -278,8 +289,11 @@ fn every_error_displays_as_one_plain_line() {
             max: 1000,
         }
         .into(),
-    ];
-    texts.extend(errors.iter().map(ToString::to_string));
+    ]
+}
+
+/// Every variant of `ConfigError`, from the hostile errors where it carries one.
+fn every_config_error() -> Vec<ConfigError> {
     let mut configs = vec![
         ConfigError::NoNodes,
         ConfigError::DuplicateNode("redis://h:1".into()),
@@ -310,7 +324,26 @@ fn every_error_displays_as_one_plain_line() {
             source: e,
         });
     }
-    texts.extend(configs.into_iter().map(|e| Error::from(e).to_string()));
+    configs
+}
+
+/// Every variant of every public error, built from the worst a node can send, displays as
+/// one line of words.
+#[test]
+fn every_error_displays_as_one_plain_line() {
+    let nodes = every_node_error();
+    let failures: Vec<NodeFailure> = nodes.iter().cloned().map(failure).collect();
+    let mut texts: Vec<String> = nodes.iter().map(ToString::to_string).collect();
+    texts.extend(
+        every_client_error(&failures)
+            .iter()
+            .map(ToString::to_string),
+    );
+    texts.extend(
+        every_config_error()
+            .into_iter()
+            .map(|e| Error::from(e).to_string()),
+    );
     for text in &texts {
         assert_plain(text);
     }

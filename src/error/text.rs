@@ -9,8 +9,17 @@ use redis::{ErrorKind, RedisError, Value};
 /// What a node that does not speak the Redis protocol is said to be.
 pub(crate) const NOT_REDIS: &str = "not a Redis server (unexpected reply)";
 /// A connection closed before the connect's first reply.
-pub(crate) const NOT_REDIS_OR_CLOSED: &str =
+const NOT_REDIS_OR_CLOSED: &str =
     "not a Redis server, or one that closed the connection before its first reply";
+
+/// What [`NodeError::NotRedis`](super::NodeError::NotRedis) says.
+pub(crate) fn not_redis(closed_early: bool) -> &'static str {
+    if closed_early {
+        NOT_REDIS_OR_CLOSED
+    } else {
+        NOT_REDIS
+    }
+}
 
 /// A `redis` error as one line of words: a server's error reply as Redis words it (`WRONGTYPE
 /// Operation against a key ...`), an I/O error as the system words it (a failed name lookup

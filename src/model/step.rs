@@ -255,7 +255,7 @@ impl Model for Redlock {
                 s.evictions += 1;
                 s.nodes[usize::from(n)].key = None;
             }
-            // mirrors node/member.rs cluster_view() (a promoted master counts as just started)
+            // mirrors node/cluster.rs cluster_view() (a promoted master counts as just started)
             // and node/health.rs server_identity() (run id and replication id)
             Action::Promote { n, failback } => {
                 s.promotions += 1;

@@ -209,7 +209,7 @@ impl Node {
             MemberConn::Single(conn) => return self.meet_server(conn, generation).await,
             MemberConn::Cluster(cluster) => cluster,
         };
-        let view = member::cluster_view(&mut cluster)
+        let view = super::cluster::cluster_view(&mut cluster)
             .await
             .map_err(|e| self.connect_error(e))?;
         let (run_id, uptime) = (view.run_id(), view.uptime);
@@ -223,7 +223,7 @@ impl Node {
     /// The connect of a standalone master or a Sentinel member's primary.
     ///
     /// `INFO` is required: the restart guard cannot work without the run id and uptime. The
-    /// server's version decides the fenced acquire's form (`fence.rs`).
+    /// server's version decides the fenced acquire's form (`acquire_form.rs`).
     async fn meet_server(
         &self,
         mut conn: MultiplexedConnection,
@@ -235,7 +235,7 @@ impl Node {
             // that sent something unsolicited that is not Redis (an SSH banner) or closed at
             // once; the connection's driver has ended with it, so no reply is left to read.
             if e.is_connection_dropped() {
-                NodeError::BadReply(crate::error::NOT_REDIS_OR_CLOSED.to_owned())
+                NodeError::NotRedis { closed_early: true }
             } else {
                 self.connect_error(e)
             }
@@ -264,9 +264,11 @@ impl Node {
                 command: "EVAL".to_owned(),
             });
         }
-        let (run_id, uptime) = parse_info(&info)
-            .ok_or_else(|| NodeError::BadReply("INFO server lacks run_id or uptime".to_owned()))?;
-        self.observe_fence(generation, super::fence::redis_major(&info));
+        let (run_id, uptime) = parse_info(&info).ok_or_else(|| NodeError::BadReply {
+            expected: "INFO server with run_id and uptime_in_seconds",
+            got: "INFO server without them".to_owned(),
+        })?;
+        self.observe_acquire_form(generation, super::acquire_form::redis_major(&info));
         let aof = info.lines().any(|l| l.trim() == "aof_enabled:1");
         self.observe_config(&config);
         // A server that was a replica during its current process (a Sentinel member's primary

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Node;
-use super::member::{self, MemberConn};
+use super::cluster;
+use super::member::MemberConn;
 use crate::core::keys::KeyLayout;
 use crate::error::NodeError;
 
@@ -45,7 +46,7 @@ impl Node {
                 MemberConn::Cluster(cluster) => {
                     let masters = crate::core::lock(&self.cluster).masters.clone();
                     let (next, found, run_id) =
-                        member::cluster_scan_page(cluster, &masters, cursor, glob, count)
+                        cluster::cluster_scan_page(cluster, &masters, cursor, glob, count)
                             .await
                             .map_err(|e| self.call_error(e, generation))?;
                     self.check_cluster_run_ids([run_id], generation)?;
@@ -84,45 +85,7 @@ impl Node {
                         .await
                         .map_err(|e| self.call_error(e, generation))?
                 }
-                MemberConn::Single(_) => {
-                    let mut pipe = redis::pipe();
-                    pipe.cmd("MGET");
-                    for (_, lock, _) in &locks {
-                        pipe.arg(lock);
-                    }
-                    for (_, lock, _) in &locks {
-                        pipe.cmd("PTTL").arg(lock);
-                    }
-                    pipe.cmd("MGET");
-                    for (_, _, fence) in &locks {
-                        pipe.arg(fence);
-                    }
-                    let mut replies: Vec<redis::Value> = pipe
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(|e| self.call_error(e, generation))?;
-                    let bad = || NodeError::BadReply("inventory reply".to_owned());
-                    let fences: Vec<Option<u64>> =
-                        redis::from_redis_value(replies.pop().ok_or_else(bad)?)
-                            .map_err(|e| NodeError::BadReply(e.to_string()))?;
-                    let mut replies = replies.into_iter();
-                    let values: Vec<Option<Vec<u8>>> =
-                        redis::from_redis_value(replies.next().ok_or_else(bad)?)
-                            .map_err(|e| NodeError::BadReply(e.to_string()))?;
-                    let pttls: Vec<i64> = replies
-                        .map(redis::from_redis_value)
-                        .collect::<Result<_, _>>()
-                        .map_err(|e| NodeError::BadReply(e.to_string()))?;
-                    if values.len() != locks.len() || pttls.len() != locks.len() {
-                        return Err(bad());
-                    }
-                    values
-                        .into_iter()
-                        .zip(pttls)
-                        .zip(fences)
-                        .map(|((v, p), f)| (v, p, f))
-                        .collect()
-                }
+                MemberConn::Single(_) => self.read_pipelined(&mut conn, &locks, generation).await?,
             };
             let found = locks
                 .into_iter()
@@ -140,4 +103,63 @@ impl Node {
             .await
             .unwrap_or(Err(NodeError::Timeout(timeout)))
     }
+
+    /// The value, `PTTL` and counter of each of `locks` (user key, lock key, counter key) on a
+    /// standalone server: one pipeline of `MGET` (values), a `PTTL` per key and `MGET`
+    /// (counters).
+    async fn read_pipelined(
+        &self,
+        conn: &mut MemberConn,
+        locks: &[(String, String, String)],
+        generation: u64,
+    ) -> Result<Vec<(Option<Vec<u8>>, i64, Option<u64>)>, NodeError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("MGET");
+        for (_, lock, _) in locks {
+            pipe.arg(lock);
+        }
+        for (_, lock, _) in locks {
+            pipe.cmd("PTTL").arg(lock);
+        }
+        pipe.cmd("MGET");
+        for (_, _, fence) in locks {
+            pipe.arg(fence);
+        }
+        let replies: Vec<redis::Value> = pipe
+            .query_async(conn)
+            .await
+            .map_err(|e| self.call_error(e, generation))?;
+        if replies.len() != locks.len() + 2 {
+            return Err(NodeError::BadReply {
+                expected: "an MGET of values, a PTTL per key and an MGET of counters",
+                got: format!("{} replies for {} keys", replies.len(), locks.len()),
+            });
+        }
+        let fences: Vec<Option<u64>> = parse(&replies[replies.len() - 1], "an MGET of counters")?;
+        let values: Vec<Option<Vec<u8>>> = parse(&replies[0], "an MGET of values")?;
+        let pttls: Vec<i64> = replies[1..replies.len() - 1]
+            .iter()
+            .map(|v| parse(v, "a PTTL"))
+            .collect::<Result<_, _>>()?;
+        if values.len() != locks.len() {
+            return Err(NodeError::BadReply {
+                expected: "a value per key",
+                got: format!("{} values for {} keys", values.len(), locks.len()),
+            });
+        }
+        Ok(values
+            .into_iter()
+            .zip(pttls)
+            .zip(fences)
+            .map(|((v, p), f)| (v, p, f))
+            .collect())
+    }
+}
+
+/// One reply of the inventory's pipeline read as `T`, or what it was instead.
+fn parse<T: redis::FromRedisValue>(
+    v: &redis::Value,
+    expected: &'static str,
+) -> Result<T, NodeError> {
+    T::from_redis_value_ref(v).map_err(|_| NodeError::unexpected(expected, v))
 }

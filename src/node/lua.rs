@@ -90,7 +90,7 @@ return redis.call('PUBLISH', ARGV[2], ARGV[3])
 });
 
 /// Acquire and fence in one atomic step: the fenced acquire of nodes that do not take the
-/// pipelined form (`SET NX PX GET` + `INCR`, [`ScriptCall::fenced_acquire`], `node/fence.rs`):
+/// pipelined form (`SET NX PX GET` + `INCR`, [`ScriptCall::fenced_acquire`], `node/acquire_form.rs`):
 /// Redis 6 and Redis Cluster members. Both forms reply alike, and
 /// mix safely in one client (`docs/safety.md`, "The pipelined increment"): the pipelined form
 /// also `INCR`s where the `SET` was refused, and its `INCR` is not atomic with the `SET`.

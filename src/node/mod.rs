@@ -14,10 +14,11 @@
 //! to a node travels in order on it, so a release always reaches the node after the acquire it
 //! undoes.
 
+pub(crate) mod acquire_form;
 pub(crate) mod address;
+pub(crate) mod cluster;
 pub(crate) mod commands;
 pub(crate) mod connection;
-pub(crate) mod fence;
 pub(crate) mod gate;
 pub(crate) mod health;
 pub(crate) mod inventory;
@@ -42,12 +43,13 @@ use tokio::time::Instant;
 use crate::core::health::{EvictionGuard, RestartGuard};
 use crate::error::NodeError;
 
+use self::cluster::ClusterView;
 use self::connection::ConnSlot;
 pub(crate) use self::gate::RoundGate;
 use self::health::NodeHealth;
 pub(crate) use self::health::{HoldOut, MaxTtl, Peers};
 use self::liveness::Liveness;
-use self::member::{ClusterView, Member, MemberConn};
+use self::member::{Member, MemberConn};
 use self::scripts::ScriptCall;
 
 /// What a call is for: its label in metrics and log lines.
@@ -83,7 +85,7 @@ pub(crate) struct NodeSettings {
     pub(crate) connect_timeout: Duration,
     pub(crate) restart_guard: RestartGuard,
     pub(crate) eviction_guard: EvictionGuard,
-    /// Whether acquires carry a fencing counter (`fence.rs`).
+    /// Whether acquires carry a fencing counter (`acquire_form.rs`).
     pub(crate) fenced: bool,
     /// The clock-drift factor: the clock-jump check (`wallclock.rs`) allows this much drift.
     pub(crate) drift_factor: f64,
@@ -96,7 +98,7 @@ pub(crate) struct NodeSettings {
 
 /// One Redis master. Its state is split by concern, each part owned by one file: the
 /// connection slot ([`connection`]), the restart and eviction guards' view ([`health`]),
-/// whether its last call failed (`liveness.rs`), the fenced acquire's form ([`fence`]) and the
+/// whether its last call failed (`liveness.rs`), the fenced acquire's form ([`acquire_form`]) and the
 /// script mode ([`scripts`]).
 pub(crate) struct Node {
     name: String,
@@ -120,8 +122,8 @@ pub(crate) struct Node {
     by_eval_logged: AtomicBool,
     /// Which lock scripts the current connection's server is known to have cached.
     scripts_seen: scripts::ScriptsSeen,
-    /// The script or the pipelined fenced acquire (`fence.rs`).
-    fence: fence::FencePath,
+    /// The script or the pipelined fenced acquire (`acquire_form.rs`).
+    acquire_form: acquire_form::AcquireForm,
     /// The node's wall clock as last read on each connection (`wallclock.rs`).
     wallclock: wallclock::WallClock,
 }
@@ -148,7 +150,7 @@ impl Node {
             index,
             peers,
             conn: ConnSlot::new(settings.connect_timeout),
-            fence: fence::FencePath::new(&settings),
+            acquire_form: acquire_form::AcquireForm::new(&settings),
             wallclock: wallclock::WallClock::new(settings.drift_factor),
             health: NodeHealth::new(settings, max_ttl),
             live: Liveness::default(),
@@ -277,7 +279,7 @@ impl Node {
     }
 
     /// Sends a call on a single server's connection: the pipelined fenced acquire where the
-    /// node takes it (`fence.rs`), else the script.
+    /// node takes it (`acquire_form.rs`), else the script.
     async fn send_single(
         &self,
         conn: MultiplexedConnection,

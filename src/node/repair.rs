@@ -8,7 +8,8 @@ use std::time::Duration;
 use redis::Value;
 
 use super::Node;
-use super::member::{self, MemberConn};
+use super::cluster;
+use super::member::MemberConn;
 use super::scripts;
 use crate::core::keys::KeyLayout;
 use crate::error::NodeError;
@@ -33,7 +34,7 @@ impl Node {
                 MemberConn::Cluster(cluster) => {
                     let masters = crate::core::lock(&self.cluster).masters.clone();
                     let (next, found, run_id) =
-                        member::cluster_scan_page(cluster, &masters, cursor, &glob, count)
+                        cluster::cluster_scan_page(cluster, &masters, cursor, &glob, count)
                             .await
                             .map_err(|e| self.call_error(e, generation))?;
                     self.check_cluster_run_ids([run_id], generation)?;
@@ -155,9 +156,10 @@ impl Node {
                     return Err(self.call_error(e, generation));
                 }
             }
-            Err(NodeError::BadReply(
-                "raising counters: EVALSHA and EVAL both failed".to_owned(),
-            ))
+            Err(NodeError::BadReply {
+                expected: "the counter raise script run by EVALSHA or EVAL",
+                got: "a refusal of both".to_owned(),
+            })
         };
         tokio::time::timeout(timeout, write)
             .await

@@ -94,7 +94,7 @@ pub(crate) struct AcquireForms {
 }
 
 /// A ready-to-send invocation: a script by its SHA1, or (fencing off) a plain command; for the
-/// fenced acquire also (or only) its pipelined form, `SET NX PX GET` + `INCR` (`node/fence.rs`).
+/// fenced acquire also (or only) its pipelined form, `SET NX PX GET` + `INCR` (`node/acquire_form.rs`).
 #[derive(Debug)]
 pub(crate) struct ScriptCall {
     lua: Option<&'static Lua>,

@@ -7,7 +7,8 @@ use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{CatchUp, Marker, Outcome, RunOnce, Tick, TickContext, not_before, until_lost};
+use super::marker::Marker;
+use super::{CatchUp, Outcome, RunOnce, Tick, TickContext, not_before, until_lost};
 use crate::error::{ConfigError, Error, Setting};
 
 /// The most missed ticks one scheduled run looks back at ([`CatchUp::Within`]).

@@ -24,6 +24,7 @@ use crate::workload::{ClientSpec, Held};
 /// have checked), so a client that watched it would have known. Liveness: the new holder
 /// acquires within ttl + 2 s of the freeze.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn a_paused_holder_wakes_up_and_its_stale_write_is_rejected() {
     let nodes = cluster(3);
     let urls = nodes.urls();

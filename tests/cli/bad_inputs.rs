@@ -82,6 +82,7 @@ const CASES: &[&str] = &[
 ];
 
 #[tokio::test]
+#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn t160_the_table_of_bad_inputs_is_what_redlock_does() {
     let rows = rows();
     let documented: BTreeSet<&str> = rows.iter().map(|r| r.case.as_str()).collect();

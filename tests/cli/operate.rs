@@ -156,15 +156,7 @@ async fn t102_ls_older_than_lists_the_locks_held_longer() {
         .unwrap();
     line_in(&tokenfile).await;
     let seen = SystemTime::now(); // the lock was acquired before this
-    for url in cluster.urls() {
-        let _: () = redis::cmd("SET")
-            .arg(lock_key("foreign"))
-            .arg("0123456789abcdef0123456789abcdef")
-            .arg("PX")
-            .arg(LONG_TTL.as_millis() as u64)
-            .query(&mut conn(&url))
-            .unwrap();
-    }
+    write_foreign_lock(&cluster);
     let ls = |args: &[&str]| {
         let mut cmd = redlock(&cluster);
         cmd.arg("ls").args(args);
@@ -218,15 +210,7 @@ async fn t102_ls_older_than_lists_the_locks_held_longer() {
     assert_eq!(none.code(), 1, "{none:?}");
     assert_eq!(none.stdout.lines().count(), 1, "the header alone: {none:?}");
 
-    let json = ls(&["--json"]).await;
-    assert_eq!(json.code(), 0, "{json:?}");
-    let doc: serde_json::Value = serde_json::from_str(json.stdout.trim()).unwrap();
-    assert_eq!(doc["locks"][0]["key"], "foreign");
-    assert!(doc["locks"][0]["acquired_at_ms"].is_null(), "{doc}");
-    let at = doc["locks"][1]["acquired_at_ms"]
-        .as_u64()
-        .expect("a number");
-    assert!(at + 1 > ms(started) && at <= ms(seen), "{doc}");
+    assert_json_ages(ls(&["--json"]).await, ms(started), ms(seen));
     let json = ls(&["--json", "--older-than", "2s"]).await;
     let doc: serde_json::Value = serde_json::from_str(json.stdout.trim()).unwrap();
     assert_eq!(
@@ -242,4 +226,30 @@ async fn t102_ls_older_than_lists_the_locks_held_longer() {
     nix::sys::signal::kill(pid_of(&holder), nix::sys::signal::Signal::SIGTERM).unwrap();
     let out = finish(holder, tokio::time::Instant::now()).await;
     assert_eq!(out.code(), 143, "{out:?}");
+}
+
+/// A lock another client wrote on every node: a random value, of unknown age.
+fn write_foreign_lock(cluster: &quorumlock::testkit::LocalCluster) {
+    for url in cluster.urls() {
+        let _: () = redis::cmd("SET")
+            .arg(lock_key("foreign"))
+            .arg("0123456789abcdef0123456789abcdef")
+            .arg("PX")
+            .arg(LONG_TTL.as_millis() as u64)
+            .query(&mut conn(&url))
+            .unwrap();
+    }
+}
+
+/// `redlock ls --json` of t102: the foreign lock first, without `acquired_at_ms`; the run's
+/// lock acquired between `started_ms` and `seen_ms`.
+fn assert_json_ages(json: Outcome, started_ms: u64, seen_ms: u64) {
+    assert_eq!(json.code(), 0, "{json:?}");
+    let doc: serde_json::Value = serde_json::from_str(json.stdout.trim()).unwrap();
+    assert_eq!(doc["locks"][0]["key"], "foreign");
+    assert!(doc["locks"][0]["acquired_at_ms"].is_null(), "{doc}");
+    let at = doc["locks"][1]["acquired_at_ms"]
+        .as_u64()
+        .expect("a number");
+    assert!(at + 1 > started_ms && at <= seen_ms, "{doc}");
 }

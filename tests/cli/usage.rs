@@ -82,6 +82,7 @@ async fn t20_usage_errors_exit_64_with_one_line_and_run_nothing() {
 }
 
 #[tokio::test]
+#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn t21_every_duration_is_bounded_and_huge_ones_exit_64_not_a_panic() {
     let cluster = cluster(5);
     let (_dir, marker, script) = marker_cmd();

@@ -129,6 +129,7 @@ struct Term {
 /// once after each notice and may split the nodes between them (a split must lead to a short
 /// retry, not to a poll-interval wait).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn t20_one_leader_among_five_candidates_at_any_time() {
     const TERMS: usize = 60;
     let cluster = cluster(5);

@@ -169,6 +169,7 @@ async fn t12_tokens_survive_a_minority_restarted_empty() {
 /// ttl. B takes the lock with a greater token and writes. When A wakes, it can see the lock is
 /// lost before it writes, and the resource rejects its late write anyway.
 #[tokio::test]
+#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn t20_a_stalled_holder_is_fenced_off() {
     let cluster = cluster(5);
     let urls = cluster.urls();

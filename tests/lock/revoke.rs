@@ -7,8 +7,8 @@ use std::time::Duration;
 use crate::support::*;
 use quorumlock::testkit::LocalCluster;
 use quorumlock::{
-    Error, FenceClaim, FencedWrite, FencingToken, LostReason, Redlock, TokenCheck, fenced_claim,
-    fenced_set,
+    Error, FenceClaim, FencedWrite, FencingToken, Lock, LostReason, Redlock, Revocation,
+    TokenCheck, fenced_claim, fenced_set,
 };
 
 async fn store(url: &str) -> redis::aio::MultiplexedConnection {
@@ -61,13 +61,7 @@ async fn t70_a_kept_alive_holder_is_revoked_and_a_waiter_takes_over() {
     .await;
 
     let revocation = ops.revoke("wedged").await.unwrap();
-    assert!(revocation.revoked(), "{revocation:?}");
-    assert_eq!(revocation.value.as_deref(), Some(lock.value()));
-    assert!(revocation.token > old, "{revocation:?} after {old}");
-    assert!(
-        revocation.raised >= 3 && revocation.deleted >= 3,
-        "{revocation:?}"
-    );
+    assert_revoked(&revocation, lock.value(), old);
     // From that moment: the counter check refuses the old token.
     let check = ops.check_token("wedged", old).await.unwrap();
     assert!(!check.is_current(), "{check:?}");
@@ -87,15 +81,7 @@ async fn t70_a_kept_alive_holder_is_revoked_and_a_waiter_takes_over() {
         }
     );
     // The holder's next extension fails, and its lost signal names the revoke.
-    tokio::time::timeout(WAIT, lock.lost())
-        .await
-        .expect("the holder's lost() fired");
-    assert!(
-        matches!(lock.lost_reason(), Some(LostReason::Revoked)),
-        "{:?}",
-        lock.lost_reason()
-    );
-    assert!(lock.lost_reason().unwrap().to_string().contains("revoked"));
+    assert_lost_to_the_revoke(&lock).await;
     // The waiter takes over with a larger token; tokens only grow.
     let (next, next_lock) = waiting.await.unwrap().expect("the waiter took over");
     assert!(
@@ -121,6 +107,31 @@ async fn t70_a_kept_alive_holder_is_revoked_and_a_waiter_takes_over() {
         FencedWrite::Stale { highest: next }
     );
     next_lock.release().await.unwrap();
+}
+
+/// The revoke found the holder's `value` on a quorum, raised the counters past its token `old`
+/// and deleted the value, each on at least 3 of the 5 nodes.
+fn assert_revoked(revocation: &Revocation, value: &str, old: FencingToken) {
+    assert!(revocation.revoked(), "{revocation:?}");
+    assert_eq!(revocation.value.as_deref(), Some(value));
+    assert!(revocation.token > old, "{revocation:?} after {old}");
+    assert!(
+        revocation.raised >= 3 && revocation.deleted >= 3,
+        "{revocation:?}"
+    );
+}
+
+/// The revoked holder's `lost()` fires, with the revoke as its reason.
+async fn assert_lost_to_the_revoke(lock: &Lock) {
+    tokio::time::timeout(WAIT, lock.lost())
+        .await
+        .expect("the holder's lost() fired");
+    assert!(
+        matches!(lock.lost_reason(), Some(LostReason::Revoked)),
+        "{:?}",
+        lock.lost_reason()
+    );
+    assert!(lock.lost_reason().unwrap().to_string().contains("revoked"));
 }
 
 /// Whether some node has a waiters marker for `key`.

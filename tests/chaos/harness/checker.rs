@@ -36,7 +36,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use crate::history::{History, Mono, OpKind, SessionId, Write};
+use crate::history::{History, Mono, OpKind, Section, SessionId, Write};
 
 /// A fault during which the lock must stay available has to last this much longer than its
 /// `available_after` before a lack of acquisitions counts as starvation.
@@ -131,57 +131,12 @@ impl Report {
 pub fn check(h: &History, reacquire_bound: Duration) -> Report {
     let mut order: Vec<usize> = (0..h.sections.len()).collect();
     order.sort_by_key(|&i| (h.sections[i].acquired, h.sections[i].session));
-    let sections: Vec<_> = order.iter().map(|&i| &h.sections[i]).collect();
+    let sections: Vec<&Section> = order.iter().map(|&i| &h.sections[i]).collect();
 
-    // Overlaps: sweep in acquisition order.
-    let mut overlaps = Vec::new();
-    for (i, a) in sections.iter().enumerate() {
-        for b in &sections[i + 1..] {
-            if b.acquired >= a.end() {
-                break;
-            }
-            overlaps.push((a.session, b.session));
-        }
-    }
-
-    // Tokens must grow with acquisition order.
-    let mut token_regressions = Vec::new();
-    let mut highest: Option<(u64, SessionId)> = None;
-    for s in &sections {
-        match highest {
-            Some((t, holder)) if s.token <= t => token_regressions.push((holder, s.session)),
-            _ => highest = Some((s.token, s.session)),
-        }
-    }
-
-    let by_session: HashMap<SessionId, _> = sections.iter().map(|s| (s.session, *s)).collect();
-    let past_validity: Vec<usize> = h
-        .writes
-        .iter()
-        .enumerate()
-        .filter(|(_, w)| {
-            by_session
-                .get(&w.session)
-                .is_some_and(|s| w.start > s.valid_until)
-        })
-        .map(|(i, _)| i)
-        .collect();
-
-    let hung = h
-        .ops
-        .iter()
-        .enumerate()
-        .filter(|(_, op)| {
-            let frozen: Duration = h
-                .pauses
-                .iter()
-                .filter(|p| p.client == op.client)
-                .map(|p| intersection(op.start, op.end, p.start, p.end))
-                .sum();
-            op.end.since(op.start).saturating_sub(frozen) > op.bound
-        })
-        .map(|(i, _)| i)
-        .collect();
+    let overlaps = overlaps(&sections);
+    let token_regressions = token_regressions(&sections);
+    let past_validity = past_validity(h, &sections);
+    let hung = hung(h);
 
     let mut uncaught = order_broken(&h.writes);
     uncaught.extend(shared_tokens(h));
@@ -194,6 +149,108 @@ pub fn check(h: &History, reacquire_bound: Duration) -> Report {
         .filter(|(i, w)| suspect.contains(&w.session) || past.contains(i))
         .count();
 
+    let (reacquired, slow_recoveries) = recoveries(h, &sections, reacquire_bound);
+    let starvation = starvation(h, &sections);
+    let (held_judged, misreported_held) = held_misreports(h);
+
+    Report {
+        sections: h.sections.len(),
+        writes: h.writes.len(),
+        ops: h.ops.len(),
+        overlaps,
+        token_regressions,
+        past_validity,
+        hung,
+        uncaught,
+        stale_rejected,
+        caught,
+        reacquired,
+        slow_recoveries,
+        worst_gap: worst_gap(h, &sections),
+        during: starvation.during,
+        judged: starvation.judged,
+        contended: starvation.contended,
+        starved: starvation.starved,
+        clock_jumps: h.clock_jumps.len(),
+        jumps_fired: h.clock_jumps.iter().filter(|j| j.fired()).count(),
+        held_judged,
+        misreported_held,
+        malformed: h.malformed.len(),
+        unfinished_writes: h.unfinished_writes.len(),
+        incidents: h.incidents.len(),
+    }
+}
+
+/// Pairs of sections that overlap in time: a sweep in acquisition order.
+fn overlaps(sections: &[&Section]) -> Vec<(SessionId, SessionId)> {
+    let mut overlaps = Vec::new();
+    for (i, a) in sections.iter().enumerate() {
+        for b in &sections[i + 1..] {
+            if b.acquired >= a.end() {
+                break;
+            }
+            overlaps.push((a.session, b.session));
+        }
+    }
+    overlaps
+}
+
+/// Sections whose token did not grow with acquisition order, each with the holder of the
+/// highest token before it.
+fn token_regressions(sections: &[&Section]) -> Vec<(SessionId, SessionId)> {
+    let mut token_regressions = Vec::new();
+    let mut highest: Option<(u64, SessionId)> = None;
+    for s in sections {
+        match highest {
+            Some((t, holder)) if s.token <= t => token_regressions.push((holder, s.session)),
+            _ => highest = Some((s.token, s.session)),
+        }
+    }
+    token_regressions
+}
+
+/// Writes started after their section's validity ended.
+fn past_validity(h: &History, sections: &[&Section]) -> Vec<usize> {
+    let by_session: HashMap<SessionId, _> = sections.iter().map(|s| (s.session, *s)).collect();
+    let past_validity: Vec<usize> = h
+        .writes
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| {
+            by_session
+                .get(&w.session)
+                .is_some_and(|s| w.start > s.valid_until)
+        })
+        .map(|(i, _)| i)
+        .collect();
+    past_validity
+}
+
+/// Operations that ran longer than their bound, less the time their client was frozen.
+fn hung(h: &History) -> Vec<usize> {
+    h.ops
+        .iter()
+        .enumerate()
+        .filter(|(_, op)| {
+            let frozen: Duration = h
+                .pauses
+                .iter()
+                .filter(|p| p.client == op.client)
+                .map(|p| intersection(op.start, op.end, p.start, p.end))
+                .sum();
+            op.end.since(op.start).saturating_sub(frozen) > op.bound
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// For each fault, how long after its heal the lock was acquired again (within the window up
+/// to the next fault), and the faults recovered from too slowly.
+fn recoveries(
+    h: &History,
+    sections: &[&Section],
+    reacquire_bound: Duration,
+) -> (Vec<Option<Duration>>, Vec<usize>) {
     // Each fault's recovery window runs from its heal to the next fault (or the end).
     let windows: Vec<(Mono, Mono)> = h
         .faults
@@ -228,7 +285,20 @@ pub fn check(h: &History, reacquire_bound: Duration) -> Report {
         })
         .map(|(i, _)| i)
         .collect();
+    (reacquired, slow_recoveries)
+}
 
+/// The acquisitions during each fault, and the faults judged for starvation.
+struct Starvation {
+    during: Vec<usize>,
+    judged: Vec<usize>,
+    contended: Vec<usize>,
+    starved: Vec<usize>,
+}
+
+/// Faults that promise availability, stand alone, and saw no acquisition: starved, or
+/// contended when an acquisition was refused as held meanwhile.
+fn starvation(h: &History, sections: &[&Section]) -> Starvation {
     let during: Vec<usize> = h
         .faults
         .iter()
@@ -274,7 +344,16 @@ pub fn check(h: &History, reacquire_bound: Duration) -> Report {
         .copied()
         .filter(|&i| during[i] == 0)
         .partition(|&i| refused_during(&h.faults[i]));
+    Starvation {
+        during,
+        judged,
+        contended,
+        starved,
+    }
+}
 
+/// Acquisitions that ended where `held` is impossible, and those of them that said `held`.
+fn held_misreports(h: &History) -> (Vec<usize>, Vec<usize>) {
     // Acquisitions that ended inside a window where `held` is impossible (their last round, the
     // one they report, was made during the fault).
     let held_judged: Vec<usize> = h
@@ -294,43 +373,22 @@ pub fn check(h: &History, reacquire_bound: Duration) -> Report {
         .copied()
         .filter(|&i| h.ops[i].outcome == "held")
         .collect();
+    (held_judged, misreported_held)
+}
 
+/// The longest time without a section: between sections, from the start, and after the last
+/// one to the end.
+fn worst_gap(h: &History, sections: &[&Section]) -> Duration {
     // Unavailability: gaps between sections, from the start, and after the last one to the end
     // (a lock that never came back is unavailable until the run stopped).
     let mut worst_gap = Duration::ZERO;
     let mut covered = h.start;
-    for s in &sections {
+    for s in sections {
         worst_gap = worst_gap.max(s.acquired.since(covered));
         covered = covered.max(s.end());
     }
     worst_gap = worst_gap.max(h.end.since(covered));
-
-    Report {
-        sections: h.sections.len(),
-        writes: h.writes.len(),
-        ops: h.ops.len(),
-        overlaps,
-        token_regressions,
-        past_validity,
-        hung,
-        uncaught,
-        stale_rejected,
-        caught,
-        reacquired,
-        slow_recoveries,
-        worst_gap,
-        during,
-        judged,
-        contended,
-        starved,
-        clock_jumps: h.clock_jumps.len(),
-        jumps_fired: h.clock_jumps.iter().filter(|j| j.fired()).count(),
-        held_judged,
-        misreported_held,
-        malformed: h.malformed.len(),
-        unfinished_writes: h.unfinished_writes.len(),
-        incidents: h.incidents.len(),
-    }
+    worst_gap
 }
 
 fn intersection(a0: Mono, a1: Mono, b0: Mono, b1: Mono) -> Duration {

@@ -17,7 +17,7 @@ use crate::error::{NodeError, shape};
 
 /// A node's choice between the script and the pipelined acquire.
 #[derive(Debug, Default)]
-pub(crate) struct FencePath {
+pub(crate) struct AcquireForm {
     /// Whether acquires carry a fencing counter; `false` with fencing off or in compat mode:
     /// such a node never pipelines.
     fenced: bool,
@@ -30,13 +30,13 @@ pub(crate) struct FencePath {
     met: AtomicBool,
 }
 
-impl FencePath {
+impl AcquireForm {
     pub(crate) fn new(settings: &NodeSettings) -> Self {
-        FencePath {
+        AcquireForm {
             fenced: settings.fenced,
             #[cfg(feature = "testkit")]
             force_script: settings.force_script,
-            ..FencePath::default()
+            ..AcquireForm::default()
         }
     }
 
@@ -59,8 +59,8 @@ pub(super) fn redis_major(info: &str) -> Option<u32> {
 impl Node {
     /// What a connect (generation `generation`) found: the server's major version. The node
     /// pipelines its acquires on this connection when it can.
-    pub(super) fn observe_fence(&self, generation: u64, major: Option<u32>) {
-        let path = &self.fence;
+    pub(super) fn observe_acquire_form(&self, generation: u64, major: Option<u32>) {
+        let path = &self.acquire_form;
         path.ready.store(0, Ordering::Release);
         path.met.store(true, Ordering::Release);
         if !path.fenced || path.forced_to_script() || major.is_none_or(|m| m < 7) {
@@ -73,14 +73,14 @@ impl Node {
     /// Whether acquires to this node are pipelined on its current connection (a hint for
     /// building a round's call: [`Self::pipelines_on`] decides per send).
     pub(crate) fn pipelines(&self) -> bool {
-        self.fence.ready.load(Ordering::Acquire) != 0
+        self.acquire_form.ready.load(Ordering::Acquire) != 0
     }
 
     /// Whether acquires to this node may be pipelined: they are, or the node has not been met
     /// yet and may turn out to take them (a fresh client's first round then carries both forms,
     /// and the connect decides: a new process's lock costs a Redis 7 node no script).
     pub(crate) fn may_pipeline(&self) -> bool {
-        let path = &self.fence;
+        let path = &self.acquire_form;
         self.pipelines()
             || (path.fenced
                 && !path.forced_to_script()
@@ -90,7 +90,7 @@ impl Node {
 
     /// Whether acquires on the connection of `generation` are pipelined.
     pub(super) fn pipelines_on(&self, generation: u64) -> bool {
-        self.fence.ready.load(Ordering::Acquire) == generation
+        self.acquire_form.ready.load(Ordering::Acquire) == generation
     }
 
     /// Sends the pipelined acquire and reads its two replies as the script's one: the counter
@@ -117,11 +117,10 @@ impl Node {
             }
             (first, second) => {
                 let said = |v: Option<Value>| v.as_ref().map_or("nothing".to_owned(), shape);
-                Err(NodeError::BadReply(format!(
-                    "unexpected reply: {} then {} where a value, or nil then a counter, was expected",
-                    said(first),
-                    said(second)
-                )))
+                Err(NodeError::BadReply {
+                    expected: "a value, or nil then a counter",
+                    got: format!("{} then {}", said(first), said(second)),
+                })
             }
         }
     }
