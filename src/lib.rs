@@ -41,6 +41,7 @@ pub use redis;
 /// `tokio-util`), re-exported so that you can name it without depending on `tokio-util`.
 pub use tokio_util::sync::CancellationToken;
 
+pub use crate::client::FlushReport;
 pub use crate::client::check::TokenCheck;
 pub use crate::client::inventory::{HeldLock, Inventory, MAX_LOCKS};
 pub use crate::client::io_thread::IoThread;

@@ -69,11 +69,12 @@ struct Runtime {
 impl Drop for Runtime {
     fn drop(&mut self) {
         if let Some(runtime) = self.runtime.take() {
-            // Releases of dropped guards and the unanswered part of rounds: each bounded by the
-            // node timeout, so this returns promptly even with nodes down. (Not from inside an
+            // Releases of dropped guards and the unanswered part of rounds: each given up once
+            // its node answers nothing for a node timeout, so this returns promptly even with
+            // nodes down. (Not from inside an
             // async runtime, where blocking is not allowed: the ttl bounds those keys.)
             if tokio::runtime::Handle::try_current().is_err() {
-                runtime.block_on(self.locks.flush());
+                let _ = runtime.block_on(self.locks.flush());
             }
             runtime.shutdown_background();
         }
@@ -236,17 +237,15 @@ impl Redlock {
         self.runtime.block_on(self.locks.locks(prefix))
     }
 
-    /// Waits for the background releases, as [`crate::Redlock::flush`]. Dropping the last
-    /// clone of the client does this too.
+    /// Waits for the background releases, as [`crate::Redlock::flush`], and reports the
+    /// release calls it could not deliver. Dropping the last clone of the client does this too.
     ///
     /// # Errors
     ///
     /// [`ConfigError::Runtime`] when called from inside an async runtime.
-    pub fn flush(&self) -> Result<(), Error> {
-        self.runtime.block_on(async {
-            self.locks.flush().await;
-            Ok(())
-        })
+    pub fn flush(&self) -> Result<crate::FlushReport, Error> {
+        self.runtime
+            .block_on(async { Ok(self.locks.flush().await) })
     }
 
     /// Acquires `key` (with the configured retries), keeps it alive while `work` runs on this

@@ -266,7 +266,7 @@ impl Engine {
         tries: &mut Tries,
         waiter: &Waiter<'_>,
     ) -> RoundEnd {
-        let mut undo = UndoRelease::arm(self, &req.keys, value, req.caller);
+        let mut undo = UndoRelease::arm(self, &req.keys, value, req.ttl, req.caller);
         let round_start = Instant::now();
         let voted = match self.attempt(req, value).await {
             Ok(voted) => voted,
@@ -443,6 +443,9 @@ impl Engine {
             .round(
                 Arc::new(call),
                 deadline,
+                // Calls queued behind this client's earlier ones wait on while their node
+                // answers those, as long as a quorum could still leave validity.
+                budget_end,
                 Some(started.saturating_add(round_time)),
                 Op::Acquire,
                 &[],

@@ -99,11 +99,15 @@ impl Engine {
             lock_deadline.saturating_duration_since(started),
         );
         let deadline = start + length;
+        // Calls queued behind this client's earlier ones wait on while their node answers
+        // those, never past the lock's deadline (nor the new ttl's budget).
+        let cap = start + budget.min(lock_deadline.saturating_duration_since(started));
         let call = extend_call(state, ttl_ms, self.inner.cfg.keys.is_compat());
         let round = self
             .round(
                 Arc::new(call),
                 deadline,
+                cap,
                 Some(lock_deadline),
                 Op::Extend,
                 &[],
@@ -330,7 +334,14 @@ impl Engine {
         let length = timing::extend_round(self.inner.cfg.node_timeout, budget, budget);
         let call = resume_call(&lock_keys, value, ttl_ms);
         let round = self
-            .round(Arc::new(call), start + length, None, Op::Extend, &[])
+            .round(
+                Arc::new(call),
+                start + length,
+                start + budget,
+                None,
+                Op::Extend,
+                &[],
+            )
             .await;
         let decided = clock::now();
         let Round {

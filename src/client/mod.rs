@@ -11,6 +11,7 @@ pub(crate) mod config;
 mod extend;
 pub(crate) mod inventory;
 pub(crate) mod io_thread;
+mod patience;
 mod queue;
 mod release;
 mod repair;
@@ -24,7 +25,7 @@ pub(crate) mod wait;
 mod waiter;
 
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -65,6 +66,10 @@ pub(crate) struct Inner {
     /// Set by an acquisition round that could not reach a quorum for lack of answers, cleared
     /// by one that reached it: the client warns once per outage, not once per round.
     pub(crate) outage: AtomicBool,
+    /// Release calls given up since the last `flush` (their node failed, or it was still
+    /// answering this client's earlier calls when the key's own expiry came): what the next
+    /// `flush` reports.
+    undelivered: AtomicU64,
     /// Waiters for held locks and the subscriptions that wake them (`wait.rs`).
     pub(crate) waiting: wait::Waiting,
     /// The I/O thread, once started (`io_thread.rs`); dropped last, so the tasks above it stop
@@ -97,6 +102,7 @@ impl Engine {
                 flushing: tokio::sync::Mutex::new(()),
                 parked: Mutex::new(VecDeque::new()),
                 outage: AtomicBool::new(false),
+                undelivered: AtomicU64::new(0),
                 waiting: wait::Waiting::default(),
                 io_thread: io_thread::IoThreadSlot::default(),
             }),
@@ -145,17 +151,35 @@ impl Engine {
         self.inner.waiting.queued(lock_key).is_some()
     }
 
-    /// The engine side of [`Redlock::flush`](crate::Redlock::flush).
-    pub(crate) async fn flush(&self) {
+    /// The engine side of [`Redlock::flush`](crate::Redlock::flush): the release calls given
+    /// up since the previous flush are in its report.
+    pub(crate) async fn flush(&self) -> FlushReport {
         let _one_at_a_time = self.inner.flushing.lock().await;
         let parked: Vec<Tail> = lock(&self.inner.parked).drain(..).collect();
         let tasks = &self.inner.tasks;
         tasks.close();
         futures::join!(
-            futures::future::join_all(parked.into_iter().map(Tail::drive)),
+            futures::future::join_all(parked.into_iter().map(|tail| tail.drive(self.clone()))),
             tasks.wait()
         );
         tasks.reopen();
+        FlushReport {
+            undelivered: self.inner.undelivered.swap(0, Ordering::Relaxed),
+        }
+    }
+
+    /// Counts a release tail's calls given up (`FlushReport::undelivered`).
+    pub(crate) fn count_undelivered(&self, tail: &Tail) {
+        self.count_undelivered_calls(tail.undelivered());
+    }
+
+    /// Counts `n` release calls given up (`FlushReport::undelivered`).
+    pub(crate) fn count_undelivered_calls(&self, n: usize) {
+        if n > 0 {
+            self.inner
+                .undelivered
+                .fetch_add(n as u64, Ordering::Relaxed);
+        }
     }
 
     /// Makes sure a finished round's unanswered calls reach their nodes: a dropped call may be
@@ -191,19 +215,25 @@ impl Engine {
                 let Some(front) = parked.front_mut() else {
                     break;
                 };
-                if front.deadline > now && !front.collect() {
+                if !front.collect()
+                    && (front.deadline > now || front.renew_parked(&self.inner.nodes))
+                {
                     break;
                 }
                 *slot = parked.pop_front();
+            }
+            for tail in done.iter().flatten() {
+                self.count_undelivered(tail);
             }
             if parked.len() < MAX_PARKED {
                 parked.push_back(tail);
                 return;
             }
         }
-        self.inner
-            .tasks
-            .spawn(tracing::Instrument::instrument(tail.drive(), span.clone()));
+        self.inner.tasks.spawn(tracing::Instrument::instrument(
+            tail.drive(self.clone()),
+            span.clone(),
+        ));
     }
 
     /// The `lock` label of a per-lock metric: the key, when the client opted in.
@@ -282,6 +312,48 @@ impl Engine {
     }
 }
 
+/// What [`Redlock::flush`](crate::Redlock::flush) could not do: the release calls it gave up
+/// since the previous flush. Each was to a node that failed or answered nothing for a whole
+/// node timeout (or was still answering this client's earlier calls when the key had expired
+/// on its own); the key it was to delete there expires with its ttl.
+///
+/// ```
+/// # async fn run(locks: quorumlock::Redlock) {
+/// let report = locks.flush().await;
+/// println!("{report}"); // "every release delivered", or how many were not
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlushReport {
+    undelivered: u64,
+}
+
+impl FlushReport {
+    /// How many release calls (one per lock and node) were given up since the previous flush.
+    pub fn undelivered(&self) -> u64 {
+        self.undelivered
+    }
+
+    /// True when every release call was delivered.
+    pub fn is_complete(&self) -> bool {
+        self.undelivered == 0
+    }
+}
+
+impl std::fmt::Display for FlushReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.undelivered == 0 {
+            f.write_str("every release delivered")
+        } else {
+            write!(
+                f,
+                "{} release calls not delivered (their nodes failed or did not answer); those keys expire with their ttl",
+                self.undelivered
+            )
+        }
+    }
+}
+
 /// The metrics label of a failed acquisition (`quorumlock_acquire_total`'s `outcome`), also the
 /// `outcome` of a failed operation's span (see [`span_outcome`]).
 pub(crate) fn outcome_label(e: &Error) -> &'static str {
@@ -290,6 +362,7 @@ pub(crate) fn outcome_label(e: &Error) -> &'static str {
         Error::NoQuorum { .. } => "no_quorum",
         Error::ValidityExpired { .. } => "expired",
         Error::PermissionDenied { .. } => "denied",
+        Error::Overloaded { .. } => "overloaded",
         _ => "error",
     }
 }

@@ -12,6 +12,7 @@ use tracing::field::Empty;
 use tracing::instrument::WithSubscriber;
 
 use super::Engine;
+use super::patience::patiently;
 use super::state::LockState;
 use crate::core::clock;
 use crate::core::keys::LockKeys;
@@ -56,11 +57,22 @@ impl Engine {
         self.inner
             .waiting
             .released_by_us(state.lock_key(), state.value());
-        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let now = Instant::now();
+        // Each call waits while its node works through this client's earlier calls, until the
+        // key has expired on its own at the latest (`patience.rs`).
+        let deadline = now + self.inner.cfg.node_timeout;
+        let cap = now + state.ttl();
         // Deleted (1) or absent (0) both leave nothing of ours; only another owner's value
         // (-1) is a refusal (`round::round_rule`).
         let round = self
-            .round(Arc::new(call), deadline, None, Op::Release, &never_sent)
+            .round(
+                Arc::new(call),
+                deadline,
+                cap,
+                None,
+                Op::Release,
+                &never_sent,
+            )
             .await;
         // The unanswered releases must reach their nodes: dropped, a queued command may be
         // skipped by its connection, and the key would outlive the release by up to a ttl.
@@ -132,7 +144,7 @@ impl Engine {
             let _serial = state.serial().await;
             let never_sent = state.stop_handing(client.node_count()).await;
             let call = Arc::new(release_call(&state, client.inner.cfg.keys.is_compat()));
-            client.release_with(call, &never_sent).await;
+            client.release_with(call, &never_sent, state.ttl()).await;
             if let Some(tail) = state.take_tail() {
                 client.settle(tail, false, &task_span);
             }
@@ -162,7 +174,8 @@ impl Engine {
 
     /// The undo of a failed attempt: a release of `value` (no token: the call names no counter)
     /// on every node except those `skip` marks (the nodes that answered that another value
-    /// holds the key: ours is not there), each bounded by the node timeout from now. Built
+    /// holds the key: ours is not there), each waiting for its node as
+    /// [`release_with`](Self::release_with) says, at most `ttl` (the attempt's). Built
     /// before it is awaited, so the caller's borrows end here. (`keys`' counter is not sent: an
     /// undo raises no counter.)
     ///
@@ -178,6 +191,7 @@ impl Engine {
         value: &str,
         skip: &[bool],
         notify: bool,
+        ttl: std::time::Duration,
     ) -> impl Future<Output = ()> + Send + 'static {
         // Compat mode has no waiters marker (its waiters poll); without the waiters count
         // (KEYS[2]) the script publishes nothing.
@@ -190,17 +204,23 @@ impl Engine {
         } else {
             bare_release(lock_key, value)
         });
-        self.release_with(call, skip)
+        self.release_with(call, skip, ttl)
     }
 
-    /// Sends a release call to every node but those `skip` marks, each bounded by the node
-    /// timeout from now.
+    /// Sends a release call to every node but those `skip` marks. Each waits a node timeout at
+    /// a time while its node answers this client's earlier calls, for `ttl` from now at most
+    /// (every key of ours has expired by then), and is given up when its node answers nothing
+    /// for a whole node timeout (`patience.rs`); a call given up (or failed) is counted for the
+    /// next `flush`'s report.
     fn release_with(
         &self,
         call: Arc<ScriptCall>,
         skip: &[bool],
+        ttl: std::time::Duration,
     ) -> impl Future<Output = ()> + Send + 'static {
-        let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let window = self.inner.cfg.node_timeout;
+        let cap = Instant::now() + ttl;
+        let client = self.clone();
         let calls: FuturesUnordered<_> = self
             .inner
             .nodes
@@ -208,10 +228,18 @@ impl Engine {
             .enumerate()
             .filter(|&(i, _)| !skip.get(i).copied().unwrap_or(false))
             .map(|(_, n)| {
-                Arc::clone(n).run(Arc::clone(&call), deadline, HoldOut::Ignore, Op::Release)
+                let node = Arc::clone(n);
+                let call =
+                    Arc::clone(n).call(Arc::clone(&call), HoldOut::Ignore, Op::Release, None);
+                async move { patiently(&node, call, Op::Release, window, cap).await }
             })
             .collect();
-        calls.for_each(|_| async {})
+        calls.for_each(move |reply| {
+            if reply.is_err() {
+                client.count_undelivered_calls(1);
+            }
+            async {}
+        })
     }
 }
 

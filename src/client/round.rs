@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::Engine;
+use super::patience::NodeWait;
 use crate::core::clock::Stamp;
 use crate::core::quorum::{self, Answer, Refusal, Tally, Verdict};
 use crate::error::{NodeError, NodeFailure};
@@ -97,6 +98,10 @@ pub(crate) struct Tail {
     answered: Answered,
     pub(super) gate: RoundGate,
     pub(super) deadline: Instant,
+    /// A release's waiting windows (`None` for other rounds, and when every call answered by
+    /// the verdict): its calls still queued behind busy nodes wait on, up to its bound
+    /// (`patience.rs`); given up unanswered, they are counted as undelivered.
+    patience: Option<Box<NodeWait>>,
 }
 
 impl std::fmt::Debug for Tail {
@@ -246,37 +251,80 @@ impl Tail {
         got
     }
 
-    /// Drives the unanswered calls to their answer, bounded by the round's deadline; not those
-    /// of a closed round still waiting for their connection (they will never be sent).
-    pub(super) async fn drive(mut self) {
-        let deadline = self.deadline;
-        let _ = tokio::time::timeout_at(
-            deadline,
-            std::future::poll_fn(|cx| {
-                let Some(calls) = &mut self.calls else {
-                    return std::task::Poll::Ready(());
-                };
-                loop {
-                    match calls.poll_next_unpin(cx) {
-                        std::task::Poll::Ready(Some((i, _))) => self.answered[i] = true,
-                        std::task::Poll::Ready(None) => return std::task::Poll::Ready(()),
-                        std::task::Poll::Pending => break,
+    /// Drives the unanswered calls to their answer, bounded by the round's deadline (a
+    /// release's, renewed while its nodes work through this client's earlier calls); not those
+    /// of a closed round still waiting for their connection (they will never be sent). A
+    /// release's calls given up are counted as undelivered (`Redlock::flush`).
+    pub(super) async fn drive(mut self, client: Engine) {
+        let nodes = &client.inner.nodes;
+        loop {
+            let deadline = self.deadline;
+            let done = tokio::time::timeout_at(
+                deadline,
+                std::future::poll_fn(|cx| {
+                    let Some(calls) = &mut self.calls else {
+                        return std::task::Poll::Ready(());
+                    };
+                    loop {
+                        match calls.poll_next_unpin(cx) {
+                            std::task::Poll::Ready(Some((i, _))) => self.answered[i] = true,
+                            std::task::Poll::Ready(None) => return std::task::Poll::Ready(()),
+                            std::task::Poll::Pending => break,
+                        }
                     }
-                }
-                if self.only_unsent_left() {
-                    std::task::Poll::Ready(())
-                } else {
-                    std::task::Poll::Pending
-                }
-            }),
-        )
-        .await;
+                    if self.only_unsent_left() {
+                        std::task::Poll::Ready(())
+                    } else {
+                        std::task::Poll::Pending
+                    }
+                }),
+            )
+            .await
+            .is_ok();
+            let Some(patience) = self.patience.as_mut().filter(|_| !done) else {
+                break;
+            };
+            let answered = &self.answered;
+            if !patience.renew(nodes, |i| !answered[i]).await {
+                break;
+            }
+            self.deadline = patience.until();
+        }
+        client.count_undelivered(&self);
+    }
+
+    /// A parked release tail past its deadline: whether it waits another window (its nodes
+    /// are still answering this client's earlier calls, and its bound has not come).
+    pub(super) fn renew_parked(&mut self, nodes: &[Arc<Node>]) -> bool {
+        let Some(patience) = &mut self.patience else {
+            return false;
+        };
+        let answered = &self.answered;
+        if !patience.renew_now(nodes, |i| !answered[i]) {
+            return false;
+        }
+        self.deadline = patience.until();
+        true
+    }
+
+    /// How many of a release's calls were given up: neither answered nor left unsent by a
+    /// closed round.
+    pub(super) fn undelivered(&self) -> usize {
+        if self.patience.is_none() {
+            return 0;
+        }
+        self.answered
+            .iter()
+            .enumerate()
+            .filter(|&(i, &answered)| !answered && !self.gate.never_sent(i))
+            .count()
     }
 }
 
 impl Engine {
-    /// Sends `call` to every node at once, each bounded by `deadline`, and returns as soon as the
-    /// verdict is certain. Unanswered calls are handed back in `rest`. With `closes_at`, no
+    /// Sends `call` to every node at once and returns as soon as the verdict is certain. A call
+    /// unanswered at `deadline` waits on, a node timeout at a time, while its node answers this
+    /// client's earlier calls, never past `cap` (`patience.rs`). Unanswered calls are handed back in `rest`. With `closes_at`, no
     /// call of the round is sent (nor re-sent as `EVAL`) from that time on the deadline clock.
     /// What counts as a yes, and whether a held-out node is asked, follow from `op`
     /// ([`round_rule`]). The nodes `skip` marks get no call: each counts as answering `0` (a
@@ -285,6 +333,7 @@ impl Engine {
         &self,
         call: Arc<ScriptCall>,
         deadline: Instant,
+        cap: Instant,
         closes_at: Option<Stamp>,
         op: Op,
         skip: &[bool],
@@ -316,39 +365,58 @@ impl Engine {
         // An acquisition refused by a quorum also waits until it is known whether that was
         // contention (see `quorum::refusal`); nothing else does.
         let classify = op == Op::Acquire;
-        let decided = tokio::time::timeout_at(deadline, async {
-            while let Some((i, reply)) = rest.next().await {
-                tracing::trace!(node = i, op = op.as_str(), since = ?start.elapsed(), "answer");
-                answers.record(i, reply, yes, nodes[i].name());
-                if hold_out == HoldOut::Respect {
-                    answers.revoke_twins(nodes);
+        let mut patience = NodeWait::new(nodes, self.inner.cfg.node_timeout, start, deadline, cap);
+        let decided = loop {
+            let step = tokio::time::timeout_at(patience.until(), async {
+                while let Some((i, reply)) = rest.next().await {
+                    tracing::trace!(node = i, op = op.as_str(), since = ?start.elapsed(), "answer");
+                    answers.record(i, reply, yes, nodes[i].name());
+                    if hold_out == HoldOut::Respect {
+                        answers.revoke_twins(nodes);
+                    }
+                    // An acquisition does not wait for nodes already known down (their last
+                    // call failed): giving up a round is always safe (it is undone), and a hung
+                    // node would otherwise hold every undecided round to its deadline.
+                    let down = if classify {
+                        answers.pending_down(nodes)
+                    } else {
+                        0
+                    };
+                    if let Some(verdict) = answers.decided(classify, down)
+                        && !(verdict == Verdict::Quorum
+                            && hold_out == HoldOut::Respect
+                            && answers.identities_unsettled(nodes))
+                        && !(verdict == Verdict::Quorum
+                            && op == Op::Release
+                            && !answers.release_told())
+                    {
+                        return verdict;
+                    }
                 }
-                // An acquisition does not wait for nodes already known down (their last call
-                // failed): giving up a round is always safe (it is undone), and a hung node
-                // would otherwise hold every undecided round to its deadline.
-                let down = if classify {
-                    answers.pending_down(nodes)
-                } else {
-                    0
-                };
-                if let Some(verdict) = answers.decided(classify, down)
-                    && !(verdict == Verdict::Quorum
-                        && hold_out == HoldOut::Respect
-                        && answers.identities_unsettled(nodes))
-                    && !(verdict == Verdict::Quorum && op == Op::Release && !answers.release_told())
-                {
-                    return verdict;
+                answers.tally.final_verdict()
+            })
+            .await;
+            match step {
+                Ok(verdict) => break Ok(verdict),
+                Err(elapsed) => {
+                    let answered = answers.answered.clone();
+                    if !patience.renew(nodes, |i| !answered[i]).await {
+                        break Err(elapsed);
+                    }
                 }
             }
-            answers.tally.final_verdict()
-        })
-        .await;
+        };
         let timed_out = decided.is_err();
         tracing::trace!(op = op.as_str(), took = ?start.elapsed(), timed_out, "round decided");
         // Without a verdict by the deadline, whoever has not answered failed: one timer for
         // the round.
         let verdict = decided.unwrap_or_else(|_| {
-            answers.time_out(nodes, op, deadline.saturating_duration_since(start))
+            answers.time_out(
+                nodes,
+                op,
+                &patience,
+                patience.until().saturating_duration_since(start),
+            )
         });
         if !timed_out {
             answers.abandon(nodes, op, verdict);
@@ -356,7 +424,9 @@ impl Engine {
         // A connection made during the round may have revealed a restart.
         self.schedule_repairs();
         let calls = (!rest.is_empty()).then(|| Box::new(rest) as Box<dyn Pending>);
-        answers.into_round(verdict, calls, gate, deadline)
+        let deadline = patience.until();
+        let patience = (op == Op::Release && calls.is_some()).then(|| Box::new(patience));
+        answers.into_round(verdict, calls, gate, deadline, patience)
     }
 }
 
@@ -381,6 +451,7 @@ impl Answers {
         calls: Option<Box<dyn Pending>>,
         gate: RoundGate,
         deadline: Instant,
+        patience: Option<Box<NodeWait>>,
     ) -> Round {
         Round {
             verdict,
@@ -394,6 +465,7 @@ impl Answers {
                 answered: self.answered,
                 gate,
                 deadline,
+                patience,
             },
         }
     }
@@ -514,11 +586,18 @@ impl Answers {
             .count()
     }
 
-    /// The round's deadline passed undecided: every node that has not answered failed.
-    fn time_out(&mut self, nodes: &[Arc<Node>], op: Op, waited: Duration) -> Verdict {
+    /// The round's deadline passed undecided: every node that has not answered failed, for
+    /// its silence or for the client's backlog (`NodeWait::failure`).
+    fn time_out(
+        &mut self,
+        nodes: &[Arc<Node>],
+        op: Op,
+        patience: &NodeWait,
+        waited: Duration,
+    ) -> Verdict {
         for (i, node) in nodes.iter().enumerate() {
             if !self.answered[i] {
-                let cause = NodeError::Timeout(waited);
+                let cause = patience.failure(nodes, i, waited);
                 node.timed_out(op, &cause);
                 self.tally.record(Answer::Failed);
                 self.failure(node.name(), cause);

@@ -2,6 +2,8 @@
 //! releases the attempt's value on every node when the round failed or the caller dropped the
 //! acquisition midway (`client/acquire.rs`).
 
+use std::time::Duration;
+
 use super::Engine;
 use super::round::Tail;
 use crate::core::keys::LockKeys;
@@ -18,6 +20,8 @@ pub(super) struct UndoRelease<'a> {
     caller: &'a tracing::Span,
     keys: &'a LockKeys,
     value: &'a str,
+    /// The attempt's ttl: no key of its value outlives it, so no undo call waits longer.
+    ttl: Duration,
     armed: bool,
     pub(super) skip: Vec<bool>,
     /// The nodes that answered that they set the attempt's value ([`release_set`]).
@@ -37,6 +41,7 @@ impl<'a> UndoRelease<'a> {
         client: &'a Engine,
         keys: &'a LockKeys,
         value: &'a str,
+        ttl: Duration,
         caller: &'a tracing::Span,
     ) -> Self {
         UndoRelease {
@@ -44,6 +49,7 @@ impl<'a> UndoRelease<'a> {
             caller,
             keys,
             value,
+            ttl,
             armed: true,
             skip: Vec::new(),
             set_on: Vec::new(),
@@ -70,7 +76,7 @@ impl<'a> UndoRelease<'a> {
             others[i] = false;
         }
         self.client
-            .release_on(self.keys, self.value, &others, false)
+            .release_on(self.keys, self.value, &others, false, self.ttl)
             .await;
         self.skip.resize(n, false);
         for i in std::mem::take(&mut self.set_on) {
@@ -94,6 +100,7 @@ impl Drop for UndoRelease<'_> {
                     self.value,
                     &skip,
                     quorum::undo_announces(self.stood),
+                    self.ttl,
                 );
                 self.client
                     .spawn_release_task(self.keys.lock(), release, self.caller.clone());
@@ -102,7 +109,7 @@ impl Drop for UndoRelease<'_> {
         };
         let client = self.client.clone();
         let notify = quorum::undo_announces(self.stood);
-        let (keys, value) = (self.keys.clone(), self.value.to_owned());
+        let (keys, value, ttl) = (self.keys.clone(), self.value.to_owned(), self.ttl);
         // The nodes that answered by the verdict are released at once; those still owing an
         // answer once they give it (unless they refused), or at the round's deadline. Waiting
         // for every answer first left our value standing where it was set for as long as a hung
@@ -118,7 +125,9 @@ impl Drop for UndoRelease<'_> {
         let release = async move {
             let first = async {
                 if !at_once.iter().all(|&s| s) {
-                    client.release_on(&keys, &value, &at_once, notify).await;
+                    client
+                        .release_on(&keys, &value, &at_once, notify, ttl)
+                        .await;
                 }
             };
             let rest = async {
@@ -128,7 +137,7 @@ impl Drop for UndoRelease<'_> {
                     }
                 }
                 if !later.iter().all(|&s| s) {
-                    client.release_on(&keys, &value, &later, notify).await;
+                    client.release_on(&keys, &value, &later, notify, ttl).await;
                 }
             };
             futures::join!(first, rest);

@@ -138,6 +138,26 @@ pub enum Error {
         /// How many nodes hold it as another type.
         nodes: usize,
     },
+    /// This client sent more than its connections could carry in time: the operation's calls
+    /// were still queued behind the client's own earlier calls when it could wait no longer,
+    /// while the nodes kept answering. No node is at fault; without the backlog a quorum was
+    /// within reach. Send fewer operations at once (bound the concurrency), or give them a
+    /// longer ttl; retryable.
+    #[error(
+        "this client is overloaded: {queued} of {nodes} nodes were still answering its earlier calls, not yet this one on {key:?}, after {}; the nodes are healthy (bound the operations in flight)",
+        humanize(*.waited)
+    )]
+    Overloaded {
+        /// The user key.
+        key: String,
+        /// How many nodes still had this operation's call queued behind the client's earlier
+        /// calls ([`NodeError::Backlog`]).
+        queued: usize,
+        /// The configured number of nodes.
+        nodes: usize,
+        /// How long the operation waited.
+        waited: Duration,
+    },
     /// The ttl (or another per-call argument) cannot work with this configuration.
     #[error("invalid argument: {0}")]
     InvalidArgument(#[from] ArgumentError),
@@ -155,6 +175,20 @@ impl Error {
     /// True for [`Error::NoQuorum`]: the lock service is degraded.
     pub fn is_no_quorum(&self) -> bool {
         matches!(self, Error::NoQuorum { .. })
+    }
+
+    /// True for [`Error::Overloaded`]: this client sent more at once than its connections
+    /// carry in time; the nodes are healthy.
+    ///
+    /// ```
+    /// # fn decide(err: &quorumlock::Error) {
+    /// if err.is_overloaded() {
+    ///     // fewer operations in flight, then retry
+    /// }
+    /// # }
+    /// ```
+    pub fn is_overloaded(&self) -> bool {
+        matches!(self, Error::Overloaded { .. })
     }
 
     /// True for [`Error::Lost`].
@@ -208,6 +242,32 @@ impl Error {
                 };
             }
         }
+        // Calls still queued behind the client's own earlier calls would have made the quorum:
+        // the client is overloaded, the nodes are not at fault.
+        let queued = failures
+            .iter()
+            .filter(|f| matches!(f.cause, NodeError::Backlog(_)))
+            .count();
+        let refused = failures
+            .iter()
+            .filter(|f| matches!(f.cause, NodeError::HeldByAnother))
+            .count();
+        if queued > 0 && reached.saturating_sub(refused) + queued >= needed {
+            let waited = failures
+                .iter()
+                .filter_map(|f| match f.cause {
+                    NodeError::Backlog(waited) => Some(waited),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or_default();
+            return Error::Overloaded {
+                key: key.to_owned(),
+                queued,
+                nodes,
+                waited,
+            };
+        }
         Error::NoQuorum {
             key: key.to_owned(),
             reached,
@@ -231,7 +291,10 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Error::Held { .. } | Error::NoQuorum { .. } | Error::ValidityExpired { .. }
+            Error::Held { .. }
+                | Error::NoQuorum { .. }
+                | Error::ValidityExpired { .. }
+                | Error::Overloaded { .. }
         )
     }
 }
@@ -325,6 +388,14 @@ pub enum NodeError {
     /// that failed, for instance); the cause says which.
     #[error("{}", DroppedText(.0))]
     Dropped(#[source] redis::RedisError),
+    /// The node kept answering this client's earlier calls, but this call's answer had not come
+    /// by the time its operation could wait no longer (`waited`): the client's own queue to the
+    /// node was that long, the node is healthy. Never marks the node down.
+    #[error(
+        "answering this client's earlier calls, not yet this one after {} (the client's own backlog, not a node fault)",
+        humanize(*.0)
+    )]
+    Backlog(Duration),
     /// The node restarted (or started) less than the maximum ttl ago and may have lost lock keys;
     /// it is kept out of every quorum until `remaining` has passed.
     #[error(
@@ -469,7 +540,7 @@ impl NodeError {
         }
     }
 
-    /// The cause as one stable word (`timeout`, `refused`, `dropped`, `held_out`, `repairing`,
+    /// The cause as one stable word (`timeout`, `backlog`, `refused`, `dropped`, `held_out`, `repairing`,
     /// `same_server`, `evicting`, `redis`, `held`, `bad_reply`, `lost_data_recently`,
     /// `denied`, `unsupported`): the `error` label of
     /// the node metrics and the `error_kind` of `redlock status --json`.
@@ -483,6 +554,7 @@ impl NodeError {
     pub fn kind(&self) -> &'static str {
         match self {
             NodeError::Timeout(_) => "timeout",
+            NodeError::Backlog(_) => "backlog",
             NodeError::Refused(_) => "refused",
             NodeError::Dropped(_) => "dropped",
             NodeError::HeldOut { .. } => "held_out",

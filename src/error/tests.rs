@@ -15,6 +15,7 @@ fn every_node_error_kind_is_in_the_documented_metrics_table() {
     let io = || redis::RedisError::from(std::io::Error::other("x"));
     let every = [
         NodeError::Timeout(Duration::ZERO),
+        NodeError::Backlog(Duration::ZERO),
         NodeError::Refused(io()),
         NodeError::Dropped(io()),
         NodeError::HeldOut {
@@ -52,6 +53,7 @@ fn every_node_error_kind_is_in_the_documented_metrics_table() {
     for e in &every {
         match e {
             NodeError::Timeout(_)
+            | NodeError::Backlog(_)
             | NodeError::Refused(_)
             | NodeError::Dropped(_)
             | NodeError::HeldOut { .. }
@@ -113,6 +115,37 @@ fn refusals_on_a_majority_are_permission_denied() {
         e.is_no_quorum(),
         "two of five refusing leave a quorum possible: {e}"
     );
+}
+
+/// Calls still queued behind the client's own earlier calls that would have made the quorum:
+/// the client is overloaded (no node named as failed); when even they could not have made it,
+/// the round is a `NoQuorum` that lists them.
+#[test]
+fn a_backlog_that_kept_the_quorum_away_is_overloaded() {
+    let backlog = || failure(NodeError::Backlog(Duration::from_millis(400)));
+    let timeout = || failure(NodeError::Timeout(Duration::from_millis(50)));
+    let e = Error::no_quorum("k", 1, 3, 2, vec![backlog(), backlog()]);
+    assert!(e.is_overloaded() && e.is_retryable(), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "this client is overloaded: 2 of 3 nodes were still answering its earlier calls, not yet \
+         this one on \"k\", after 400ms; the nodes are healthy (bound the operations in flight)"
+    );
+    let e = Error::no_quorum("k", 0, 3, 2, vec![backlog(), timeout(), timeout()]);
+    assert!(
+        e.is_no_quorum(),
+        "one queued call cannot make a quorum of 2: {e}"
+    );
+    assert!(e.to_string().contains("the client's own backlog"), "{e}");
+    // A refusal is no vote for us: a refusal and a queued call do not make 2.
+    let e = Error::no_quorum(
+        "k",
+        1,
+        3,
+        2,
+        vec![failure(NodeError::HeldByAnother), backlog(), timeout()],
+    );
+    assert!(e.is_no_quorum(), "{e}");
 }
 
 /// What no message for people may carry: a second line, a control character, Rust debug

@@ -69,8 +69,10 @@ pub struct RedlockBuilder {
 }
 
 impl RedlockBuilder {
-    /// How long one node may take to answer one call. Small against the ttl: a node that does not
-    /// answer in time counts as failed for that round.
+    /// How long one node may stay silent while a call waits for it. Small against the ttl: a
+    /// node that answers nothing for this long counts as failed for that round. A call queued
+    /// behind this client's own earlier calls waits on while its node keeps answering them, up
+    /// to the operation's bound (`docs/safety.md`, "The node timeout measures the node").
     pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
     /// How long a connection (TCP, handshake, script load) may take. Connecting runs in the
     /// background, so a slow connect delays only the rounds that need that node.
@@ -232,8 +234,12 @@ impl RedlockBuilder {
         self
     }
 
-    /// Per-node, per-call timeout. Each call is also cut short where a success could no longer
-    /// leave positive validity.
+    /// Per-node, per-call timeout: how long a node may stay silent while a call waits for it.
+    /// A call queued behind this client's own earlier calls waits on while its node keeps
+    /// answering them (a burst of operations is not a node failure); it is given up for that
+    /// backlog ([`NodeError::Backlog`](crate::NodeError::Backlog),
+    /// [`Error::Overloaded`](crate::Error::Overloaded)) only at the operation's own bound. Each
+    /// call is also cut short where a success could no longer leave positive validity.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = timeout;
         self

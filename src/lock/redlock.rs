@@ -272,14 +272,31 @@ impl Redlock {
 
     /// Waits until the work this client does in the background has finished: releases of failed,
     /// cancelled or dropped acquisitions, the unanswered part of a release, and calls still in
-    /// flight after a won round. Each is bounded by the node timeout. Call it before a
-    /// short-lived process exits, so its releases are not cut off.
+    /// flight after a won round. Call it before a short-lived process exits, so its releases
+    /// are not cut off.
+    ///
+    /// A release call waits for its node a node timeout at a time, for as long as the node
+    /// keeps answering this client's earlier calls (a burst of thousands of releases is
+    /// delivered, however long the client's queue to a node), and at most until the lock's key
+    /// has expired on its own. It is given up when its node answers nothing for a whole node
+    /// timeout (down, hung, unreachable) or fails the call. The [`FlushReport`] counts the
+    /// release calls given up since the previous `flush`: each leaves a key that expires with
+    /// its ttl.
+    ///
+    /// ```no_run
+    /// # async fn run(locks: quorumlock::Redlock) {
+    /// let report = locks.flush().await;
+    /// if report.undelivered() > 0 {
+    ///     tracing::warn!("{report}");
+    /// }
+    /// # }
+    /// ```
     ///
     /// # Cancellation safety
     ///
-    /// Cancel-safe: it only waits; the background work goes on. Concurrent calls run one after
-    /// the other.
-    pub async fn flush(&self) {
+    /// Cancel-safe: it only waits; the background work goes on (what a cancelled flush would
+    /// have reported is reported by the next). Concurrent calls run one after the other.
+    pub async fn flush(&self) -> crate::FlushReport {
         self.engine.flush().await
     }
 

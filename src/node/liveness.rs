@@ -3,7 +3,7 @@
 //! last failure's cause.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use super::{Node, Op};
 use crate::error::NodeError;
@@ -21,6 +21,9 @@ pub(super) struct Liveness {
     /// Why the node was last seen held out of quorums, as an index into [`HELD_OUT`] (0: it
     /// was not): the held-out gauge moves only when this changes.
     held_out: AtomicU8,
+    /// How many calls the node has answered: a call that waits while this moves waits behind
+    /// this client's earlier calls, not for a silent node (`client/patience.rs`).
+    answers: AtomicU64,
 }
 
 /// The reasons a node counts toward no quorum, as `NodeError::kind()` names them (index 0:
@@ -46,6 +49,7 @@ impl Node {
                 | NodeError::Repairing
                 | NodeError::SameServer { .. }
                 | NodeError::Evicting(_)
+                | NodeError::Backlog(_)
         ) {
             return;
         }
@@ -67,6 +71,12 @@ impl Node {
     /// is certain without it need not wait for it.
     pub(crate) fn is_down(&self) -> bool {
         self.live.down.load(Ordering::Relaxed)
+    }
+
+    /// How many calls the node has answered so far (any of this client's calls): while this
+    /// moves, the node is working through what was sent before a call still waiting.
+    pub(crate) fn answers(&self) -> u64 {
+        self.live.answers.load(Ordering::Relaxed)
     }
 
     /// The cause of the last failure, while the node is down.
@@ -95,6 +105,7 @@ impl Node {
     }
 
     pub(super) fn mark_up(&self) {
+        self.live.answers.fetch_add(1, Ordering::Relaxed);
         if self.live.down.load(Ordering::Relaxed) && self.live.down.swap(false, Ordering::Relaxed) {
             metrics::node_up(&self.name, true);
             tracing::info!(node = %self.name, "node answers again");

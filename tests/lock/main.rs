@@ -10,6 +10,7 @@
 mod support;
 
 mod acquire;
+mod burst;
 mod claim;
 mod config;
 mod extend;
@@ -21,6 +22,7 @@ mod keyspace;
 mod lease;
 mod owner;
 mod pipeline;
+mod resume;
 mod revoke;
 mod spans;
 

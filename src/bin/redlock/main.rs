@@ -463,6 +463,9 @@ fn exit_code(e: &Error) -> u8 {
         // A quorum that answered too slowly to leave any validity is, for the caller, a quorum
         // that could not be reached in time.
         Error::NoQuorum { .. } | Error::ValidityExpired { .. } => EXIT_NO_QUORUM,
+        // One process takes one lock at a time: its own queue cannot outgrow a node timeout.
+        // Should it, the lock service was not there in time, as for a quorum not reached.
+        Error::Overloaded { .. } => EXIT_NO_QUORUM,
         Error::Lost { .. } => EXIT_LOST,
         Error::PermissionDenied { .. } => EXIT_NOPERM,
         Error::WrongType { .. } => EXIT_WRONG_TYPE,
