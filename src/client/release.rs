@@ -19,7 +19,7 @@ use crate::core::keys::LockKeys;
 use crate::core::quorum::Verdict;
 use crate::error::{Error, LostReason};
 use crate::node::scripts::{self, ScriptCall};
-use crate::node::{HoldOut, Op};
+use crate::node::{HoldOut, Op, Ungated};
 
 impl Engine {
     /// Releases a held lock on every node; returns once a quorum has answered (the remaining
@@ -230,7 +230,11 @@ impl Engine {
             .map(|(_, n)| {
                 let node = Arc::clone(n);
                 let call =
-                    Arc::clone(n).call(Arc::clone(&call), HoldOut::Ignore, Op::Release, None);
+                    Arc::clone(n).call(Arc::clone(&call), HoldOut::Ignore, Op::Release, Ungated);
+                let call = async move {
+                    let Ok(reply) = call.await;
+                    reply
+                };
                 async move { patiently(&node, call, Op::Release, window, cap).await }
             })
             .collect();

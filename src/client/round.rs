@@ -19,7 +19,7 @@ use crate::core::quorum::{self, Answer, Refusal, Tally, Verdict};
 use crate::error::{NodeError, NodeFailure};
 use crate::metrics;
 use crate::node::scripts::ScriptCall;
-use crate::node::{HoldOut, Node, Op, RoundGate};
+use crate::node::{HoldOut, Node, NotSent, Op, RoundGate};
 
 /// Per-node values of a round, inline (no allocation) up to this many nodes.
 const INLINE: usize = 8;
@@ -27,11 +27,11 @@ const INLINE: usize = 8;
 /// The yes-answers of a round: node index, integer reply.
 pub(crate) type Yeses = SmallVec<[(usize, i64); INLINE]>;
 
-/// Which nodes have answered.
+/// Which calls are over: answered, or stopped unsent by their round's gate ([`NotSent`]).
 type Answered = SmallVec<[bool; INLINE]>;
 
-/// A node's answer in a round: its index and its reply.
-type Reply = (usize, Result<Value, NodeError>);
+/// A node's answer in a round: its index and its reply, or [`NotSent`] (nothing reached it).
+type Reply = (usize, Result<Result<Value, NodeError>, NotSent>);
 
 /// The unanswered calls of a finished round, behind one allocation per round (a call is not
 /// boxed on its own: the round's calls are one `FuturesUnordered` of one concrete type).
@@ -162,7 +162,7 @@ impl Tail {
             let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
             while let std::task::Poll::Ready(Some((i, reply))) = calls.poll_next_unpin(&mut cx) {
                 self.answered[i] = true;
-                if let Ok(Value::Int(counter)) = &reply {
+                if let Ok(Ok(Value::Int(counter))) = &reply {
                     on_counter(i, *counter);
                 }
             }
@@ -216,7 +216,7 @@ impl Tail {
                         match calls.poll_next_unpin(cx) {
                             std::task::Poll::Ready(Some((i, reply))) => {
                                 self.answered[i] = true;
-                                if let Ok(Value::Int(counter)) = &reply {
+                                if let Ok(Ok(Value::Int(counter))) = &reply {
                                     on_counter(i, *counter);
                                 }
                             }
@@ -236,15 +236,17 @@ impl Tail {
     }
 
     /// Drives the unanswered calls to their answer, bounded by the round's deadline, and
-    /// returns the answers that came (node index, reply).
+    /// returns the answers that came (node index, reply); a call not sent has none.
     pub(super) async fn answers(self) -> Vec<(usize, Result<Value, NodeError>)> {
         let mut got = Vec::new();
         let Some(mut calls) = self.calls else {
             return got;
         };
         let _ = tokio::time::timeout_at(self.deadline, async {
-            while let Some(answer) = calls.next().await {
-                got.push(answer);
+            while let Some((i, reply)) = calls.next().await {
+                if let Ok(reply) = reply {
+                    got.push((i, reply));
+                }
             }
         })
         .await;
@@ -354,7 +356,7 @@ impl Engine {
                 // captured future and the awaited one in separate slots, twice its size, and a
                 // round moves each call's future several times (`FuturesUnordered::push`).
                 Arc::clone(node)
-                    .call(Arc::clone(&call), hold_out, op, Some((gate.clone(), i)))
+                    .call(Arc::clone(&call), hold_out, op, (gate.clone(), i))
                     .map(move |reply| (i, reply))
             })
             .collect();
@@ -370,7 +372,7 @@ impl Engine {
             let step = tokio::time::timeout_at(patience.until(), async {
                 while let Some((i, reply)) = rest.next().await {
                     tracing::trace!(node = i, op = op.as_str(), since = ?start.elapsed(), "answer");
-                    answers.record(i, reply, yes, nodes[i].name());
+                    answers.take(i, reply, yes, nodes[i].name());
                     if hold_out == HoldOut::Respect {
                         answers.revoke_twins(nodes);
                     }
@@ -517,6 +519,28 @@ impl Answers {
         }
     }
 
+    /// Takes node `i`'s call as it ended: its reply recorded, or [`not_sent`](Self::not_sent).
+    fn take(
+        &mut self,
+        i: usize,
+        reply: Result<Result<Value, NodeError>, NotSent>,
+        yes: fn(i64) -> bool,
+        name: &str,
+    ) {
+        match reply {
+            Ok(reply) => self.record(i, reply, yes, name),
+            Err(NotSent) => self.not_sent(i),
+        }
+    }
+
+    /// Records that node `i`'s call was stopped unsent by the round's gate (closed by itself,
+    /// at its time, before the verdict): no answer, so never a yes, and no failure of the node
+    /// (nothing reached it).
+    fn not_sent(&mut self, i: usize) {
+        self.answered[i] = true;
+        self.tally.record(Answer::Failed);
+    }
+
     /// Turns the yes of every node that reaches the same server as another into a failure
     /// naming both: one server is one vote at most, and a pair counts for nothing.
     fn revoke_twins(&mut self, nodes: &[Arc<Node>]) {
@@ -651,5 +675,19 @@ pub(crate) fn int_reply(v: Value) -> Result<i64, NodeError> {
         Value::Okay => Ok(1),
         Value::Nil => Ok(0),
         other => Err(NodeError::unexpected("an integer", &other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_not_sent_is_no_answer_and_blames_no_node() {
+        let mut answers = Answers::new(3);
+        answers.not_sent(1);
+        assert!(answers.answered[1]);
+        assert_eq!((answers.tally.yes(), answers.tally.failed()), (0, 1));
+        assert!(answers.failures.is_empty(), "{:?}", answers.failures);
     }
 }

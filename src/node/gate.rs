@@ -1,6 +1,7 @@
 //! A round's gate: which calls of a fan-out round were handed to their connection, and whether
 //! the round is closed (nothing of it sent any more).
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
@@ -44,6 +45,47 @@ struct GateState {
     /// Per call, [`HANDED`] once it passed, [`SHUT`] once the round was closed. Inline (in the
     /// gate's one allocation) for up to 8 nodes.
     calls: SmallVec<[AtomicU8; 8]>,
+}
+
+/// A call of a round that its gate stopped: the round was closed before the call (or its `EVAL`
+/// fallback after a `NOSCRIPT`) was handed to its connection, so it had no effect on its node,
+/// and never will. Not a failure of the node: it names no node, marks none down, and counts as
+/// no answer (never a yes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NotSent;
+
+/// What a node call passes right before each send: a round's gate and the call's index in it,
+/// or [`Ungated`] (a call outside a round, always sent). `Stop` says why a call was not sent:
+/// [`NotSent`], or [`Infallible`] where it always is, so such a call's result has no "not sent".
+pub(crate) trait Gate: Send + Sync {
+    /// Why a call was not sent.
+    type Stop: Send;
+    /// Lets the call through, or says why not. Checked right before the send, in the same poll.
+    fn pass(&self) -> Result<(), Self::Stop>;
+}
+
+/// No gate: the call is always sent.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ungated;
+
+impl Gate for Ungated {
+    type Stop = Infallible;
+
+    fn pass(&self) -> Result<(), Infallible> {
+        Ok(())
+    }
+}
+
+impl Gate for (RoundGate, usize) {
+    type Stop = NotSent;
+
+    fn pass(&self) -> Result<(), NotSent> {
+        if self.0.pass(self.1) {
+            Ok(())
+        } else {
+            Err(NotSent)
+        }
+    }
 }
 
 /// A call's bit: it passed the gate (handed to its connection).
@@ -102,5 +144,26 @@ impl RoundGate {
             (s & SHUT == 0).then_some(s | HANDED)
         })
         .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_round_stops_its_unhanded_calls_as_not_sent() {
+        let gate = RoundGate::new(2, None);
+        assert_eq!((gate.clone(), 0).pass(), Ok(()));
+        gate.close();
+        assert_eq!((gate.clone(), 1).pass(), Err(NotSent));
+        assert!(gate.handed(0) && gate.never_sent(1));
+        assert_eq!(Ungated.pass(), Ok(()));
+    }
+
+    #[test]
+    fn a_gate_past_its_time_stops_calls_as_not_sent() {
+        let gate = RoundGate::new(1, Some(clock::now()));
+        assert_eq!((gate, 0).pass(), Err(NotSent));
     }
 }

@@ -45,7 +45,7 @@ use crate::error::NodeError;
 
 use self::cluster::ClusterView;
 use self::connection::ConnSlot;
-pub(crate) use self::gate::RoundGate;
+pub(crate) use self::gate::{Gate, NotSent, RoundGate, Ungated};
 use self::health::NodeHealth;
 pub(crate) use self::health::{HoldOut, MaxTtl, Peers};
 use self::liveness::Liveness;
@@ -186,10 +186,13 @@ impl Node {
         op: Op,
     ) -> Result<Value, NodeError> {
         let start = Instant::now();
-        match tokio::time::timeout_at(deadline, Arc::clone(&self).call(call, hold_out, op, None))
-            .await
+        match tokio::time::timeout_at(
+            deadline,
+            Arc::clone(&self).call(call, hold_out, op, Ungated),
+        )
+        .await
         {
-            Ok(r) => r,
+            Ok(Ok(r)) => r,
             Err(_) => {
                 let e = NodeError::Timeout(deadline.saturating_duration_since(start));
                 self.timed_out(op, &e);
@@ -199,41 +202,41 @@ impl Node {
     }
 
     /// Runs one script call with no deadline of its own: a round bounds all its calls with one
-    /// timer. Cancellation as for [`run`](Self::run).
-    pub(crate) async fn call(
+    /// timer. `Err` (a round's [`NotSent`]) when `gate` stopped the call before it was handed
+    /// to its connection. Cancellation as for [`run`](Self::run).
+    pub(crate) async fn call<G: Gate>(
         self: Arc<Self>,
         call: Arc<ScriptCall>,
         hold_out: HoldOut,
         op: Op,
-        gate: Option<(RoundGate, usize)>,
-    ) -> Result<Value, NodeError> {
+        gate: G,
+    ) -> Result<Result<Value, NodeError>, G::Stop> {
         #[cfg(feature = "metrics")]
         let start = Instant::now();
         match self.run_now(&call, hold_out, op, gate).await {
-            Ok(Some(value)) => {
+            Ok(Ok(value)) => {
                 #[cfg(feature = "metrics")]
                 crate::metrics::node_latency(&self.name, op.as_str(), start.elapsed());
                 self.mark_up();
-                Ok(value)
+                Ok(Ok(value))
             }
-            // Given up unsent because its round was closed: nobody reads this, nothing to
-            // record.
-            Ok(None) => Err(NodeError::Timeout(Duration::ZERO)),
+            // Given up unsent because its round was closed: nothing of the node to record.
+            Ok(Err(stop)) => Err(stop),
             Err(e) => {
                 self.failed(op, &e);
-                Err(e)
+                Ok(Err(e))
             }
         }
     }
 
-    /// `Ok(None)`: not sent, because the round was closed while this call waited to connect.
-    async fn run_now(
+    /// `Ok(Err(_))`: not sent, because the round was closed while this call waited to connect.
+    async fn run_now<G: Gate>(
         self: &Arc<Self>,
         call: &ScriptCall,
         hold_out: HoldOut,
         op: Op,
-        gate: Option<(RoundGate, usize)>,
-    ) -> Result<Option<Value>, NodeError> {
+        gate: G,
+    ) -> Result<Result<Value, G::Stop>, NodeError> {
         let (conn, generation) = self.connection().await?;
         // The lean form where this connection is known to have seen the token (release).
         let call = call.for_node(self.index, generation);
@@ -247,10 +250,8 @@ impl Node {
         }
         // The first poll of the send below hands the command to the connection's queue. Its
         // driver writes it to the socket later, and skips it if this future is gone by then.
-        if let Some((gate, i)) = &gate
-            && !gate.pass(*i)
-        {
-            return Ok(None);
+        if let Err(stop) = gate.pass() {
+            return Ok(Err(stop));
         }
         // Each send is a future of its own that takes the connection and the gate: the state
         // this call keeps while it waits for the reply is that future's, not a copy of it
@@ -275,37 +276,37 @@ impl Node {
             MemberConn::Cluster(mut cluster) => {
                 Box::pin(self.run_on_cluster(&mut cluster, call, generation))
                     .await
-                    .map(Some)
+                    .map(Ok)
             }
         }
     }
 
     /// Sends a call on a single server's connection: the pipelined fenced acquire where the
     /// node takes it (`acquire_form.rs`), else the script.
-    async fn send_single(
+    async fn send_single<G: Gate>(
         &self,
         conn: MultiplexedConnection,
         call: &ScriptCall,
-        gate: Option<(RoundGate, usize)>,
+        gate: G,
         generation: u64,
-    ) -> Result<Option<Value>, NodeError> {
+    ) -> Result<Result<Value, G::Stop>, NodeError> {
         match call.pipelined() {
             Some(pipe) if self.pipelines_on(generation) => {
-                self.send_pipelined(conn, pipe, generation).await.map(Some)
+                self.send_pipelined(conn, pipe, generation).await.map(Ok)
             }
             _ => self.send_script(conn, call, gate, generation).await,
         }
     }
 
     /// Sends a script call (or a plain command) on a single server's connection, with the
-    /// `EVAL` fallback. `Ok(None)`: the fallback was not sent because the round was closed.
-    async fn send_script(
+    /// `EVAL` fallback. `Ok(Err(_))`: the fallback was not sent because the round was closed.
+    async fn send_script<G: Gate>(
         &self,
         mut conn: MultiplexedConnection,
         call: &ScriptCall,
-        gate: Option<(RoundGate, usize)>,
+        gate: G,
         generation: u64,
-    ) -> Result<Option<Value>, NodeError> {
+    ) -> Result<Result<Value, G::Stop>, NodeError> {
         // A node that refuses `EVALSHA`, and a connection's first call of a script (which
         // caches it there), get the body.
         let first = !self.scripts_seen.cached(call, generation);
@@ -323,7 +324,7 @@ impl Node {
             if first && reply.is_ok() {
                 self.scripts_seen.saw(call, generation);
             }
-            return reply.map(Some).map_err(|e| self.call_error(e, generation));
+            return reply.map(Ok).map_err(|e| self.call_error(e, generation));
         }
         // A server error comes back as a value; `extract_error` turns it into an error.
         let reply = match conn
@@ -338,10 +339,8 @@ impl Node {
                 // The fallback is a new send, possibly long after the round's verdict (a parked
                 // call is polled by `flush`): not once the round is closed, where it could land
                 // after a later extension or the release.
-                if let Some((gate, i)) = &gate
-                    && !gate.pass(*i)
-                {
-                    return Ok(None);
+                if let Err(stop) = gate.pass() {
+                    return Ok(Err(stop));
                 }
                 match call.eval() {
                     Some(eval) => {
@@ -357,7 +356,7 @@ impl Node {
             }
             other => other,
         };
-        reply.map(Some).map_err(|e| self.call_error(e, generation))
+        reply.map(Ok).map_err(|e| self.call_error(e, generation))
     }
 
     /// Runs `op` on this node's one connection (connecting first if needed), bounded by
