@@ -72,6 +72,31 @@ impl SeenAt {
 }
 
 /// Shared state of one held lock (the guard, its lease task and any watcher).
+///
+/// # Invariants
+///
+/// - **Lost implies the deadline never moves forward.** Only [`set_deadline`] moves it later,
+///   and it does so only under the lease's lock while no reason is recorded, the `lost` signal
+///   has not fired and the current deadline has not passed; [`lose`] records the reason under
+///   that same lock before it fires the signal. A lock seen lost (or past its deadline) never
+///   becomes valid again; [`lower_deadline`] may still move it back.
+/// - **Released implies no extension is sent after.** `released` is set before any release is
+///   sent; a release is sent only while `serial` is held, and an extension round takes
+///   `serial`, then checks `released`, before it sends anything. So an extension either
+///   finishes before the release is sent, or sends nothing.
+/// - **A lost or released lock stays so**: `reason` is set once (the first reason wins, none
+///   after a release), `released` and the `lost` signal are never reset.
+///
+/// # Lock order
+///
+/// The std mutexes (`lease`, `tail`, `handing`) are never nested: each is taken, read or
+/// written, and let go before another is taken, and none is held across an `await`, a log
+/// line or a metric. `serial` (tokio's) is taken first, and held across a whole extension
+/// round or release, during which the others are taken and let go as above.
+///
+/// [`set_deadline`]: Self::set_deadline
+/// [`lose`]: Self::lose
+/// [`lower_deadline`]: Self::lower_deadline
 #[derive(Debug)]
 pub(crate) struct LockState {
     /// The user key and its Redis keys, in one buffer.
@@ -79,16 +104,10 @@ pub(crate) struct LockState {
     value: String,
     token: FencingToken,
     seen: SeenAt,
-    /// The lease length: the ttl of the acquisition, or of the last successful extension.
-    ttl: Mutex<Duration>,
-    /// On the deadline clock (`CLOCK_BOOTTIME` where there is one: see `crate::clock`).
-    deadline: Mutex<Stamp>,
+    /// The lease: its length, deadline, and why it was lost (see the invariants above).
+    lease: Mutex<Lease>,
+    /// Fired when the lock is lost, released or dropped.
     lost: CancellationToken,
-    reason: Mutex<Option<LostReason>>,
-    /// The failures of the last extension round, when a node's ACL refused it there, until an
-    /// extension succeeds: a loss at the deadline then names them ([`LostReason::Unreachable`])
-    /// rather than time alone.
-    refused: Mutex<Option<Vec<NodeFailure>>>,
     released: AtomicBool,
     /// The winning round's calls still unanswered at the grant (closed once all were handed:
     /// none is sent any more),
@@ -118,6 +137,21 @@ pub(crate) struct LockState {
     held: metrics::Held,
 }
 
+/// A held lock's lease, behind [`LockState`]'s one lease lock.
+#[derive(Debug)]
+struct Lease {
+    /// The lease length: the ttl of the acquisition, or of the last successful extension.
+    ttl: Duration,
+    /// On the deadline clock (`CLOCK_BOOTTIME` where there is one: see `crate::clock`).
+    deadline: Stamp,
+    /// Why the lock was lost; `None` while held and after a normal release.
+    reason: Option<LostReason>,
+    /// The failures of the last extension round, when a node's ACL refused it there, until an
+    /// extension succeeds: a loss at the deadline then names them ([`LostReason::Unreachable`])
+    /// rather than time alone.
+    refused: Option<Vec<NodeFailure>>,
+}
+
 impl LockState {
     pub(crate) fn new(
         keys: LockKeys,
@@ -132,11 +166,13 @@ impl LockState {
             value,
             token,
             seen,
-            ttl: Mutex::new(ttl),
-            deadline: Mutex::new(deadline),
+            lease: Mutex::new(Lease {
+                ttl,
+                deadline,
+                reason: None,
+                refused: None,
+            }),
             lost: CancellationToken::new(),
-            reason: Mutex::new(None),
-            refused: Mutex::new(None),
             released: AtomicBool::new(false),
             tail: Mutex::new(None),
             serial: tokio::sync::Mutex::new(()),
@@ -285,11 +321,11 @@ impl LockState {
         }
     }
     pub(crate) fn ttl(&self) -> Duration {
-        *lock(&self.ttl)
+        lock(&self.lease).ttl
     }
 
     pub(crate) fn set_ttl(&self, ttl: Duration) {
-        *lock(&self.ttl) = ttl;
+        lock(&self.lease).ttl = ttl;
     }
 
     /// Serialises extension rounds and the release of this lock (see the field's docs).
@@ -308,7 +344,7 @@ impl LockState {
     }
 
     pub(crate) fn deadline(&self) -> Stamp {
-        *lock(&self.deadline)
+        lock(&self.lease).deadline
     }
 
     /// True once the lock is lost or its deadline has passed.
@@ -323,9 +359,10 @@ impl LockState {
     #[must_use]
     pub(crate) fn set_deadline(&self, deadline: Stamp) -> bool {
         {
-            let mut d = lock(&self.deadline);
-            if !self.lost.is_cancelled() && clock::now() < *d {
-                *d = deadline;
+            let mut lease = lock(&self.lease);
+            if lease.reason.is_none() && !self.lost.is_cancelled() && clock::now() < lease.deadline
+            {
+                lease.deadline = deadline;
                 return true;
             }
         }
@@ -336,9 +373,9 @@ impl LockState {
     /// Moves the deadline back to `bound` if it is later: an extension to a shorter ttl cuts the
     /// key's time on every node that applies it, whether or not its round succeeds.
     pub(crate) fn lower_deadline(&self, bound: Stamp) {
-        let mut d = lock(&self.deadline);
-        if bound < *d {
-            *d = bound;
+        let mut lease = lock(&self.lease);
+        if bound < lease.deadline {
+            lease.deadline = bound;
         }
     }
 
@@ -348,27 +385,31 @@ impl LockState {
         let refused = failures
             .iter()
             .any(|f| matches!(f.cause, NodeError::Denied { .. }));
-        *lock(&self.refused) = (!extended && refused).then(|| failures.to_vec());
+        lock(&self.lease).refused = (!extended && refused).then(|| failures.to_vec());
     }
 
     /// Marks the lock lost (first reason wins), fires the signal and returns the error to report.
     /// A loss at the deadline after an extension refused by a node's ACL names the refusal.
     pub(crate) fn lose(&self, reason: LostReason) -> Error {
-        let reason = match reason {
-            LostReason::Expired => match lock(&self.refused).clone() {
-                Some(failures) => LostReason::Unreachable { failures },
-                None => LostReason::Expired,
-            },
-            other => other,
-        };
-        {
-            let mut r = lock(&self.reason);
-            if r.is_none() && !self.lost.is_cancelled() {
-                *r = Some(reason.clone());
-                metrics::lock_lost(self.labelled.then(|| self.key()));
-                self.held.end();
-                tracing::warn!(key = %self.key(), token = %self.token, %reason, "lock lost");
+        let (reason, first) = {
+            let mut lease = lock(&self.lease);
+            let reason = match reason {
+                LostReason::Expired => match lease.refused.clone() {
+                    Some(failures) => LostReason::Unreachable { failures },
+                    None => LostReason::Expired,
+                },
+                other => other,
+            };
+            let first = lease.reason.is_none() && !self.lost.is_cancelled();
+            if first {
+                lease.reason = Some(reason.clone());
             }
+            (reason, first)
+        };
+        if first {
+            metrics::lock_lost(self.labelled.then(|| self.key()));
+            self.held.end();
+            tracing::warn!(key = %self.key(), token = %self.token, %reason, "lock lost");
         }
         self.lost.cancel();
         Error::Lost {
@@ -382,16 +423,18 @@ impl LockState {
     /// keep-alive, no `lost()` future): `is_lost()` and this agree. `None` while held and after
     /// a normal release.
     pub(crate) fn reason(&self) -> Option<LostReason> {
-        let reason = lock(&self.reason).clone();
-        if reason.is_none()
-            && !self.is_released()
-            && !self.lost.is_cancelled()
-            && self.deadline() <= clock::now()
         {
-            self.lose(LostReason::Expired);
-            return lock(&self.reason).clone();
+            let lease = lock(&self.lease);
+            if lease.reason.is_some()
+                || self.is_released()
+                || self.lost.is_cancelled()
+                || clock::now() < lease.deadline
+            {
+                return lease.reason.clone();
+            }
         }
-        reason
+        self.lose(LostReason::Expired);
+        lock(&self.lease).reason.clone()
     }
 
     /// Resolves when the lock is lost: the signal fired, or the deadline passed unextended.
@@ -421,5 +464,70 @@ pub(crate) struct Handing(pub(crate) Arc<LockState>);
 impl Drop for Handing {
     fn drop(&mut self) {
         self.0.end_handing();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::keys::KeyLayout;
+
+    fn held_for(validity: Duration) -> LockState {
+        LockState::new(
+            KeyLayout::default().lock_keys("k"),
+            "v".to_owned(),
+            FencingToken::of_counter(1),
+            SeenAt::new(Seen::new(), []),
+            Duration::from_secs(30),
+            clock::now().saturating_add(validity),
+        )
+    }
+
+    #[test]
+    fn a_lost_lock_never_moves_its_deadline_forward() {
+        let state = held_for(Duration::from_secs(30));
+        let before = state.deadline();
+        let _ = state.lose(LostReason::Revoked);
+        assert!(!state.set_deadline(before.saturating_add(Duration::from_secs(60))));
+        assert_eq!(state.deadline(), before);
+        assert!(state.is_lost());
+        assert!(matches!(state.reason(), Some(LostReason::Revoked)));
+    }
+
+    #[test]
+    fn a_deadline_that_passed_is_never_extended_and_reads_as_expired() {
+        let state = held_for(Duration::ZERO);
+        let before = state.deadline();
+        assert!(!state.set_deadline(before.saturating_add(Duration::from_secs(60))));
+        assert_eq!(state.deadline(), before);
+        assert!(matches!(state.reason(), Some(LostReason::Expired)));
+    }
+
+    #[test]
+    fn the_first_reason_wins_and_none_is_recorded_after_a_release() {
+        let state = held_for(Duration::from_secs(30));
+        let _ = state.lose(LostReason::Revoked);
+        let _ = state.lose(LostReason::Expired);
+        assert!(matches!(state.reason(), Some(LostReason::Revoked)));
+
+        let released = held_for(Duration::ZERO);
+        released.mark_released();
+        released.lost_signal().cancel();
+        let _ = released.lose(LostReason::Expired);
+        assert!(released.reason().is_none());
+    }
+
+    #[test]
+    fn a_held_lock_extends_and_may_always_move_back() {
+        let state = held_for(Duration::from_secs(30));
+        let later = state.deadline().saturating_add(Duration::from_secs(60));
+        assert!(state.set_deadline(later));
+        assert_eq!(state.deadline(), later);
+        let sooner = clock::now().saturating_add(Duration::from_secs(1));
+        state.lower_deadline(sooner);
+        assert_eq!(state.deadline(), sooner);
+        state.lower_deadline(later);
+        assert_eq!(state.deadline(), sooner);
+        assert!(state.reason().is_none());
     }
 }

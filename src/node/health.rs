@@ -38,6 +38,31 @@ pub(crate) struct Health {
 }
 
 /// What the restart and eviction guards know of one node, owned by this file.
+///
+/// `state` holds the truth; a call reads the atomics instead, so that the common case (nothing
+/// held out) takes no lock.
+///
+/// # Invariants
+///
+/// - **`suspect` mirrors `state.repair != Clean`, erring on the safe side**: it is set in the
+///   same critical section that makes a repair needed, and cleared only under the mutex once
+///   the repair is `Clean` (`settle`). So while the mutex is free, a repair pending implies
+///   `suspect`; `suspect` may stay set a while after the repair is done (the next check, under
+///   the mutex, clears it), never the reverse.
+/// - **`evicting` mirrors `state.eviction`**: it is written with it, under the mutex, as
+///   "the strict eviction guard and a risky policy"; they never disagree while the mutex is
+///   free.
+/// - **`incarnation` counts the restarts `state.run_id` saw**: bumped under the mutex when a
+///   connect meets another identity; it never decreases.
+/// - **`started`, `lost_data` and `holding` mirror nothing**: they are the hold-out's own
+///   state, written under the mutex when a connect finds a restart (or a clock jump), and
+///   `started` cleared without it once a fixed max ttl has passed (a compare-and-swap, so a
+///   newer start is never cleared). `holding` only chooses log lines and may lag.
+///
+/// # Lock order
+///
+/// `state` is never held while another lock is taken ([`Peers`]' is taken and let go before
+/// it) nor across an `await`.
 pub(super) struct NodeHealth {
     guard: RestartGuard,
     eviction_guard: EvictionGuard,
@@ -501,6 +526,82 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node(restart_guard: RestartGuard, eviction_guard: EvictionGuard) -> Node {
+        let client = redis::Client::open("redis://127.0.0.1:1/").expect("a valid URL");
+        let settings = NodeSettings {
+            connect_timeout: Duration::from_millis(50),
+            restart_guard,
+            eviction_guard,
+            fenced: true,
+            drift_factor: 0.01,
+            #[cfg(feature = "testkit")]
+            force_script: false,
+            durability_marker: "m".to_owned(),
+        };
+        Node::new(
+            "n".to_owned(),
+            super::super::member::standalone(client).member,
+            settings,
+            Arc::new(MaxTtl::new(Some(Duration::from_secs(30)))),
+            0,
+            Arc::new(Peers::new(["n".to_owned()])),
+        )
+    }
+
+    /// The invariants of [`NodeHealth`] that hold while its mutex is free.
+    fn mirrors_hold(node: &Node) {
+        let health = lock(&node.health.state);
+        if health.repair != Repair::Clean {
+            assert!(
+                node.health.suspect.load(Ordering::Acquire),
+                "a repair pending unflagged"
+            );
+        }
+        assert_eq!(
+            node.health.evicting.load(Ordering::Acquire),
+            node.health.eviction_guard == EvictionGuard::Strict && health.eviction.is_risky()
+        );
+    }
+
+    #[test]
+    fn the_atomics_mirror_a_repair_through_its_life() {
+        let node = node(RestartGuard::Restarted, EvictionGuard::default());
+        node.observe_start("a".to_owned(), "a", Duration::from_secs(5), false, None);
+        mirrors_hold(&node);
+        assert!(node.held_out().is_none());
+        node.observe_start("b".to_owned(), "b", Duration::ZERO, false, None);
+        mirrors_hold(&node);
+        assert_eq!(node.incarnation(), 1);
+        assert!(matches!(node.held_out(), Some(NodeError::HeldOut { .. })));
+        let epoch = node.claim_repair().expect("a repair to claim");
+        mirrors_hold(&node);
+        node.finish_repair(epoch, false);
+        mirrors_hold(&node);
+        let epoch = node
+            .claim_repair()
+            .expect("a failed repair is claimed again");
+        node.finish_repair(epoch, true);
+        mirrors_hold(&node);
+        assert!(!node.needs_repair());
+        node.observe_clock_jump();
+        mirrors_hold(&node);
+        assert!(node.needs_repair() && node.restart_hold_out().is_some());
+    }
+
+    #[test]
+    fn evicting_mirrors_the_policy_under_the_strict_guard_only() {
+        for guard in [EvictionGuard::Strict, EvictionGuard::default()] {
+            let node = node(RestartGuard::Off, guard);
+            let risky = EvictionRisk::LockKeys {
+                policy: "volatile-lru".to_owned(),
+            };
+            for risk in [EvictionRisk::default(), risky, EvictionRisk::None] {
+                node.observe_eviction(risk);
+                mirrors_hold(&node);
+            }
+        }
+    }
 
     #[test]
     pub(super) fn max_ttl_tracks_the_largest_seen_with_a_floor() {
