@@ -12,8 +12,9 @@ use tokio::time::Instant;
 use tracing::{Instrument, field::Empty};
 
 use super::Engine;
-use super::round::{Round, Tail, Yeses, int_reply};
+use super::round::{Round, Yeses, int_reply};
 use super::state::{Handing, LockState, Seen, SeenAt};
+use super::tail::Tail;
 use super::undo::UndoRelease;
 use super::waiter::Waiter;
 use crate::core::clock::{self, Stamp};

@@ -1,8 +1,9 @@
 //! The client engine: the nodes, the configuration as plain validated values ([`config`]), the
 //! fan-out round that decides as soon as the outcome is certain ([`round`]), and the operations
 //! built on it: acquisition ([`acquire`], with its waiting between rounds in [`waiter`]), extension ([`extend`]), release ([`release`]),
-//! status ([`status`]) and the repair of restarted nodes ([`repair`]). The state of a held lock
-//! is [`state`]; the public guard around it lives in `crate::lock`.
+//! status ([`status`]) and the repair of restarted nodes ([`repair`]). A round's late answers
+//! are [`tail`]. The state of a held lock is [`state`]; the public guard around it lives in
+//! `crate::lock`.
 
 pub(crate) mod acquire;
 pub(crate) mod assemble;
@@ -20,22 +21,19 @@ pub(crate) mod round;
 pub(crate) mod side;
 pub(crate) mod state;
 pub(crate) mod status;
+pub(crate) mod tail;
 mod undo;
 pub(crate) mod wait;
 mod waiter;
 
-use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use self::config::Config;
-use self::round::Tail;
 use crate::core::keys::check_key;
-use crate::core::lock;
 use crate::core::quorum::{self, Tally};
 use crate::core::timing::{self, MAX_TTL};
 use crate::error::{ArgumentError, Error, NodeFailure};
@@ -60,9 +58,8 @@ pub(crate) struct Inner {
     /// Held by a `flush` from the tracker's close to its reopening: flushes run one at a time
     /// (a reopening under another flush's wait left that one waiting for ever).
     flushing: tokio::sync::Mutex<()>,
-    /// Finished rounds' unanswered calls, kept (unpolled) until their deadline so that the
-    /// queued commands are written: much cheaper than a task per round (see `Engine::settle`).
-    pub(crate) parked: Mutex<VecDeque<Tail>>,
+    /// Finished rounds' unanswered calls, parked (`tail.rs`).
+    pub(crate) parked: tail::Parked,
     /// Set by an acquisition round that could not reach a quorum for lack of answers, cleared
     /// by one that reached it: the client warns once per outage, not once per round.
     pub(crate) outage: AtomicBool,
@@ -76,15 +73,6 @@ pub(crate) struct Inner {
     /// before its runtime does.
     pub(crate) io_thread: io_thread::IoThreadSlot,
 }
-
-/// How many finished rounds may be parked at once; beyond, a round's calls get a task of their
-/// own. Bounds what parked calls hold (a few KB each) under high throughput or long node
-/// timeouts.
-const MAX_PARKED: usize = 4096;
-
-/// How many parked tails a settle drops at most: more than the one it parks, so the queue
-/// drains, and few enough that the caller does not pay for a whole idle spell's backlog.
-const SWEEP: usize = 4;
 
 impl Engine {
     pub(crate) fn from_parts(nodes: Vec<Arc<Node>>, cfg: Config, max_ttl: Arc<MaxTtl>) -> Self {
@@ -100,7 +88,7 @@ impl Engine {
                 max_ttl,
                 tasks: TaskTracker::new(),
                 flushing: tokio::sync::Mutex::new(()),
-                parked: Mutex::new(VecDeque::new()),
+                parked: tail::Parked::default(),
                 outage: AtomicBool::new(false),
                 undelivered: AtomicU64::new(0),
                 waiting: wait::Waiting::default(),
@@ -155,7 +143,7 @@ impl Engine {
     /// up since the previous flush are in its report.
     pub(crate) async fn flush(&self) -> FlushReport {
         let _one_at_a_time = self.inner.flushing.lock().await;
-        let parked: Vec<Tail> = lock(&self.inner.parked).drain(..).collect();
+        let parked = self.inner.parked.take_all();
         let tasks = &self.inner.tasks;
         tasks.close();
         futures::join!(
@@ -166,74 +154,6 @@ impl Engine {
         FlushReport {
             undelivered: self.inner.undelivered.swap(0, Ordering::Relaxed),
         }
-    }
-
-    /// Counts a release tail's calls given up (`FlushReport::undelivered`).
-    pub(crate) fn count_undelivered(&self, tail: &Tail) {
-        self.count_undelivered_calls(tail.undelivered());
-    }
-
-    /// Counts `n` release calls given up (`FlushReport::undelivered`).
-    pub(crate) fn count_undelivered_calls(&self, n: usize) {
-        if n > 0 {
-            self.inner
-                .undelivered
-                .fetch_add(n as u64, Ordering::Relaxed);
-        }
-    }
-
-    /// Makes sure a finished round's unanswered calls reach their nodes: a dropped call may be
-    /// skipped by its connection. `close` (acquire and extend): calls still waiting for their
-    /// connection give up instead of being sent late, where they could land after a later
-    /// extension or the release. The rest are queued on their connections, in order before
-    /// anything sent later; keeping their futures until the round's deadline is enough for
-    /// redis-rs to write them, so they are parked (no task, no timer). A parked tail is dropped
-    /// once all its calls have answered (collected, oldest first, without a waker, whenever a
-    /// round settles), at its deadline at the latest: kept until the deadline, hundreds of
-    /// tails piled up under load and their frees cost the client a fifth of its time.
-    /// A release's calls still waiting for a connection, or a full parking queue, get a task
-    /// that drives them, in `span` (the span of the operation's caller: the operation's own
-    /// span ends when it returns).
-    pub(crate) fn settle(&self, mut tail: Tail, close: bool, span: &tracing::Span) {
-        if close {
-            tail.gate.close();
-        }
-        // Collected at once: what has answered is dropped, and the calls' later answers no
-        // longer wake the task that ran the round (`Tail::collect`).
-        if tail.collect() {
-            return;
-        }
-        if tail.can_park() {
-            // At most `SWEEP` tails leave per settle, dropped once the lock is let go: after
-            // an idle spell every parked tail has expired, and dropping them all at once (a
-            // few hundred, each with a call still pending to a hung node) cost the first
-            // operation after it 0.5–0.9 ms (`tools/compare --bin tail --gap-ms 200 --paused`).
-            let mut done: [Option<Tail>; SWEEP] = Default::default();
-            let mut parked = lock(&self.inner.parked);
-            let now = Instant::now();
-            for slot in &mut done {
-                let Some(front) = parked.front_mut() else {
-                    break;
-                };
-                if !front.collect()
-                    && (front.deadline > now || front.renew_parked(&self.inner.nodes))
-                {
-                    break;
-                }
-                *slot = parked.pop_front();
-            }
-            for tail in done.iter().flatten() {
-                self.count_undelivered(tail);
-            }
-            if parked.len() < MAX_PARKED {
-                parked.push_back(tail);
-                return;
-            }
-        }
-        self.inner.tasks.spawn(tracing::Instrument::instrument(
-            tail.drive(self.clone()),
-            span.clone(),
-        ));
     }
 
     /// The `lock` label of a per-lock metric: the key, when the client opted in.

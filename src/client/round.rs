@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::FuturesUnordered;
-use futures::{FutureExt, Stream, StreamExt};
+use futures::{FutureExt, StreamExt};
 use redis::Value;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::Engine;
 use super::patience::NodeWait;
+use super::tail::{Answered, INLINE, Pending, Tail};
 use crate::core::clock::Stamp;
 use crate::core::quorum::{self, Answer, Refusal, Tally, Verdict};
 use crate::error::{NodeError, NodeFailure};
@@ -21,29 +22,8 @@ use crate::metrics;
 use crate::node::scripts::ScriptCall;
 use crate::node::{HoldOut, Node, NotSent, Op, RoundGate};
 
-/// Per-node values of a round, inline (no allocation) up to this many nodes.
-const INLINE: usize = 8;
-
 /// The yes-answers of a round: node index, integer reply.
 pub(crate) type Yeses = SmallVec<[(usize, i64); INLINE]>;
-
-/// Which calls are over: answered, or stopped unsent by their round's gate ([`NotSent`]).
-type Answered = SmallVec<[bool; INLINE]>;
-
-/// A node's answer in a round: its index and its reply, or [`NotSent`] (nothing reached it).
-type Reply = (usize, Result<Result<Value, NodeError>, NotSent>);
-
-/// The unanswered calls of a finished round, behind one allocation per round (a call is not
-/// boxed on its own: the round's calls are one `FuturesUnordered` of one concrete type).
-trait Pending: Stream<Item = Reply> + Send + Unpin {
-    fn len(&self) -> usize;
-}
-
-impl<F: Future<Output = Reply> + Send> Pending for FuturesUnordered<F> {
-    fn len(&self) -> usize {
-        FuturesUnordered::len(self)
-    }
-}
 
 /// A round's outcome: the verdict, the yes-answers (node index, integer reply), the values
 /// that refused (`None`: a refusal that does not say which value holds the key) and failures
@@ -85,241 +65,6 @@ impl Round {
     pub(super) fn held_by_other(&self) -> usize {
         let (counts, unknown) = quorum::refusal_groups(&self.refusals);
         counts.into_iter().max().unwrap_or(0).max(unknown)
-    }
-}
-
-/// The calls of a round still unanswered when its verdict was taken.
-///
-/// They are parked or driven until the round's deadline so that their queued commands reach
-/// the nodes (see `Engine::settle` and `docs/design.md`, "Late answers").
-pub(crate) struct Tail {
-    /// `None` when every call had answered by the verdict.
-    calls: Option<Box<dyn Pending>>,
-    answered: Answered,
-    pub(super) gate: RoundGate,
-    pub(super) deadline: Instant,
-    /// A release's waiting windows (`None` for other rounds, and when every call answered by
-    /// the verdict): its calls still queued behind busy nodes wait on, up to its bound
-    /// (`patience.rs`); given up unanswered, they are counted as undelivered.
-    patience: Option<Box<NodeWait>>,
-}
-
-impl std::fmt::Debug for Tail {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tail")
-            .field("unanswered", &self.unanswered())
-            .field("deadline", &self.deadline)
-            .finish()
-    }
-}
-
-impl Tail {
-    /// Whether keeping the calls without polling them is enough: every unanswered call is
-    /// queued on its connection (a kept future keeps it from being skipped), or the round is
-    /// closed (the others must not be sent).
-    pub(super) fn can_park(&self) -> bool {
-        self.gate.is_closed() || self.all_handed()
-    }
-
-    /// Whether every call neither answered nor handed goes to a node known down (its last call
-    /// failed), whose connection is being made again: nothing waits for such a node (a round
-    /// does not, `Answers::pending_down`), so the lock need not stand there either, and the
-    /// round may be closed at once instead of handed (its release would otherwise wait for the
-    /// handing, up to the node timeout, on every lock while such a node is hung).
-    pub(super) fn unhanded_only_to_down(&self, nodes: &[Arc<Node>]) -> bool {
-        self.settled_but(|i| nodes[i].is_down())
-    }
-
-    /// Whether node `i` had answered when the round's verdict was taken.
-    pub(super) fn answered_by_verdict(&self, i: usize) -> bool {
-        self.answered.get(i).copied().unwrap_or(false)
-    }
-
-    /// How many calls have not answered.
-    fn unanswered(&self) -> usize {
-        self.calls.as_ref().map_or(0, |c| c.len())
-    }
-
-    /// Whether every call has answered: nothing is left that must be kept.
-    pub(super) fn is_empty(&self) -> bool {
-        self.unanswered() == 0
-    }
-
-    /// Collects the answers that have arrived since the round ended, without waiting, and
-    /// leaves the calls' wake-ups to nobody: polled with a no-op waker, the calls no longer
-    /// wake the task that ran the round (before the first such poll, every late answer woke it
-    /// for nothing: the round is over and it reads the tail only here). True once every call
-    /// has answered: nothing is left that must be kept.
-    pub(super) fn collect(&mut self) -> bool {
-        self.collect_granted(|_, _| {})
-    }
-
-    /// [`collect`](Self::collect), reporting each late integer answer (node, counter) of a won
-    /// acquisition's round to `on_counter` (the lock it granted: `LockState::late_yes`, where
-    /// else its counter stands at the token).
-    pub(super) fn collect_granted(&mut self, mut on_counter: impl FnMut(usize, i64)) -> bool {
-        if let Some(calls) = &mut self.calls {
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            while let std::task::Poll::Ready(Some((i, reply))) = calls.poll_next_unpin(&mut cx) {
-                self.answered[i] = true;
-                if let Ok(Ok(Value::Int(counter))) = &reply {
-                    on_counter(i, *counter);
-                }
-            }
-        }
-        self.is_empty()
-    }
-
-    /// Whether every call that has not answered by the verdict has been handed to its
-    /// connection since (a call that answered later was handed too).
-    fn all_handed(&self) -> bool {
-        self.settled_but(|_| false)
-    }
-
-    /// Whether every call has answered, but for those that were never sent and never will be
-    /// (not handed when the round was closed): nothing is left to wait for.
-    fn only_unsent_left(&self) -> bool {
-        self.answered
-            .iter()
-            .enumerate()
-            .all(|(i, &answered)| answered || self.gate.never_sent(i))
-    }
-
-    /// Whether every call has answered or been handed, but for those to the nodes `excused`
-    /// names.
-    fn settled_but(&self, excused: impl Fn(usize) -> bool) -> bool {
-        self.answered
-            .iter()
-            .enumerate()
-            .all(|(i, &answered)| answered || self.gate.handed(i) || excused(i))
-    }
-
-    /// Drives a won acquisition's calls (its round still open) until each has been handed to
-    /// its connection, or answered, or the round's deadline has passed, reporting their
-    /// integer answers (node, counter) to `on_counter` (the lock: `LockState::late_yes`). A call to a node whose connection was
-    /// still being made at the verdict is sent once it is up, instead of giving up: the lock
-    /// then stands on every node that answers within the node timeout, not only on the quorum
-    /// that answered first. When this returns, every call handed was handed in one
-    /// of its polls, so it is queued on its connection before anything sent afterwards.
-    pub(super) async fn hand(&mut self, mut on_counter: impl FnMut(usize, i64)) {
-        let deadline = self.deadline;
-        let _ = tokio::time::timeout_at(
-            deadline,
-            std::future::poll_fn(|cx| {
-                // Never handed after the deadline, even on a first poll that comes late (a
-                // runtime too busy to run this task meanwhile).
-                if Instant::now() >= deadline {
-                    return std::task::Poll::Ready(());
-                }
-                if let Some(calls) = &mut self.calls {
-                    loop {
-                        match calls.poll_next_unpin(cx) {
-                            std::task::Poll::Ready(Some((i, reply))) => {
-                                self.answered[i] = true;
-                                if let Ok(Ok(Value::Int(counter))) = &reply {
-                                    on_counter(i, *counter);
-                                }
-                            }
-                            std::task::Poll::Ready(None) => return std::task::Poll::Ready(()),
-                            std::task::Poll::Pending => break,
-                        }
-                    }
-                }
-                if self.all_handed() {
-                    std::task::Poll::Ready(())
-                } else {
-                    std::task::Poll::Pending
-                }
-            }),
-        )
-        .await;
-    }
-
-    /// Drives the unanswered calls to their answer, bounded by the round's deadline, and
-    /// returns the answers that came (node index, reply); a call not sent has none.
-    pub(super) async fn answers(self) -> Vec<(usize, Result<Value, NodeError>)> {
-        let mut got = Vec::new();
-        let Some(mut calls) = self.calls else {
-            return got;
-        };
-        let _ = tokio::time::timeout_at(self.deadline, async {
-            while let Some((i, reply)) = calls.next().await {
-                if let Ok(reply) = reply {
-                    got.push((i, reply));
-                }
-            }
-        })
-        .await;
-        got
-    }
-
-    /// Drives the unanswered calls to their answer, bounded by the round's deadline (a
-    /// release's, renewed while its nodes work through this client's earlier calls); not those
-    /// of a closed round still waiting for their connection (they will never be sent). A
-    /// release's calls given up are counted as undelivered (`Redlock::flush`).
-    pub(super) async fn drive(mut self, client: Engine) {
-        let nodes = &client.inner.nodes;
-        loop {
-            let deadline = self.deadline;
-            let done = tokio::time::timeout_at(
-                deadline,
-                std::future::poll_fn(|cx| {
-                    let Some(calls) = &mut self.calls else {
-                        return std::task::Poll::Ready(());
-                    };
-                    loop {
-                        match calls.poll_next_unpin(cx) {
-                            std::task::Poll::Ready(Some((i, _))) => self.answered[i] = true,
-                            std::task::Poll::Ready(None) => return std::task::Poll::Ready(()),
-                            std::task::Poll::Pending => break,
-                        }
-                    }
-                    if self.only_unsent_left() {
-                        std::task::Poll::Ready(())
-                    } else {
-                        std::task::Poll::Pending
-                    }
-                }),
-            )
-            .await
-            .is_ok();
-            let Some(patience) = self.patience.as_mut().filter(|_| !done) else {
-                break;
-            };
-            let answered = &self.answered;
-            if !patience.renew(nodes, |i| !answered[i]).await {
-                break;
-            }
-            self.deadline = patience.until();
-        }
-        client.count_undelivered(&self);
-    }
-
-    /// A parked release tail past its deadline: whether it waits another window (its nodes
-    /// are still answering this client's earlier calls, and its bound has not come).
-    pub(super) fn renew_parked(&mut self, nodes: &[Arc<Node>]) -> bool {
-        let Some(patience) = &mut self.patience else {
-            return false;
-        };
-        let answered = &self.answered;
-        if !patience.renew_now(nodes, |i| !answered[i]) {
-            return false;
-        }
-        self.deadline = patience.until();
-        true
-    }
-
-    /// How many of a release's calls were given up: neither answered nor left unsent by a
-    /// closed round.
-    pub(super) fn undelivered(&self) -> usize {
-        if self.patience.is_none() {
-            return 0;
-        }
-        self.answered
-            .iter()
-            .enumerate()
-            .filter(|&(i, &answered)| !answered && !self.gate.never_sent(i))
-            .count()
     }
 }
 
@@ -462,13 +207,7 @@ impl Answers {
             revoked: self.revoked,
             refusals: self.refusals,
             failures: self.failures,
-            rest: Tail {
-                calls,
-                answered: self.answered,
-                gate,
-                deadline,
-                patience,
-            },
+            rest: Tail::new(calls, self.answered, gate, deadline, patience),
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::round::Tail;
+use super::tail::Tail;
 use crate::core::clock::{self, Stamp};
 use crate::core::keys::LockKeys;
 use crate::core::lock;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::Engine;
-use super::round::Tail;
+use super::tail::Tail;
 use crate::core::keys::LockKeys;
 use crate::core::quorum;
 use crate::error::NodeError;
