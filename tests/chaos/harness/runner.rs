@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checker::{Report, check};
 use crate::child::{ChildClient, ChildSpec};
-use crate::history::{History, Mono, Recorder};
+use crate::history::{History, Mono, Recorder, Section, SessionId};
 use crate::nemesis::{self, Env, FaultKind};
 use crate::proxy::ProxyNet;
 use crate::resource::Resource;
@@ -436,7 +436,6 @@ impl Outcome {
     }
 
     /// The seed, the schedule and the report, for a failure message.
-    #[expect(clippy::too_many_lines, reason = "not yet split by phase")]
     pub fn explain(&self) -> String {
         let r = &self.report;
         let mut s = format!(
@@ -451,12 +450,28 @@ impl Outcome {
             "sections {}, writes {}, ops {}, stale rejected {} ({} from violating sessions)",
             r.sections, r.writes, r.ops, r.stale_rejected, r.caught
         );
-        let sec = |id| self.history.sections.iter().find(|x| x.session == id);
+        self.explain_safety(&mut s);
+        self.explain_liveness(&mut s);
+        self.explain_harness(&mut s);
+        self.explain_faults(&mut s);
+        s
+    }
+
+    /// The critical section of session `id`, if it was recorded.
+    fn section(&self, id: SessionId) -> Option<&Section> {
+        self.history.sections.iter().find(|x| x.session == id)
+    }
+
+    /// Overlapping sections (with the timeline around them), tokens that did not grow, and
+    /// writes past a section's validity.
+    fn explain_safety(&self, s: &mut String) {
+        let r = &self.report;
         for &(a, b) in &r.overlaps {
-            let _ = writeln!(s, "  OVERLAP {:?}\n      and {:?}", sec(a), sec(b));
-            if let (Some(first), Some(second)) = (sec(a), sec(b)) {
+            let (first, second) = (self.section(a), self.section(b));
+            let _ = writeln!(s, "  OVERLAP {first:?}\n      and {second:?}");
+            if let (Some(first), Some(second)) = (first, second) {
                 self.timeline(
-                    &mut s,
+                    s,
                     first.acquired.minus(Duration::from_secs(2)),
                     second.end(),
                 );
@@ -466,14 +481,24 @@ impl Outcome {
             let _ = writeln!(
                 s,
                 "  TOKEN DID NOT GROW {:?}\n      then {:?}",
-                sec(a),
-                sec(b)
+                self.section(a),
+                self.section(b)
             );
         }
         for &i in &r.past_validity {
             let w = &self.history.writes[i];
-            let _ = writeln!(s, "  WRITE PAST VALIDITY {w:?} of {:?}", sec(w.session));
+            let _ = writeln!(
+                s,
+                "  WRITE PAST VALIDITY {w:?} of {:?}",
+                self.section(w.session)
+            );
         }
+    }
+
+    /// Hung operations, stale writes fencing did not catch, slow recoveries, starvation (with
+    /// the timeline of the fault) and `held` answers that should have been outages.
+    fn explain_liveness(&self, s: &mut String) {
+        let r = &self.report;
         for &i in &r.hung {
             let _ = writeln!(s, "  HUNG {:?}", self.history.ops[i]);
         }
@@ -497,7 +522,7 @@ impl Outcome {
                 f.healed.since(f.start)
             );
             // What the clients did meanwhile (times from the fault's start).
-            self.timeline(&mut s, f.start, f.healed);
+            self.timeline(s, f.start, f.healed);
         }
         for &i in &r.misreported_held {
             let op = &self.history.ops[i];
@@ -509,6 +534,11 @@ impl Outcome {
                 op.end.since(op.start)
             );
         }
+    }
+
+    /// What the harness itself saw go wrong: malformed child lines, unfinished writes,
+    /// incidents.
+    fn explain_harness(&self, s: &mut String) {
         for line in &self.history.malformed {
             let _ = writeln!(s, "  MALFORMED CHILD LINE {line:?}");
         }
@@ -518,6 +548,12 @@ impl Outcome {
         for what in &self.history.incidents {
             let _ = writeln!(s, "  INCIDENT {what}");
         }
+    }
+
+    /// The clock jumps, then every fault with its length, acquisitions during it and its
+    /// heal-to-acquire time.
+    fn explain_faults(&self, s: &mut String) {
+        let r = &self.report;
         let _ = writeln!(
             s,
             "clock jumps: {} made, {} expired a bare-majority holder's key",
@@ -537,7 +573,6 @@ impl Outcome {
                 r.reacquired[i]
             );
         }
-        s
     }
 }
 
