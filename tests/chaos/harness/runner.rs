@@ -110,28 +110,13 @@ pub struct Outcome {
 
 /// Runs `scn` with the schedule drawn from `seed` for about `duration` (plus a quiet period in
 /// which the lock must be acquired again).
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 pub async fn run(scn: &Scenario, seed: u64, duration: Duration) -> Outcome {
     println!(
         "[chaos {}] seed {seed} (replay: {SEED_ENV}={seed})",
         scn.name
     );
     let began = Mono::now();
-    let options = if scn.aof {
-        ServerOptions::new().aof_always()
-    } else {
-        ServerOptions::new()
-    };
-    let (nodes, child) = (scn.nodes, scn.child);
-    let (cluster, resource_server) = tokio::task::spawn_blocking(move || {
-        crate::support::init_tracing();
-        let cluster = LocalCluster::start_with(nodes, &options).unwrap_or_else(|e| panic!("{e}"));
-        let resource =
-            child.then(|| RedisServer::start(&ServerOptions::new()).expect("resource redis"));
-        (cluster, resource)
-    })
-    .await
-    .expect("start servers");
+    let (cluster, resource_server) = start_servers(scn).await;
     let urls = cluster.urls();
     let net = ProxyNet::start(scn.clients, &urls).await.expect("proxies");
     let rec = Recorder::new();
@@ -141,40 +126,18 @@ pub async fn run(scn: &Scenario, seed: u64, duration: Duration) -> Outcome {
         None => Resource::gate(),
     };
 
-    let spec = |c: usize, urls: Vec<String>| {
-        let mut s = ClientSpec::new(
-            c,
-            urls,
-            scn.ttl,
-            seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9),
-        );
-        s.guard = scn.guard;
-        s
-    };
     let mut clients = Vec::new();
     for c in 0..scn.clients {
         clients.push(tokio::spawn(run_client(
-            spec(c, net.urls(c)),
+            client_spec(scn, seed, c, net.urls(c)),
             resource.clone(),
             rec.clone(),
             stop.clone(),
         )));
     }
-    let child = resource_server.as_ref().map(|server| {
-        let mut client = spec(scn.clients, urls.clone());
-        // Mostly "working" between its validity check and its write while it holds the lock,
-        // so that a random SIGSTOP often lands there.
-        client.work = Duration::from_millis(400);
-        client.writes = 1..=3;
-        ChildClient::spawn(
-            &ChildSpec {
-                client,
-                resource_url: server.url(),
-                first_session: 1_000_000_000,
-            },
-            rec.clone(),
-        )
-    });
+    let child = resource_server
+        .as_ref()
+        .map(|server| spawn_child(scn, seed, server, &urls, &rec));
     let mut env = Env {
         cluster: Arc::new(Mutex::new(cluster)),
         urls: urls.clone(),
@@ -194,44 +157,12 @@ pub async fn run(scn: &Scenario, seed: u64, duration: Duration) -> Outcome {
             scn.name
         );
     }
-    let plan = nemesis::schedule(seed, scn.faults, duration, scn.nodes, scn.clients, scn.ttl);
-    let schedule: Vec<String> = plan
-        .iter()
-        .map(|(gap, f)| format!("after {gap:?}: {f}"))
-        .collect();
-    if plan.is_empty() {
-        tokio::time::sleep(duration).await;
-    }
-    for (gap, fault) in &plan {
-        tokio::time::sleep(*gap).await;
-        let healed = nemesis::inject(&mut env, fault, &rec).await;
-        // Liveness after every heal: the next fault waits until the lock was acquired again, or
-        // the bound passed (the checker then reports a slow recovery: the window is that long).
-        if !wait_for_acquisition(&rec, healed, scn.reacquire_bound).await {
-            println!(
-                "[chaos {}] no acquisition within {:?} of the heal of: {fault}",
-                scn.name, scn.reacquire_bound
-            );
-        }
-    }
+    let schedule = follow_the_schedule(scn, seed, duration, &mut env, &rec).await;
 
     // Stop: each client finishes its section and releases. One that does not within the bound
     // is aborted (its open section is closed at the abort) and the run fails.
     stop.cancel();
-    let stop_by = tokio::time::Instant::now() + SHUTDOWN;
-    for (c, mut task) in clients.into_iter().enumerate() {
-        match tokio::time::timeout_at(stop_by, &mut task).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => rec.incident(format!("client {c} failed: {e}")),
-            Err(_) => {
-                task.abort();
-                let _ = task.await;
-                rec.incident(format!(
-                    "client {c} did not stop within {SHUTDOWN:?} of the end: aborted"
-                ));
-            }
-        }
-    }
+    stop_clients(clients, &rec).await;
     if let Some(child) = env.child.take() {
         child.stop(SHUTDOWN).await;
     }
@@ -247,6 +178,113 @@ pub async fn run(scn: &Scenario, seed: u64, duration: Duration) -> Outcome {
         reacquire_bound: scn.reacquire_bound,
         loses_counters: scn.loses_counters(),
         elapsed: Mono::now().since(began),
+    }
+}
+
+/// The scenario's cluster (with AOF when it says so) and, when it runs a child client, the
+/// resource's server.
+async fn start_servers(scn: &Scenario) -> (LocalCluster, Option<RedisServer>) {
+    let options = if scn.aof {
+        ServerOptions::new().aof_always()
+    } else {
+        ServerOptions::new()
+    };
+    let (nodes, child) = (scn.nodes, scn.child);
+    tokio::task::spawn_blocking(move || {
+        crate::support::init_tracing();
+        let cluster = LocalCluster::start_with(nodes, &options).unwrap_or_else(|e| panic!("{e}"));
+        let resource =
+            child.then(|| RedisServer::start(&ServerOptions::new()).expect("resource redis"));
+        (cluster, resource)
+    })
+    .await
+    .expect("start servers")
+}
+
+/// Client `c`'s spec: the scenario's ttl and guard, a seed of its own drawn from `seed`.
+fn client_spec(scn: &Scenario, seed: u64, c: usize, urls: Vec<String>) -> ClientSpec {
+    let mut s = ClientSpec::new(
+        c,
+        urls,
+        scn.ttl,
+        seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9),
+    );
+    s.guard = scn.guard;
+    s
+}
+
+/// The child client (the number after the in-process ones), straight to the nodes, writing to
+/// the resource `server`.
+fn spawn_child(
+    scn: &Scenario,
+    seed: u64,
+    server: &RedisServer,
+    urls: &[String],
+    rec: &Recorder,
+) -> ChildClient {
+    let mut client = client_spec(scn, seed, scn.clients, urls.to_vec());
+    // Mostly "working" between its validity check and its write while it holds the lock,
+    // so that a random SIGSTOP often lands there.
+    client.work = Duration::from_millis(400);
+    client.writes = 1..=3;
+    ChildClient::spawn(
+        &ChildSpec {
+            client,
+            resource_url: server.url(),
+            first_session: 1_000_000_000,
+        },
+        rec.clone(),
+    )
+}
+
+/// Draws the schedule from `seed` and injects its faults one after the other; returns it as
+/// text for the report.
+async fn follow_the_schedule(
+    scn: &Scenario,
+    seed: u64,
+    duration: Duration,
+    env: &mut Env,
+    rec: &Recorder,
+) -> Vec<String> {
+    let plan = nemesis::schedule(seed, scn.faults, duration, scn.nodes, scn.clients, scn.ttl);
+    let schedule: Vec<String> = plan
+        .iter()
+        .map(|(gap, f)| format!("after {gap:?}: {f}"))
+        .collect();
+    if plan.is_empty() {
+        tokio::time::sleep(duration).await;
+    }
+    for (gap, fault) in &plan {
+        tokio::time::sleep(*gap).await;
+        let healed = nemesis::inject(env, fault, rec).await;
+        // Liveness after every heal: the next fault waits until the lock was acquired again, or
+        // the bound passed (the checker then reports a slow recovery: the window is that long).
+        if !wait_for_acquisition(rec, healed, scn.reacquire_bound).await {
+            println!(
+                "[chaos {}] no acquisition within {:?} of the heal of: {fault}",
+                scn.name, scn.reacquire_bound
+            );
+        }
+    }
+    schedule
+}
+
+/// Waits for every client task until [`SHUTDOWN`] from now; one that fails or does not stop
+/// (then aborted) is an incident.
+async fn stop_clients(clients: Vec<tokio::task::JoinHandle<()>>, rec: &Recorder) {
+    let stop_by = tokio::time::Instant::now() + SHUTDOWN;
+    for (c, mut task) in clients.into_iter().enumerate() {
+        match tokio::time::timeout_at(stop_by, &mut task).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => rec.incident(format!("client {c} failed: {e}")),
+            Err(_) => {
+                task.abort();
+                let _ = task.await;
+                rec.incident(format!(
+                    "client {c} did not stop within {SHUTDOWN:?} of the end: aborted"
+                ));
+            }
+        }
     }
 }
 
