@@ -507,7 +507,7 @@ fn the_face_and_the_features_never_import_the_node_layer() {
 
 /// The functions still over clippy's 80-line limit (`clippy.toml`), each marked
 /// `#[expect(clippy::too_many_lines)]`: split one by phase, remove its mark, and lower this.
-const LONG_FUNCTIONS_LEFT: usize = 5;
+const LONG_FUNCTIONS_LEFT: usize = 3;
 
 /// Clippy's `too_many_lines` (Cargo.toml `[lints.clippy]`, 80 lines in `clippy.toml`) holds
 /// every function of `src/`, `tests/` and `benches/`; the ones not yet split are marked, and

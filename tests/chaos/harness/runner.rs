@@ -246,7 +246,7 @@ async fn follow_the_schedule(
     env: &mut Env,
     rec: &Recorder,
 ) -> Vec<String> {
-    let plan = nemesis::schedule(seed, scn.faults, duration, scn.nodes, scn.clients, scn.ttl);
+    let plan = crate::draw::schedule(seed, scn.faults, duration, scn.nodes, scn.clients, scn.ttl);
     let schedule: Vec<String> = plan
         .iter()
         .map(|(gap, f)| format!("after {gap:?}: {f}"))
