@@ -510,7 +510,7 @@ fn the_face_and_the_features_never_import_the_node_layer() {
 /// with `#[expect(clippy::too_many_lines)]` or `#[allow(clippy::too_many_lines)]` (a long one
 /// is split by phase instead).
 #[test]
-fn long_functions_only_get_fewer() {
+fn no_function_opts_out_of_the_80_line_limit() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let config = std::fs::read_to_string(root.join("clippy.toml")).expect("clippy.toml");
     assert!(
