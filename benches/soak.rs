@@ -146,7 +146,6 @@ mod worker {
         Duration::from_millis(ms as u64)
     }
 
-    #[expect(clippy::too_many_lines, reason = "not yet split by phase")]
     pub(crate) fn main() {
         let nodes: Vec<String> = std::env::var("SOAK_NODES")
             .expect("SOAK_NODES")
@@ -172,145 +171,33 @@ mod worker {
                 .build()
                 .expect("valid config");
             let res = redis::Client::open(resource).expect("resource url");
-            let conn = res
-                .get_multiplexed_async_connection()
-                .await
-                .expect("resource");
-            let enter = redis::Script::new(resource::ENTER);
-            let leave = redis::Script::new(resource::LEAVE);
+            let fenced = Fenced {
+                conn: res
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("resource"),
+                enter: redis::Script::new(resource::ENTER),
+                leave: redis::Script::new(resource::LEAVE),
+            };
             let end = tokio::time::Instant::now() + Duration::from_secs(secs);
             let mut set = tokio::task::JoinSet::new();
             for _ in 0..tasks {
-                let (locks, mut conn, enter, leave) =
-                    (locks.clone(), conn.clone(), enter.clone(), leave.clone());
                 let (counts, waits) = (Arc::clone(&counts), Arc::clone(&waits));
-                set.spawn(async move {
-                    while tokio::time::Instant::now() < end {
-                        let key = format!("soak:{}", pick(keys, rand::random::<f64>()));
-                        let asked = Instant::now();
-                        let lock = match locks.acquire_timeout(&key, TTL, WAIT).await {
-                            Ok(lock) => lock,
-                            Err(e) => {
-                                count_error(&counts, &e);
-                                continue;
-                            }
-                        };
-                        let waited = asked.elapsed();
-                        waits
-                            .lock()
-                            .expect("waits")
-                            .push(u64::try_from(waited.as_micros()).unwrap_or(u64::MAX));
-                        counts.acquired.fetch_add(1, Ordering::Relaxed);
-                        lock.keep_alive();
-                        let token = lock.token().get();
-                        let (occupant, last, left) = (
-                            format!("{key}:in"),
-                            format!("{key}:tok"),
-                            format!("{key}:left"),
-                        );
-                        let r: redis::RedisResult<(i64, i64, i64)> = enter
-                            .key(&occupant)
-                            .key(&last)
-                            .key(&left)
-                            .arg(token)
-                            .arg(u8::from(waited > Duration::from_millis(20)))
-                            .invoke_async(&mut conn)
-                            .await;
-                        if let Ok((overlap, regression, handover)) = r {
-                            counts
-                                .overlaps
-                                .fetch_add(u64::try_from(overlap).unwrap_or(0), Ordering::Relaxed);
-                            counts.regressions.fetch_add(
-                                u64::try_from(regression).unwrap_or(0),
-                                Ordering::Relaxed,
-                            );
-                            if handover >= 0 {
-                                println!("handover {handover}");
-                            }
-                        }
-                        // Work until done or the lock is lost: then leave at once.
-                        tokio::select! {
-                            () = tokio::time::sleep(work()) => {}
-                            () = lock.lost() => {}
-                        }
-                        let _: redis::RedisResult<i64> = leave
-                            .key(&occupant)
-                            .key(&left)
-                            .arg(token)
-                            .invoke_async(&mut conn)
-                            .await;
-                        if let Err(e) = lock.release().await {
-                            count_error(&counts, &e);
-                        }
-                    }
-                });
+                set.spawn(lock_task(
+                    locks.clone(),
+                    fenced.clone(),
+                    counts,
+                    waits,
+                    end,
+                    keys,
+                ));
             }
             // A semaphore of 3 permits, one task per worker.
-            {
-                let (locks, counts) = (locks.clone(), Arc::clone(&counts));
-                set.spawn(async move {
-                    let sem = Semaphore::new(&locks, "soak:sem", 3).expect("semaphore");
-                    while tokio::time::Instant::now() < end {
-                        match sem.acquire_timeout(TTL, WAIT).await {
-                            Ok(permit) => {
-                                counts.permits.fetch_add(1, Ordering::Relaxed);
-                                tokio::time::sleep(work()).await;
-                                let _ = permit.release().await;
-                            }
-                            Err(e) => count_error(&counts, &e),
-                        }
-                    }
-                });
-            }
+            set.spawn(semaphore_task(locks.clone(), Arc::clone(&counts), end));
             // An election: one candidate per worker, leading for a while, then resigning.
-            {
-                let (locks, counts) = (locks.clone(), Arc::clone(&counts));
-                set.spawn(async move {
-                    let election = Election::builder(locks, "soak:leader")
-                        .candidate(format!("worker-{me}"))
-                        .ttl(TTL)
-                        .build()
-                        .expect("election");
-                    while tokio::time::Instant::now() < end {
-                        let left = end.saturating_duration_since(tokio::time::Instant::now());
-                        match election.campaign_timeout(left).await {
-                            Ok(term) => {
-                                counts.terms.fetch_add(1, Ordering::Relaxed);
-                                tokio::select! {
-                                    () = tokio::time::sleep(work() * 2) => {}
-                                    () = term.lost() => {}
-                                }
-                                let _ = term.resign().await;
-                            }
-                            Err(e) => count_error(&counts, &e),
-                        }
-                    }
-                });
-            }
+            set.spawn(election_task(locks.clone(), Arc::clone(&counts), end, me));
             // One line a second: cumulative counts.
-            let reporter = {
-                let counts = Arc::clone(&counts);
-                tokio::spawn(async move {
-                    let mut tick = tokio::time::interval(Duration::from_secs(1));
-                    loop {
-                        tick.tick().await;
-                        let c = &counts;
-                        let (cpu, rss) = proc_stat();
-                        println!(
-                            "row {} {} {} {} {} {} {} {} {} {cpu} {rss}",
-                            c.acquired.load(Ordering::Relaxed),
-                            c.held.load(Ordering::Relaxed),
-                            c.no_quorum.load(Ordering::Relaxed),
-                            c.lost.load(Ordering::Relaxed),
-                            c.other.load(Ordering::Relaxed),
-                            c.overlaps.load(Ordering::Relaxed),
-                            c.regressions.load(Ordering::Relaxed),
-                            c.permits.load(Ordering::Relaxed),
-                            c.terms.load(Ordering::Relaxed),
-                        );
-                    }
-                })
-            };
+            let reporter = tokio::spawn(report_rows(Arc::clone(&counts)));
             while set.join_next().await.is_some() {}
             reporter.abort();
             locks.flush().await;
@@ -319,6 +206,153 @@ mod worker {
         let waits = waits.lock().expect("waits");
         let list: Vec<String> = waits.iter().map(u64::to_string).collect();
         println!("done {cpu} {rss_start} {rss_end} {}", list.join(","));
+    }
+
+    /// The fenced resource, as a lock task reaches it: its connection and its two scripts.
+    #[derive(Clone)]
+    struct Fenced {
+        conn: redis::aio::MultiplexedConnection,
+        enter: redis::Script,
+        leave: redis::Script,
+    }
+
+    /// Until `end`: acquire a key drawn from `keys` (waiting for it), enter the resource, work
+    /// until done or lost, leave, release; waits and outcomes counted.
+    async fn lock_task(
+        locks: Redlock,
+        fenced: Fenced,
+        counts: Arc<Counts>,
+        waits: Arc<Mutex<Vec<u64>>>,
+        end: tokio::time::Instant,
+        keys: usize,
+    ) {
+        let Fenced {
+            mut conn,
+            enter,
+            leave,
+        } = fenced;
+        while tokio::time::Instant::now() < end {
+            let key = format!("soak:{}", pick(keys, rand::random::<f64>()));
+            let asked = Instant::now();
+            let lock = match locks.acquire_timeout(&key, TTL, WAIT).await {
+                Ok(lock) => lock,
+                Err(e) => {
+                    count_error(&counts, &e);
+                    continue;
+                }
+            };
+            let waited = asked.elapsed();
+            waits
+                .lock()
+                .expect("waits")
+                .push(u64::try_from(waited.as_micros()).unwrap_or(u64::MAX));
+            counts.acquired.fetch_add(1, Ordering::Relaxed);
+            lock.keep_alive();
+            let token = lock.token().get();
+            let (occupant, last, left) = (
+                format!("{key}:in"),
+                format!("{key}:tok"),
+                format!("{key}:left"),
+            );
+            let r: redis::RedisResult<(i64, i64, i64)> = enter
+                .key(&occupant)
+                .key(&last)
+                .key(&left)
+                .arg(token)
+                .arg(u8::from(waited > Duration::from_millis(20)))
+                .invoke_async(&mut conn)
+                .await;
+            if let Ok((overlap, regression, handover)) = r {
+                counts
+                    .overlaps
+                    .fetch_add(u64::try_from(overlap).unwrap_or(0), Ordering::Relaxed);
+                counts
+                    .regressions
+                    .fetch_add(u64::try_from(regression).unwrap_or(0), Ordering::Relaxed);
+                if handover >= 0 {
+                    println!("handover {handover}");
+                }
+            }
+            // Work until done or the lock is lost: then leave at once.
+            tokio::select! {
+                () = tokio::time::sleep(work()) => {}
+                () = lock.lost() => {}
+            }
+            let _: redis::RedisResult<i64> = leave
+                .key(&occupant)
+                .key(&left)
+                .arg(token)
+                .invoke_async(&mut conn)
+                .await;
+            if let Err(e) = lock.release().await {
+                count_error(&counts, &e);
+            }
+        }
+    }
+
+    /// Until `end`: take a permit of the 3 of "soak:sem", work, give it back.
+    async fn semaphore_task(locks: Redlock, counts: Arc<Counts>, end: tokio::time::Instant) {
+        let sem = Semaphore::new(&locks, "soak:sem", 3).expect("semaphore");
+        while tokio::time::Instant::now() < end {
+            match sem.acquire_timeout(TTL, WAIT).await {
+                Ok(permit) => {
+                    counts.permits.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(work()).await;
+                    let _ = permit.release().await;
+                }
+                Err(e) => count_error(&counts, &e),
+            }
+        }
+    }
+
+    /// Until `end`: campaign as `worker-{me}`, lead until done or lost, resign.
+    async fn election_task(
+        locks: Redlock,
+        counts: Arc<Counts>,
+        end: tokio::time::Instant,
+        me: usize,
+    ) {
+        let election = Election::builder(locks, "soak:leader")
+            .candidate(format!("worker-{me}"))
+            .ttl(TTL)
+            .build()
+            .expect("election");
+        while tokio::time::Instant::now() < end {
+            let left = end.saturating_duration_since(tokio::time::Instant::now());
+            match election.campaign_timeout(left).await {
+                Ok(term) => {
+                    counts.terms.fetch_add(1, Ordering::Relaxed);
+                    tokio::select! {
+                        () = tokio::time::sleep(work() * 2) => {}
+                        () = term.lost() => {}
+                    }
+                    let _ = term.resign().await;
+                }
+                Err(e) => count_error(&counts, &e),
+            }
+        }
+    }
+
+    /// One `row` line a second: the cumulative counts, CPU and RSS.
+    async fn report_rows(counts: Arc<Counts>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let c = &counts;
+            let (cpu, rss) = proc_stat();
+            println!(
+                "row {} {} {} {} {} {} {} {} {} {cpu} {rss}",
+                c.acquired.load(Ordering::Relaxed),
+                c.held.load(Ordering::Relaxed),
+                c.no_quorum.load(Ordering::Relaxed),
+                c.lost.load(Ordering::Relaxed),
+                c.other.load(Ordering::Relaxed),
+                c.overlaps.load(Ordering::Relaxed),
+                c.regressions.load(Ordering::Relaxed),
+                c.permits.load(Ordering::Relaxed),
+                c.terms.load(Ordering::Relaxed),
+            );
+        }
     }
 
     /// This process's CPU time (µs, user + system) and resident set (KiB), from `/proc`.
@@ -455,7 +489,6 @@ mod driver {
         sorted[i.min(sorted.len() - 1)]
     }
 
-    #[expect(clippy::too_many_lines, reason = "not yet split by phase")]
     pub(crate) fn main() {
         let secs: u64 = env_or("SOAK_SECS", 600);
         let workers: usize = env_or("SOAK_WORKERS", 3);
@@ -478,48 +511,10 @@ mod driver {
         let mut children: Vec<Child> = Vec::new();
         let mut readers = Vec::new();
         for w in 0..workers {
-            let mut child = Command::new(&exe)
-                .env("SOAK_WORKER", w.to_string())
-                .env("SOAK_NODES", urls.join(","))
-                .env("SOAK_RESOURCE", resource.url())
-                .env("SOAK_SECS", secs.to_string())
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("worker process");
-            let stdout = child.stdout.take().expect("piped");
-            let states = Arc::clone(&states);
-            readers.push(std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                    let mut parts = line.split_whitespace();
-                    let kind = parts.next().unwrap_or("");
-                    let mut st = states.lock().expect("states");
-                    let at = began.elapsed().as_secs_f64();
-                    match kind {
-                        "row" => st[w].row = parts.filter_map(|p| p.parse().ok()).collect(),
-                        "handover" => {
-                            if let Some(us) = parts.next().and_then(|p| p.parse().ok()) {
-                                st[w].handovers.push((at, us));
-                            }
-                        }
-                        "done" => {
-                            let nums: Vec<u64> = parts
-                                .by_ref()
-                                .take(3)
-                                .filter_map(|p| p.parse().ok())
-                                .collect();
-                            st[w].waits = parts
-                                .next()
-                                .unwrap_or("")
-                                .split(',')
-                                .filter_map(|p| p.parse().ok())
-                                .collect();
-                            st[w].done = Some(nums);
-                        }
-                        _ => {}
-                    }
-                }
-            }));
+            let (child, reader) =
+                spawn_worker(&exe, w, &urls, &resource.url(), secs, &states, began);
             children.push(child);
+            readers.push(reader);
         }
 
         // The nemesis and the sampler, on this thread.
@@ -527,27 +522,14 @@ mod driver {
         let mut samples: Vec<Sample> = Vec::new();
         let mut next_fault = Instant::now() + Duration::from_secs(15);
         let end = began + Duration::from_secs(secs);
-        let mut paused: Option<usize> = None;
-        let mut rng_state: u64 = 0x5eed;
-        let mut next_rand = |n: u64| {
-            rng_state = rng_state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (rng_state >> 33) % n
+        let mut nemesis = Nemesis {
+            rng_state: 0x5eed,
+            paused: None,
         };
         let mut next_sample = Instant::now();
         while Instant::now() < end {
             if Instant::now() >= next_sample {
-                totals.add(&sample(&urls));
-                let (acquired, rss): (u64, Vec<u64>) = {
-                    let st = states.lock().expect("states");
-                    (
-                        st.iter().map(|s| s.row.first().copied().unwrap_or(0)).sum(),
-                        st.iter()
-                            .map(|s| s.row.get(10).copied().unwrap_or(0))
-                            .collect(),
-                    )
-                };
+                let (acquired, rss) = take_sample(&urls, &states, &mut totals);
                 if warm.is_none() && Instant::now() >= warm_at {
                     warm = Some((rss, keys_on(&urls)));
                 }
@@ -561,36 +543,12 @@ mod driver {
             }
             if nemesis_on && Instant::now() >= next_fault {
                 let at = began.elapsed().as_secs_f64();
-                if let Some(n) = paused.take() {
-                    let _ = cluster.resume(n);
-                    faults.push((at, format!("resume node {n}")));
-                } else {
-                    let n = usize::try_from(next_rand(NODES as u64)).unwrap_or(0);
-                    match next_rand(3) {
-                        0 => {
-                            let _ = cluster.kill(n);
-                            std::thread::sleep(Duration::from_secs(1));
-                            let _ = cluster.restart_empty(n);
-                            faults.push((at, format!("kill node {n}, restart empty")));
-                        }
-                        1 => {
-                            let _ = cluster.pause(n);
-                            paused = Some(n);
-                            faults.push((at, format!("pause node {n}")));
-                        }
-                        _ => {
-                            let _ = cluster.kill(n);
-                            std::thread::sleep(Duration::from_secs(1));
-                            let _ = cluster.restart(n);
-                            faults.push((at, format!("kill node {n}, restart (data kept)")));
-                        }
-                    }
-                }
-                next_fault = Instant::now() + Duration::from_secs(10 + next_rand(20));
+                faults.push((at, nemesis.strike(&mut cluster)));
+                next_fault = Instant::now() + Duration::from_secs(10 + nemesis.next_rand(20));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        if let Some(n) = paused.take() {
+        if let Some(n) = nemesis.paused.take() {
             let _ = cluster.resume(n);
         }
         for mut c in children {
@@ -613,7 +571,134 @@ mod driver {
         );
     }
 
-    #[expect(clippy::too_many_lines, reason = "not yet split by phase")]
+    /// Starts worker process `w` on `urls` and the resource, and a thread reading its lines.
+    fn spawn_worker(
+        exe: &std::path::Path,
+        w: usize,
+        urls: &[String],
+        resource_url: &str,
+        secs: u64,
+        states: &Arc<Mutex<Vec<WorkerState>>>,
+        began: Instant,
+    ) -> (Child, std::thread::JoinHandle<()>) {
+        let mut child = Command::new(exe)
+            .env("SOAK_WORKER", w.to_string())
+            .env("SOAK_NODES", urls.join(","))
+            .env("SOAK_RESOURCE", resource_url)
+            .env("SOAK_SECS", secs.to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("worker process");
+        let stdout = child.stdout.take().expect("piped");
+        let states = Arc::clone(states);
+        let reader = std::thread::spawn(move || {
+            read_worker(stdout, w, &states, began);
+        });
+        (child, reader)
+    }
+
+    /// Reads worker `w`'s lines into its state: its latest `row`, its handovers (timed from
+    /// `began`), and its `done` line.
+    fn read_worker(
+        stdout: std::process::ChildStdout,
+        w: usize,
+        states: &Mutex<Vec<WorkerState>>,
+        began: Instant,
+    ) {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let mut parts = line.split_whitespace();
+            let kind = parts.next().unwrap_or("");
+            let mut st = states.lock().expect("states");
+            let at = began.elapsed().as_secs_f64();
+            match kind {
+                "row" => st[w].row = parts.filter_map(|p| p.parse().ok()).collect(),
+                "handover" => {
+                    if let Some(us) = parts.next().and_then(|p| p.parse().ok()) {
+                        st[w].handovers.push((at, us));
+                    }
+                }
+                "done" => {
+                    let nums: Vec<u64> = parts
+                        .by_ref()
+                        .take(3)
+                        .filter_map(|p| p.parse().ok())
+                        .collect();
+                    st[w].waits = parts
+                        .next()
+                        .unwrap_or("")
+                        .split(',')
+                        .filter_map(|p| p.parse().ok())
+                        .collect();
+                    st[w].done = Some(nums);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Adds the nodes' counters to `totals`; returns the acquisitions the workers reported
+    /// so far, and their RSS.
+    fn take_sample(
+        urls: &[String],
+        states: &Mutex<Vec<WorkerState>>,
+        totals: &mut Totals,
+    ) -> (u64, Vec<u64>) {
+        totals.add(&sample(urls));
+        let st = states.lock().expect("states");
+        (
+            st.iter().map(|s| s.row.first().copied().unwrap_or(0)).sum(),
+            st.iter()
+                .map(|s| s.row.get(10).copied().unwrap_or(0))
+                .collect(),
+        )
+    }
+
+    /// The driver's nemesis: a fixed-seed generator, and the node it paused, if any.
+    struct Nemesis {
+        rng_state: u64,
+        paused: Option<usize>,
+    }
+
+    impl Nemesis {
+        /// The next number below `n`.
+        fn next_rand(&mut self, n: u64) -> u64 {
+            self.rng_state = self
+                .rng_state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.rng_state >> 33) % n
+        }
+
+        /// Resumes the paused node if there is one, else kills a random node and restarts it
+        /// (empty, or with its data) or pauses it. Returns what it did.
+        fn strike(&mut self, cluster: &mut LocalCluster) -> String {
+            if let Some(n) = self.paused.take() {
+                let _ = cluster.resume(n);
+                return format!("resume node {n}");
+            }
+            let n = usize::try_from(self.next_rand(NODES as u64)).unwrap_or(0);
+            match self.next_rand(3) {
+                0 => {
+                    let _ = cluster.kill(n);
+                    std::thread::sleep(Duration::from_secs(1));
+                    let _ = cluster.restart_empty(n);
+                    format!("kill node {n}, restart empty")
+                }
+                1 => {
+                    let _ = cluster.pause(n);
+                    self.paused = Some(n);
+                    format!("pause node {n}")
+                }
+                _ => {
+                    let _ = cluster.kill(n);
+                    std::thread::sleep(Duration::from_secs(1));
+                    let _ = cluster.restart(n);
+                    format!("kill node {n}, restart (data kept)")
+                }
+            }
+        }
+    }
+
     fn report(
         out: &str,
         secs: u64,
@@ -630,40 +715,11 @@ mod driver {
                 .sum()
         };
         let acquired = total(0).max(1);
-        let client_cpu: u64 = states
-            .iter()
-            .filter_map(|s| s.done.as_ref())
-            .map(|d| d[0])
-            .sum();
-        let rss: Vec<(u64, u64, u64)> = states
-            .iter()
-            .zip(rss_warm.iter().chain(std::iter::repeat(&0)))
-            .filter_map(|(s, warm)| s.done.as_ref().map(|d| (d[1], *warm, d[2])))
-            .collect();
-        let mut handovers: Vec<u64> = states
-            .iter()
-            .flat_map(|s| s.handovers.iter().map(|h| h.1))
-            .collect();
-        handovers.sort_unstable();
-        let mut waits: Vec<u64> = states
-            .iter()
-            .flat_map(|s| s.waits.iter().copied())
-            .collect();
-        waits.sort_unstable();
+        let client_cpu = client_cpu(states);
+        let handovers = sorted(states.iter().flat_map(|s| s.handovers.iter().map(|h| h.1)));
+        let waits = sorted(states.iter().flat_map(|s| s.waits.iter().copied()));
         // Token growth: the resource's last token per key over the acquisitions.
-        let growth = redis::Client::open(resource)
-            .ok()
-            .and_then(|c| c.get_connection().ok())
-            .map(|mut c| {
-                let keys: Vec<String> = redis::cmd("KEYS")
-                    .arg("soak:*:tok")
-                    .query(&mut c)
-                    .unwrap_or_default();
-                keys.iter()
-                    .map(|k| redis::cmd("GET").arg(k).query::<u64>(&mut c).unwrap_or(0))
-                    .sum::<u64>()
-            })
-            .unwrap_or(0);
+        let growth = token_growth(resource);
         let mut md = String::new();
         let _ = writeln!(md, "| figure | value |\n| --- | ---: |");
         let rows: Vec<(&str, String)> = vec![
@@ -696,10 +752,7 @@ mod driver {
             ),
             (
                 "client RSS start → warm → end (KiB, per worker)",
-                rss.iter()
-                    .map(|(a, w, b)| format!("{a} → {w} → {b}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                rss_per_worker(states, rss_warm),
             ),
             (
                 "handover p50 / p99 (µs)",
@@ -731,6 +784,60 @@ mod driver {
         for (k, v) in &rows {
             let _ = writeln!(md, "| {k} | {v} |");
         }
+        write_over_time(&mut md, samples, faults);
+        std::fs::write(format!("{out}/soak.md"), &md).expect("write soak.md");
+        // Plots: commands per second, and the handover p50 per 10 s window.
+        write_plots(out, states, samples, faults, secs);
+        println!("{md}");
+        println!("written: {out}/soak.md, {out}/soak-commands.svg, {out}/soak-handover.svg");
+    }
+
+    /// The workers' CPU (µs), from their `done` lines.
+    fn client_cpu(states: &[WorkerState]) -> u64 {
+        states
+            .iter()
+            .filter_map(|s| s.done.as_ref())
+            .map(|d| d[0])
+            .sum()
+    }
+
+    /// Each worker's RSS (KiB) at start, once warm and at the end: `start → warm → end`.
+    fn rss_per_worker(states: &[WorkerState], rss_warm: &[u64]) -> String {
+        states
+            .iter()
+            .zip(rss_warm.iter().chain(std::iter::repeat(&0)))
+            .filter_map(|(s, warm)| s.done.as_ref().map(|d| (d[1], *warm, d[2])))
+            .map(|(a, w, b)| format!("{a} → {w} → {b}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `values`, sorted.
+    fn sorted(values: impl Iterator<Item = u64>) -> Vec<u64> {
+        let mut v: Vec<u64> = values.collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Token growth: the resource's last token per key, summed.
+    fn token_growth(resource: &str) -> u64 {
+        redis::Client::open(resource)
+            .ok()
+            .and_then(|c| c.get_connection().ok())
+            .map(|mut c| {
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg("soak:*:tok")
+                    .query(&mut c)
+                    .unwrap_or_default();
+                keys.iter()
+                    .map(|k| redis::cmd("GET").arg(k).query::<u64>(&mut c).unwrap_or(0))
+                    .sum::<u64>()
+            })
+            .unwrap_or(0)
+    }
+
+    /// The table over time (every `ROW`: acquisitions, commands, their ratio) and the faults.
+    fn write_over_time(md: &mut String, samples: &[Sample], faults: &[(f64, String)]) {
         let _ = writeln!(
             md,
             "\nOver time (every {} s):\n\n| t (s) | acquisitions/s | Redis commands/s | commands/acquisition |\n| ---: | ---: | ---: | ---: |",
@@ -757,8 +864,16 @@ mod driver {
         for (t, f) in faults {
             let _ = writeln!(md, "- {t:.0} s: {f}");
         }
-        std::fs::write(format!("{out}/soak.md"), &md).expect("write soak.md");
-        // Plots: commands per second, and the handover p50 per 10 s window.
+    }
+
+    /// The two plots: commands per second, and the handover p50 per `ROW` window.
+    fn write_plots(
+        out: &str,
+        states: &[WorkerState],
+        samples: &[Sample],
+        faults: &[(f64, String)],
+        secs: u64,
+    ) {
         let cmd_rate: Vec<(f64, f64)> = samples
             .windows(2)
             .map(|w| {
@@ -809,8 +924,6 @@ mod driver {
             ),
         )
         .expect("svg");
-        println!("{md}");
-        println!("written: {out}/soak.md, {out}/soak-commands.svg, {out}/soak-handover.svg");
     }
 
     /// A line plot of `points` over `0..secs`, with a red tick for every fault.

@@ -220,9 +220,7 @@ impl std::io::Write for Captured {
 /// skipped as held, as already run, as unavailable with its reason); an outage is logged at
 /// warn once per job, not once per tick. On a recorder and a subscriber of this thread's own.
 #[test]
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 fn t12_run_once_outcomes_are_counted_per_job_and_an_outage_warns_once() {
-    use quorumlock::{RunOnce, Schedule};
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let log = Captured::default();
@@ -239,52 +237,12 @@ fn t12_run_once_outcomes_are_counted_per_job_and_an_outage_warns_once() {
                 .enable_all()
                 .build()
                 .unwrap();
-            runtime.block_on(async {
-                let mut cluster = cluster(5);
-                let locks = client(&cluster);
-                let job = RunOnce::builder(locks.clone(), "r12").build().unwrap();
-                assert!(job.run(1, |_| async {}).await.unwrap().ran());
-                assert!(!job.run(1, |_| async {}).await.unwrap().ran());
-                let failed = job.try_run(2, |_| async { Err::<(), _>("boom") });
-                assert!(failed.await.unwrap().ran());
-                let schedule = Schedule::every(Duration::from_secs(600)).unwrap();
-                let current = schedule.tick_at(std::time::SystemTime::now()).unwrap();
-                let mut work = |_ctx| async {};
-                let done = job.run_scheduled(&schedule, current, &mut work).await;
-                assert_eq!(done.unwrap().caught_up.len(), 1);
-                let other = locks
-                    .try_acquire("r12", Duration::from_secs(10))
-                    .await
-                    .unwrap();
-                assert!(!job.run(3, |_| async {}).await.unwrap().ran());
-                other.release().await.unwrap();
-                for i in [0, 1, 2] {
-                    cluster.kill(i).unwrap();
-                }
-                for tick in 4..7 {
-                    assert!(!job.run(tick, |_| async {}).await.unwrap().ran());
-                }
-            });
+            runtime.block_on(run_once_ticks_of_every_outcome());
             drop(runtime);
         });
     });
     let snapshot: Entries = snapshotter.snapshot().into_vec();
-    let ticks = |outcome: &str| -> u64 {
-        snapshot
-            .iter()
-            .filter(|(key, _, _, _)| {
-                let labels: Vec<(&str, &str)> =
-                    key.key().labels().map(|l| (l.key(), l.value())).collect();
-                key.key().name() == "quorumlock_run_once_ticks_total"
-                    && labels.contains(&("run_once", "r12"))
-                    && labels.contains(&("outcome", outcome))
-            })
-            .map(|(_, _, _, value)| match value {
-                DebugValue::Counter(c) => *c,
-                _ => 0,
-            })
-            .sum()
-    };
+    let ticks = |outcome: &str| run_once_ticks(&snapshot, "r12", outcome);
     assert_eq!(ticks("ran"), 2, "tick 1 and the scheduled tick");
     assert_eq!(ticks("skipped_already_ran"), 1);
     assert_eq!(ticks("failed"), 1);
@@ -308,4 +266,52 @@ fn t12_run_once_outcomes_are_counted_per_job_and_an_outage_warns_once() {
         warned, 1,
         "one warning for the outage, not one per tick:\n{log}"
     );
+}
+
+/// Job `r12` ticks once per outcome: ran, already ran, failed, caught up, held by another
+/// holder, then three ticks with a majority of the five nodes killed.
+async fn run_once_ticks_of_every_outcome() {
+    use quorumlock::{RunOnce, Schedule};
+    let mut cluster = cluster(5);
+    let locks = client(&cluster);
+    let job = RunOnce::builder(locks.clone(), "r12").build().unwrap();
+    assert!(job.run(1, |_| async {}).await.unwrap().ran());
+    assert!(!job.run(1, |_| async {}).await.unwrap().ran());
+    let failed = job.try_run(2, |_| async { Err::<(), _>("boom") });
+    assert!(failed.await.unwrap().ran());
+    let schedule = Schedule::every(Duration::from_secs(600)).unwrap();
+    let current = schedule.tick_at(std::time::SystemTime::now()).unwrap();
+    let mut work = |_ctx| async {};
+    let done = job.run_scheduled(&schedule, current, &mut work).await;
+    assert_eq!(done.unwrap().caught_up.len(), 1);
+    let other = locks
+        .try_acquire("r12", Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(!job.run(3, |_| async {}).await.unwrap().ran());
+    other.release().await.unwrap();
+    for i in [0, 1, 2] {
+        cluster.kill(i).unwrap();
+    }
+    for tick in 4..7 {
+        assert!(!job.run(tick, |_| async {}).await.unwrap().ran());
+    }
+}
+
+/// The run-once tick counter of `job` for one `outcome`, summed over its other labels.
+fn run_once_ticks(snapshot: &Entries, job: &str, outcome: &str) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(key, _, _, _)| {
+            let labels: Vec<(&str, &str)> =
+                key.key().labels().map(|l| (l.key(), l.value())).collect();
+            key.key().name() == "quorumlock_run_once_ticks_total"
+                && labels.contains(&("run_once", job))
+                && labels.contains(&("outcome", outcome))
+        })
+        .map(|(_, _, _, value)| match value {
+            DebugValue::Counter(c) => *c,
+            _ => 0,
+        })
+        .sum()
 }

@@ -279,9 +279,9 @@ impl Redlock {
     /// keeps answering this client's earlier calls (a burst of thousands of releases is
     /// delivered, however long the client's queue to a node), and at most until the lock's key
     /// has expired on its own. It is given up when its node answers nothing for a whole node
-    /// timeout (down, hung, unreachable) or fails the call. The
-    /// [`FlushReport`](crate::FlushReport) counts the release calls given up since the previous
-    /// `flush`: each leaves a key that expires with its ttl.
+    /// timeout (down, hung, unreachable) or fails the call. The [`FlushReport`](crate::FlushReport) counts the
+    /// release calls given up since the previous `flush`: each leaves a key that expires with
+    /// its ttl.
     ///
     /// ```no_run
     /// # async fn run(locks: quorumlock::Redlock) {

@@ -237,11 +237,7 @@ impl Node {
         let raises = counters.iter().map(|(key, value)| {
             let mut conn = cluster.clone();
             async move {
-                redis::cmd("EVAL")
-                    .arg(scripts::RAISE_COUNTER.code())
-                    .arg(1)
-                    .arg(key)
-                    .arg(*value)
+                scripts::raise_counter_eval(key, *value)
                     .query_async::<Value>(&mut conn)
                     .await
             }

@@ -143,11 +143,7 @@ impl Node {
                     && let Some((key, value)) = counters.first()
                 {
                     tracing::debug!(node = %self.name, "NOSCRIPT while raising counters; sending the script");
-                    redis::cmd("EVAL")
-                        .arg(scripts::RAISE_COUNTER.code())
-                        .arg(1)
-                        .arg(key)
-                        .arg(*value)
+                    scripts::raise_counter_eval(key, *value)
                         .query_async::<Value>(&mut conn)
                         .await
                         .map_err(|e| self.call_error(e, generation))?;

@@ -31,6 +31,15 @@ pub(crate) use super::lua::{
 };
 use crate::error::NodeError;
 
+/// One counter raised to `value` (never lowered) by [`RAISE_COUNTER`] sent with its body: the
+/// repair's call where the script may not be cached (a Cluster member's per-key call, the
+/// fallback after `NOSCRIPT`).
+pub(crate) fn raise_counter_eval(key: &[u8], value: u64) -> Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(RAISE_COUNTER.code()).arg(1).arg(key).arg(value);
+    cmd
+}
+
 impl Lua {
     /// Builds the invocation once; the same call is sent to every node.
     pub(crate) fn call(&'static self, keys: &[&[u8]], args: &[&[u8]]) -> ScriptCall {

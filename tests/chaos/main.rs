@@ -5,7 +5,8 @@
 //! - `checker`: the judge (pure, unit-tested in `t10_checker`);
 //! - `resource`: the fenced resource (`FenceGate` in process, `fenced_set` on a separate Redis);
 //! - `workload`: the client loop; `child`: the same loop in a child process that can be SIGSTOPped;
-//! - `nemesis`: the faults and the seeded schedule; `runner`: one run, and the summary table;
+//! - `nemesis`: the faults and their injection; `draw`: the seeded schedule; `runner`: one run,
+//!   and the summary table;
 //! - `tests/support/proxy.rs`: the fault-injecting TCP proxy.
 //!
 //! The harness lives in `harness/`, the cases (`tNN_*.rs`) beside this file.
@@ -26,6 +27,8 @@ mod support;
 mod checker;
 #[path = "harness/child.rs"]
 mod child;
+#[path = "harness/draw.rs"]
+mod draw;
 #[path = "harness/history.rs"]
 mod history;
 #[path = "harness/nemesis.rs"]

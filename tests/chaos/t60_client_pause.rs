@@ -7,7 +7,7 @@ use quorumlock::testkit::{RedisServer, ServerOptions};
 
 use crate::checker::check;
 use crate::child::{ChildClient, ChildSpec, Event};
-use crate::history::{Fault, Mono, Recorder};
+use crate::history::{Fault, History, Mono, Recorder, SessionId, Write};
 use crate::resource::{DATA_KEY, Resource};
 use crate::support::cluster;
 use crate::workload::{ClientSpec, Held};
@@ -24,7 +24,6 @@ use crate::workload::{ClientSpec, Held};
 /// have checked), so a client that watched it would have known. Liveness: the new holder
 /// acquires within ttl + 2 s of the freeze.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn a_paused_holder_wakes_up_and_its_stale_write_is_rejected() {
     let nodes = cluster(3);
     let urls = nodes.urls();
@@ -36,18 +35,7 @@ async fn a_paused_holder_wakes_up_and_its_stale_write_is_rejected() {
     let resource = Resource::redis(&store.url()).await;
     let ttl = Duration::from_secs(2);
 
-    let mut spec = ClientSpec::new(1, urls.clone(), ttl, 0);
-    spec.once = true;
-    spec.writes = 1..=1;
-    spec.work = Duration::from_millis(1200);
-    let mut child = ChildClient::spawn(
-        &ChildSpec {
-            client: spec,
-            resource_url: store.url(),
-            first_session: 1_000_000,
-        },
-        rec.clone(),
-    );
+    let mut child = spawn_one_write_child(&urls, ttl, &store.url(), &rec);
     let (child_session, child_token) = match child
         .wait_for(Duration::from_secs(20), "its acquisition", |e| {
             matches!(e, Event::Acquired { .. })
@@ -103,7 +91,46 @@ async fn a_paused_holder_wakes_up_and_its_stale_write_is_rejected() {
         took_over <= ttl + Duration::from_secs(2),
         "took over after {took_over:?}"
     );
-    // The post-mortem's question: had the lost signal fired by the time the child could check?
+    assert_lost_signal_fired_in_time(&h, child_session, frozen, child_writes[0]);
+    assert!(h.incidents.is_empty() && h.malformed.is_empty(), "{h:?}");
+    let value = resource_value(&store.url()).await;
+    assert_eq!(
+        value, b_session,
+        "the resource holds the new holder's write"
+    );
+}
+
+/// A child client (number 1) that acquires once with keep-alive, checks its validity, works
+/// 1.2 s and writes once.
+fn spawn_one_write_child(
+    urls: &[String],
+    ttl: Duration,
+    store_url: &str,
+    rec: &Recorder,
+) -> ChildClient {
+    let mut spec = ClientSpec::new(1, urls.to_vec(), ttl, 0);
+    spec.once = true;
+    spec.writes = 1..=1;
+    spec.work = Duration::from_millis(1200);
+    ChildClient::spawn(
+        &ChildSpec {
+            client: spec,
+            resource_url: store_url.to_owned(),
+            first_session: 1_000_000,
+        },
+        rec.clone(),
+    )
+}
+
+/// The post-mortem's question: had the lost signal fired by the time the child could check?
+/// Once, after the freeze, after the child's deadline, and no later than its `stale` write
+/// returned.
+fn assert_lost_signal_fired_in_time(
+    h: &History,
+    child_session: SessionId,
+    frozen: Mono,
+    stale: &Write,
+) {
     let lost: Vec<_> = h
         .lost
         .iter()
@@ -114,7 +141,7 @@ async fn a_paused_holder_wakes_up_and_its_stale_write_is_rejected() {
         1,
         "the child reports its lost signal once: {h:?}"
     );
-    let (lost_at, stale) = (lost[0].at, child_writes[0]);
+    let lost_at = lost[0].at;
     assert!(
         lost_at > frozen,
         "the signal fired after the freeze, not before: {lost_at:?} vs {frozen:?}"
@@ -142,19 +169,18 @@ async fn a_paused_holder_wakes_up_and_its_stale_write_is_rejected() {
         ms(lost_at, stale.start),
         ms(stale.end, lost_at)
     );
-    assert!(h.incidents.is_empty() && h.malformed.is_empty(), "{h:?}");
-    let mut conn = redis::Client::open(store.url())
+}
+
+/// The value the resource holds.
+async fn resource_value(store_url: &str) -> u64 {
+    let mut conn = redis::Client::open(store_url)
         .unwrap()
         .get_multiplexed_async_connection_with_config(&crate::support::direct_config())
         .await
         .unwrap();
-    let value: u64 = redis::cmd("GET")
+    redis::cmd("GET")
         .arg(DATA_KEY)
         .query_async(&mut conn)
         .await
-        .unwrap();
-    assert_eq!(
-        value, b_session,
-        "the resource holds the new holder's write"
-    );
+        .unwrap()
 }

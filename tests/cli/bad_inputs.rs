@@ -5,7 +5,7 @@
 //! cannot drift from what `redlock` does.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::fake_node::{FakeNode, not_redis};
 use crate::harness::*;
@@ -82,7 +82,6 @@ const CASES: &[&str] = &[
 ];
 
 #[tokio::test]
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn t160_the_table_of_bad_inputs_is_what_redlock_does() {
     let rows = rows();
     let documented: BTreeSet<&str> = rows.iter().map(|r| r.case.as_str()).collect();
@@ -100,17 +99,6 @@ async fn t160_the_table_of_bad_inputs_is_what_redlock_does() {
             .query(&mut crate::support::conn(&url))
             .unwrap();
     }
-    let replies = not_redis();
-    let fakes = |name: &str| {
-        let reply = replies.iter().find(|(n, _)| *n == name).unwrap().1.clone();
-        async move {
-            let mut fakes = Vec::new();
-            for _ in 0..3 {
-                fakes.push(FakeNode::start(reply.clone()).await);
-            }
-            fakes
-        }
-    };
     let dir = scratch();
     let fifo = file(&dir, "fifo");
     let made = std::process::Command::new("mkfifo")
@@ -121,91 +109,10 @@ async fn t160_the_table_of_bad_inputs_is_what_redlock_does() {
     let (_cmd_dir, marker, script) = marker_cmd();
 
     for row in &rows {
-        let mut env: Vec<(&str, String)> = vec![("REDLOCK_NODES", nodes.clone())];
-        let mut flags: Vec<String> = Vec::new();
-        let mut key = KEY.to_owned();
-        let mut keep = Vec::new();
-        // `redlock ls` with these flags instead of `redlock run`.
-        let mut ls: Option<[&str; 2]> = None;
-        let set_nodes = |env: &mut Vec<(&str, String)>, urls: String| {
-            env.retain(|(k, _)| *k != "REDLOCK_NODES");
-            env.push(("REDLOCK_NODES", urls));
+        let Some(run) = Invocation::set_up(&row.case, &nodes, &dir, &fifo).await else {
+            continue;
         };
-        let tls_ca = |path: PathBuf| vec!["--tls-ca".to_owned(), path.display().to_string()];
-        match row.case.as_str() {
-            "garbage-node" | "http-node" | "ssh-node" => {
-                let name = match row.case.as_str() {
-                    "garbage-node" => "garbage",
-                    "http-node" => "an HTTP server",
-                    _ => "an SSH server",
-                };
-                let nodes = fakes(name).await;
-                set_nodes(
-                    &mut env,
-                    nodes
-                        .iter()
-                        .map(FakeNode::url)
-                        .collect::<Vec<_>>()
-                        .join(","),
-                );
-                keep.extend(nodes);
-            }
-            "error-node" => {
-                let node = FakeNode::start_with(b"-ERR no such thing\r\n".to_vec(), true).await;
-                set_nodes(&mut env, node.url());
-                keep.push(node);
-            }
-            "node-down" => set_nodes(&mut env, "redis://127.0.0.1:1,redis://127.0.0.1:2".into()),
-            "unknown-host" => set_nodes(&mut env, "redis://no-such-host.invalid:6379".into()),
-            "port-range" => set_nodes(&mut env, "redis://127.0.0.1:99999".into()),
-            "port-text" => set_nodes(&mut env, "redis://127.0.0.1:abc".into()),
-            "scheme" => set_nodes(&mut env, "http://127.0.0.1:6379".into()),
-            "no-scheme" => set_nodes(&mut env, "127.0.0.1:6379".into()),
-            "node-twice" => {
-                set_nodes(&mut env, "redis://127.0.0.1:1,redis://127.0.0.1:1".into());
-            }
-            "no-nodes" => env.clear(),
-            "ttl-short" => flags.extend(["--ttl".into(), "3ms".into()]),
-            "ttl-long" => flags.extend(["--ttl".into(), "50days".into()]),
-            "bad-duration" => flags.extend(["--wait".into(), "soon".into()]),
-            "permits-huge" => flags.extend(["-n".into(), "4294967295".into()]),
-            "permits-zero" => flags.extend(["-n".into(), "0".into()]),
-            "empty-key" => key = String::new(),
-            "compat-prefix" => {
-                flags.extend(["--compat".into(), "--key-prefix".into(), "x".into()]);
-            }
-            "compat-wrong-type" => flags.push("--compat".into()),
-            "env-node-timeout" => env.push(("REDLOCK_NODE_TIMEOUT", "fast".into())),
-            "env-compat" => env.push(("REDLOCK_COMPAT", "maybe".into())),
-            "env-restart-guard" => env.push(("REDLOCK_RESTART_GUARD", "sometimes".into())),
-            "tls-ca-missing" | "tls-ca-endless" | "tls-ca-fifo" => {
-                if cfg!(not(feature = "tls")) {
-                    continue;
-                }
-                set_nodes(&mut env, "rediss://127.0.0.1:1".into());
-                flags.extend(tls_ca(match row.case.as_str() {
-                    "tls-ca-missing" => file(&dir, "missing.pem"),
-                    "tls-ca-endless" => PathBuf::from("/dev/zero"),
-                    _ => fifo.clone(),
-                }));
-            }
-            "ls-older-than" => ls = Some(["--older-than", "yesterday"]),
-            "ls-older-than-long" => ls = Some(["--older-than", "20years"]),
-            other => panic!("no set-up for the table's case {other:?}"),
-        }
-        let mut cmd = bare();
-        cmd.env("REDLOCK_RESTART_GUARD", "off");
-        for (k, v) in &env {
-            cmd.env(k, v);
-        }
-        match ls {
-            Some(ls) => cmd.arg("ls").args(ls),
-            None => cmd
-                .arg("run")
-                .args(&flags)
-                .args([key.as_str(), "--", "sh", "-c", &script]),
-        };
-        let out = output(cmd).await;
+        let out = output(run.command(&script)).await;
         let case = &row.case;
         assert_eq!(out.code(), row.code, "{case}: {out:?}");
         let line = out.one_line_error();
@@ -217,4 +124,127 @@ async fn t160_the_table_of_bad_inputs_is_what_redlock_does() {
         assert_plain(case, line);
         assert!(!marker.exists(), "{case}: CMD must not run");
     }
+}
+
+/// How `redlock` is run for one case of the table.
+struct Invocation {
+    env: Vec<(&'static str, String)>,
+    flags: Vec<String>,
+    key: String,
+    /// Fake nodes kept alive for the run.
+    keep: Vec<FakeNode>,
+    /// `redlock ls` with these flags instead of `redlock run`.
+    ls: Option<[&'static str; 2]>,
+}
+
+impl Invocation {
+    /// The case's set-up, on top of a run of `KEY` on `nodes` (a hash at `KEY` on each);
+    /// `None` when the case does not apply to this build (the TLS cases without `tls`).
+    async fn set_up(case: &str, nodes: &str, dir: &tempfile::TempDir, fifo: &Path) -> Option<Self> {
+        let mut run = Invocation {
+            env: vec![("REDLOCK_NODES", nodes.to_owned())],
+            flags: Vec::new(),
+            key: KEY.to_owned(),
+            keep: Vec::new(),
+            ls: None,
+        };
+        let tls_ca = |path: PathBuf| vec!["--tls-ca".to_owned(), path.display().to_string()];
+        match case {
+            "garbage-node" | "http-node" | "ssh-node" => {
+                let name = match case {
+                    "garbage-node" => "garbage",
+                    "http-node" => "an HTTP server",
+                    _ => "an SSH server",
+                };
+                let nodes = three_fakes(name).await;
+                run.set_nodes(
+                    nodes
+                        .iter()
+                        .map(FakeNode::url)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                );
+                run.keep.extend(nodes);
+            }
+            "error-node" => {
+                let node = FakeNode::start_with(b"-ERR no such thing\r\n".to_vec(), true).await;
+                run.set_nodes(node.url());
+                run.keep.push(node);
+            }
+            "node-down" => run.set_nodes("redis://127.0.0.1:1,redis://127.0.0.1:2".into()),
+            "unknown-host" => run.set_nodes("redis://no-such-host.invalid:6379".into()),
+            "port-range" => run.set_nodes("redis://127.0.0.1:99999".into()),
+            "port-text" => run.set_nodes("redis://127.0.0.1:abc".into()),
+            "scheme" => run.set_nodes("http://127.0.0.1:6379".into()),
+            "no-scheme" => run.set_nodes("127.0.0.1:6379".into()),
+            "node-twice" => {
+                run.set_nodes("redis://127.0.0.1:1,redis://127.0.0.1:1".into());
+            }
+            "no-nodes" => run.env.clear(),
+            "ttl-short" => run.flags.extend(["--ttl".into(), "3ms".into()]),
+            "ttl-long" => run.flags.extend(["--ttl".into(), "50days".into()]),
+            "bad-duration" => run.flags.extend(["--wait".into(), "soon".into()]),
+            "permits-huge" => run.flags.extend(["-n".into(), "4294967295".into()]),
+            "permits-zero" => run.flags.extend(["-n".into(), "0".into()]),
+            "empty-key" => run.key = String::new(),
+            "compat-prefix" => {
+                run.flags
+                    .extend(["--compat".into(), "--key-prefix".into(), "x".into()]);
+            }
+            "compat-wrong-type" => run.flags.push("--compat".into()),
+            "env-node-timeout" => run.env.push(("REDLOCK_NODE_TIMEOUT", "fast".into())),
+            "env-compat" => run.env.push(("REDLOCK_COMPAT", "maybe".into())),
+            "env-restart-guard" => run.env.push(("REDLOCK_RESTART_GUARD", "sometimes".into())),
+            "tls-ca-missing" | "tls-ca-endless" | "tls-ca-fifo" => {
+                if cfg!(not(feature = "tls")) {
+                    return None;
+                }
+                run.set_nodes("rediss://127.0.0.1:1".into());
+                run.flags.extend(tls_ca(match case {
+                    "tls-ca-missing" => file(dir, "missing.pem"),
+                    "tls-ca-endless" => PathBuf::from("/dev/zero"),
+                    _ => fifo.to_path_buf(),
+                }));
+            }
+            "ls-older-than" => run.ls = Some(["--older-than", "yesterday"]),
+            "ls-older-than-long" => run.ls = Some(["--older-than", "20years"]),
+            other => panic!("no set-up for the table's case {other:?}"),
+        }
+        Some(run)
+    }
+
+    /// Replaces `REDLOCK_NODES` with `urls`.
+    fn set_nodes(&mut self, urls: String) {
+        self.env.retain(|(k, _)| *k != "REDLOCK_NODES");
+        self.env.push(("REDLOCK_NODES", urls));
+    }
+
+    /// `redlock run` (or `ls`) as set up, with the restart guard off; `script` is CMD.
+    fn command(&self, script: &str) -> tokio::process::Command {
+        let mut cmd = bare();
+        cmd.env("REDLOCK_RESTART_GUARD", "off");
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        match self.ls {
+            Some(ls) => cmd.arg("ls").args(ls),
+            None => {
+                cmd.arg("run")
+                    .args(&self.flags)
+                    .args([self.key.as_str(), "--", "sh", "-c", script])
+            }
+        };
+        cmd
+    }
+}
+
+/// Three fake nodes answering as the `not_redis` reply `name` does.
+async fn three_fakes(name: &str) -> Vec<FakeNode> {
+    let replies = not_redis();
+    let reply = replies.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+    let mut fakes = Vec::new();
+    for _ in 0..3 {
+        fakes.push(FakeNode::start(reply.clone()).await);
+    }
+    fakes
 }

@@ -99,47 +99,13 @@ async fn t71_status_names_nodes_that_can_evict_lock_keys() {
 
 /// `status --json`: one JSON object, the schema of docs/cli.md, every field present.
 #[tokio::test]
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn t72_status_json_follows_the_documented_schema() {
     let mut cluster = cluster(5);
     let urls = cluster.urls();
-    let status_json = |cluster: &LocalCluster| {
-        let mut cmd = redlock(cluster);
-        cmd.args(["status", "--json", KEY]);
-        cmd
-    };
-    let parse = |out: &Outcome| -> serde_json::Value {
-        assert_eq!(out.stdout.lines().count(), 1, "one line: {out:?}");
-        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
-    };
-    const NODE_FIELDS: [&str; 12] = [
-        "node",
-        "reachable",
-        "value",
-        "owner",
-        "ttl_ms",
-        "fence",
-        "error",
-        "error_kind",
-        "eviction",
-        "eviction_policy",
-        "unchecked",
-        "scripts_by_eval",
-    ];
-
     let out = output(status_json(&cluster)).await;
     assert_eq!(out.code(), 0, "{out:?}");
     let free = parse(&out);
-    assert_eq!(free["schema"], 1);
-    assert_eq!(free["key"], KEY);
-    assert_eq!(free["state"], "free");
-    assert_eq!(free["holder"], serde_json::Value::Null);
-    assert_eq!(free["held_on"], 0);
-    assert_eq!(
-        (free["quorum"].as_u64(), free["answered"].as_u64()),
-        (Some(3), Some(5))
-    );
-    assert_eq!(free["max_fence"], 0);
+    assert_free_document(&free);
 
     let value = "0123456789abcdef0123456789abcdef";
     for url in &urls[..3] {
@@ -160,6 +126,65 @@ async fn t72_status_json_follows_the_documented_schema() {
     assert_eq!(held["max_fence"], 7);
     let nodes = held["nodes"].as_array().expect("nodes");
     assert_eq!(nodes.len(), 5);
+    assert_node_documents(nodes, &urls, value);
+
+    // Too few nodes: the document still, and 69 with its line.
+    cluster.kill(0).unwrap();
+    cluster.kill(1).unwrap();
+    let out = output(status_json(&cluster)).await;
+    assert_eq!(out.code(), 69, "{out:?}");
+    out.one_line_error();
+    let unknown = parse(&out);
+    assert_eq!(unknown["state"], "unknown");
+    assert_eq!(unknown["answered"], 2);
+}
+
+/// The fields of every node's document, in docs/cli.md.
+const NODE_FIELDS: [&str; 12] = [
+    "node",
+    "reachable",
+    "value",
+    "owner",
+    "ttl_ms",
+    "fence",
+    "error",
+    "error_kind",
+    "eviction",
+    "eviction_policy",
+    "unchecked",
+    "scripts_by_eval",
+];
+
+/// `redlock status --json KEY` on `cluster`.
+fn status_json(cluster: &LocalCluster) -> tokio::process::Command {
+    let mut cmd = redlock(cluster);
+    cmd.args(["status", "--json", KEY]);
+    cmd
+}
+
+/// The one line of `out`, as JSON.
+fn parse(out: &Outcome) -> serde_json::Value {
+    assert_eq!(out.stdout.lines().count(), 1, "one line: {out:?}");
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+}
+
+/// The document of a free key on 5 live nodes.
+fn assert_free_document(free: &serde_json::Value) {
+    assert_eq!(free["schema"], 1);
+    assert_eq!(free["key"], KEY);
+    assert_eq!(free["state"], "free");
+    assert_eq!(free["holder"], serde_json::Value::Null);
+    assert_eq!(free["held_on"], 0);
+    assert_eq!(
+        (free["quorum"].as_u64(), free["answered"].as_u64()),
+        (Some(3), Some(5))
+    );
+    assert_eq!(free["max_fence"], 0);
+}
+
+/// Every node's document has exactly the documented fields; nodes 0-2 hold `value` with
+/// fence 7, node 3 has the fence only, node 4 is down.
+fn assert_node_documents(nodes: &[serde_json::Value], urls: &[String], value: &str) {
     for (i, node) in nodes.iter().enumerate() {
         let mut fields: Vec<&str> = node
             .as_object()
@@ -192,16 +217,6 @@ async fn t72_status_json_follows_the_documented_schema() {
     assert_eq!(nodes[4]["error_kind"], "refused");
     assert_eq!(nodes[4]["fence"], serde_json::Value::Null);
     assert_eq!(nodes[4]["eviction"], "unknown");
-
-    // Too few nodes: the document still, and 69 with its line.
-    cluster.kill(0).unwrap();
-    cluster.kill(1).unwrap();
-    let out = output(status_json(&cluster)).await;
-    assert_eq!(out.code(), 69, "{out:?}");
-    out.one_line_error();
-    let unknown = parse(&out);
-    assert_eq!(unknown["state"], "unknown");
-    assert_eq!(unknown["answered"], 2);
 }
 
 /// A lock whose client named itself shows its owner: in the summary line, in `--json` (top

@@ -82,16 +82,45 @@ async fn t20_usage_errors_exit_64_with_one_line_and_run_nothing() {
 }
 
 #[tokio::test]
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn t21_every_duration_is_bounded_and_huge_ones_exit_64_not_a_panic() {
     let cluster = cluster(5);
     let (_dir, marker, script) = marker_cmd();
     let nodes = cluster.urls().join(",");
-    let huge = "300000000000y";
+    for (what, flags, vars, needle) in out_of_range_durations() {
+        let mut cmd = bare();
+        cmd.env("REDLOCK_RESTART_GUARD", "off")
+            .envs(vars)
+            .args(["--nodes", &nodes, "run"])
+            .args(&flags)
+            .args([KEY, "--", "sh", "-c", &script]);
+        let out = output(cmd).await;
+        assert_eq!(out.code(), 64, "{what}: {out:?}");
+        let line = out.one_line_error();
+        assert!(line.contains(needle), "{what}: {line:?} names {needle:?}");
+        assert!(!marker.exists(), "{what}: CMD must not run");
+    }
 
-    /// What, flags, variables, what the line names.
-    type Case<'a> = (&'a str, Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
-    let cases: Vec<Case> = vec![
+    // The largest values accepted still work.
+    let mut cmd = redlock(&cluster);
+    cmd.args(["--node-timeout", "1h", "run", "--ttl", "4294967295ms"])
+        .args(["--wait", "365days", "--kill-after", "1day"])
+        .args([KEY, "--", "sh", "-c", "exit 4"]);
+    let out = output(cmd).await;
+    assert_eq!(out.code(), 4, "{out:?}");
+}
+
+/// What, flags, variables, what the line names.
+type Case = (
+    &'static str,
+    Vec<&'static str>,
+    Vec<(&'static str, &'static str)>,
+    &'static str,
+);
+
+/// Every duration flag (and variable) out of its range, huge or overflowing.
+fn out_of_range_durations() -> Vec<Case> {
+    let huge = "300000000000y";
+    vec![
         ("huge --ttl", vec!["--ttl", huge], vec![], "--ttl"),
         (
             "--ttl over 49 days",
@@ -154,26 +183,5 @@ async fn t21_every_duration_is_bounded_and_huge_ones_exit_64_not_a_panic() {
             vec![],
             "--ttl",
         ),
-    ];
-    for (what, flags, vars, needle) in cases {
-        let mut cmd = bare();
-        cmd.env("REDLOCK_RESTART_GUARD", "off")
-            .envs(vars)
-            .args(["--nodes", &nodes, "run"])
-            .args(&flags)
-            .args([KEY, "--", "sh", "-c", &script]);
-        let out = output(cmd).await;
-        assert_eq!(out.code(), 64, "{what}: {out:?}");
-        let line = out.one_line_error();
-        assert!(line.contains(needle), "{what}: {line:?} names {needle:?}");
-        assert!(!marker.exists(), "{what}: CMD must not run");
-    }
-
-    // The largest values accepted still work.
-    let mut cmd = redlock(&cluster);
-    cmd.args(["--node-timeout", "1h", "run", "--ttl", "4294967295ms"])
-        .args(["--wait", "365days", "--kill-after", "1day"])
-        .args([KEY, "--", "sh", "-c", "exit 4"]);
-    let out = output(cmd).await;
-    assert_eq!(out.code(), 4, "{out:?}");
+    ]
 }

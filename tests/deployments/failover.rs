@@ -9,7 +9,7 @@ use crate::members::{
 };
 use crate::support::*;
 use quorumlock::testkit::{RedisClusterMember, RedisServer, ServerOptions};
-use quorumlock::{Error, NodeError, Redlock, RestartGuard};
+use quorumlock::{Error, Lock, NodeError, Redlock, RedlockBuilder, RestartGuard};
 use tokio::time::Instant;
 
 /// The ttl of d8's locks, and its clients' max ttl.
@@ -33,7 +33,6 @@ fn info_field(url: &str, section: &str, field: &str) -> Option<String> {
 /// promoted replica's uptime says nothing about when it was promoted) and repaired, so C2 never
 /// takes B plus the member while C1's lock is valid.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn d8_a_cluster_failover_to_a_replica_that_missed_writes_is_held_out() {
     let standalone = cluster(2);
     let mut member = cluster_member();
@@ -46,15 +45,7 @@ async fn d8_a_cluster_failover_to_a_replica_that_missed_writes_is_held_out() {
         standalone.urls()[1].clone(),
         member.url(),
     ];
-    let client = |urls: Vec<String>| {
-        Redlock::builder(urls)
-            .node_timeout(NODE_TIMEOUT)
-            .connect_timeout(Duration::from_secs(2))
-            .retry_delay(Duration::from_millis(5), Duration::from_millis(20))
-            .max_ttl(D8_TTL)
-            .build()
-            .expect("valid config")
-    };
+    let client = |urls: Vec<String>| failover_builder(urls).build().expect("valid config");
     // B is unreachable to C1 (nothing listens on port 1).
     let c1 = client(vec![
         urls[0].clone(),
@@ -63,35 +54,7 @@ async fn d8_a_cluster_failover_to_a_replica_that_missed_writes_is_held_out() {
     ]);
     let c2 = client(urls.clone());
     warm(&c2).await;
-
-    // The replica stops receiving its master's writes, for good.
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("masterauth")
-        .arg("not-the-password")
-        .query(&mut conn(&replica_url))
-        .expect("CONFIG SET masterauth");
-    let _: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("replica")
-        .query(&mut conn(&master_url))
-        .expect("CLIENT KILL TYPE replica");
-    wait_until(WAIT, "the replica's link is down", || async {
-        info_field(&replica_url, "replication", "master_link_status").as_deref() == Some("down")
-    })
-    .await;
-    // Older than the max ttl: its uptime must not excuse it from the hold-out.
-    wait_until(
-        WAIT + D8_TTL,
-        "the replica is older than the max ttl",
-        || async {
-            info_field(&replica_url, "server", "uptime_in_seconds")
-                .and_then(|v| v.parse::<u64>().ok())
-                .is_some_and(|s| s > D8_TTL.as_secs() + 1)
-        },
-    )
-    .await;
+    cut_the_replica_off(&master_url, &replica_url).await;
 
     let lock = c1.try_acquire("job", D8_TTL).await.expect("C1 acquires");
     let t1 = lock.token().get();
@@ -109,12 +72,75 @@ async fn d8_a_cluster_failover_to_a_replica_that_missed_writes_is_held_out() {
         .expect("GET on the replica");
     assert!(replicated.is_none(), "the replica missed C1's write");
 
-    // The master dies; the replica takes over at once.
+    take_over_with_the_replica(&mut member, shard, replica, &replica_url).await;
+    // While C1's lock is valid, C2 never holds it too.
+    c2_never_takes_over(&c2, &lock).await;
+
+    // Then the member counts again, repaired: tokens never go backwards.
+    let next = until_the_member_counts_again(&c2).await;
+    assert!(next.token().get() > t1, "token {} after {t1}", next.token());
+    assert!(
+        fence_on(&replica_url, "job") >= t1,
+        "the promoted replica's counter restored"
+    );
+    next.release().await.expect("release");
+    drop(lock);
+}
+
+/// A client builder with the failover tests' timeouts and `D8_TTL` as the max ttl.
+fn failover_builder(urls: Vec<String>) -> RedlockBuilder {
+    Redlock::builder(urls)
+        .node_timeout(NODE_TIMEOUT)
+        .connect_timeout(Duration::from_secs(2))
+        .retry_delay(Duration::from_millis(5), Duration::from_millis(20))
+        .max_ttl(D8_TTL)
+}
+
+/// The replica stops receiving its master's writes, for good (a wrong `masterauth`, its link
+/// cut), and it is older than the max ttl.
+async fn cut_the_replica_off(master_url: &str, replica_url: &str) {
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("masterauth")
+        .arg("not-the-password")
+        .query(&mut conn(replica_url))
+        .expect("CONFIG SET masterauth");
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut conn(master_url))
+        .expect("CLIENT KILL TYPE replica");
+    wait_until(WAIT, "the replica's link is down", || async {
+        info_field(replica_url, "replication", "master_link_status").as_deref() == Some("down")
+    })
+    .await;
+    // Older than the max ttl: its uptime must not excuse it from the hold-out.
+    wait_until(
+        WAIT + D8_TTL,
+        "the replica is older than the max ttl",
+        || async {
+            info_field(replica_url, "server", "uptime_in_seconds")
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|s| s > D8_TTL.as_secs() + 1)
+        },
+    )
+    .await;
+}
+
+/// The master of `shard` dies; the replica takes over at once, and the cluster routes the key
+/// to it.
+async fn take_over_with_the_replica(
+    member: &mut RedisClusterMember,
+    shard: usize,
+    replica: usize,
+    replica_url: &str,
+) {
     member.kill_shard(shard).expect("kill the master");
     let () = redis::cmd("CLUSTER")
         .arg("FAILOVER")
         .arg("TAKEOVER")
-        .query(&mut conn(&replica_url))
+        .query(&mut conn(replica_url))
         .expect("CLUSTER FAILOVER TAKEOVER");
     let other = (shard + 1) % RedisClusterMember::SHARDS;
     let other_url = format!(
@@ -139,15 +165,19 @@ async fn d8_a_cluster_failover_to_a_replica_that_missed_writes_is_held_out() {
         },
     )
     .await;
+}
 
-    // While C1's lock is valid, C2 never holds it too.
+/// While C1's `lock` is valid (500 ms margin), C2 tries "job" every 100 ms and never wins;
+/// the promoted member is held out or repairing.
+async fn c2_never_takes_over(c2: &Redlock, lock: &Lock) {
     let mut held_out = false;
     let mut attempts = 0;
     while lock.validity() > Duration::from_millis(500) {
         match c2.try_acquire("job", D8_TTL).await {
             Ok(second) => panic!(
-                "two holders: C2 acquired with token {} while C1's lock (token {t1}) is valid for {:?} more",
+                "two holders: C2 acquired with token {} while C1's lock (token {}) is valid for {:?} more",
                 second.token(),
+                lock.token().get(),
                 lock.validity()
             ),
             Err(Error::NoQuorum { failures, .. }) => {
@@ -162,23 +192,18 @@ async fn d8_a_cluster_failover_to_a_replica_that_missed_writes_is_held_out() {
     }
     assert!(attempts > 3, "C2 tried {attempts} times only");
     assert!(held_out, "the promoted member was held out or repairing");
+}
 
-    // Then the member counts again, repaired: tokens never go backwards.
+/// Then the member counts again, repaired: C2 acquires "job" within the bounded wait.
+async fn until_the_member_counts_again(c2: &Redlock) -> Lock {
     let deadline = Instant::now() + WAIT + D8_TTL;
-    let next = loop {
+    loop {
         assert!(Instant::now() < deadline, "the member never counted again");
         if let Ok(next) = c2.try_acquire("job", D8_TTL).await {
             break next;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(next.token().get() > t1, "token {} after {t1}", next.token());
-    assert!(
-        fence_on(&replica_url, "job") >= t1,
-        "the promoted replica's counter restored"
-    );
-    next.release().await.expect("release");
-    drop(lock);
+    }
 }
 
 /// Issue 26, item 2: a failback to a server that kept its run id. The client meets primary P,
@@ -243,7 +268,6 @@ async fn link_up(url: &str) {
 /// strict guard (as every `redlock --restart-guard strict` run is) may take "job" while C1's
 /// lock is valid: the promoted server is held out for the max ttl from when the client met it
 /// and repaired, whatever its uptime and whatever durability marker it replicated.
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn standalone_failover(aof: bool, how: Move) {
     let standalone = cluster(2);
     let options = if aof {
@@ -263,43 +287,14 @@ async fn standalone_failover(aof: bool, how: Move) {
         address.url(),
     ];
     let client = |urls: Vec<String>, guard: RestartGuard| {
-        Redlock::builder(urls)
-            .node_timeout(NODE_TIMEOUT)
-            .connect_timeout(Duration::from_secs(2))
-            .retry_delay(Duration::from_millis(5), Duration::from_millis(20))
-            .max_ttl(D8_TTL)
+        failover_builder(urls)
             .restart_guard(guard)
             .build()
             .expect("valid config")
     };
     let c2 = client(urls.clone(), RestartGuard::Restarted);
     warm(&c2).await;
-    if aof {
-        // The durability marker C2 wrote on X reaches the replica.
-        wait_until(WAIT, "the marker is replicated", || async {
-            value_on_raw(&y_url, "quorumlock:durability-marker").is_some()
-        })
-        .await;
-    }
-    // The replica is promoted: from now on it misses X's writes.
-    let () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut conn(&y_url))
-        .expect("REPLICAOF NO ONE");
-    // Every server older than the max ttl: no uptime excuses a hold-out.
-    wait_until(
-        WAIT + D8_TTL,
-        "the servers are older than the max ttl",
-        || async {
-            [&y_url, &x_url, &urls[0], &urls[1]].iter().all(|u| {
-                info_field(u, "server", "uptime_in_seconds")
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .is_some_and(|s| s > D8_TTL.as_secs() + 1)
-            })
-        },
-    )
-    .await;
+    promote_the_replica(aof, &x_url, &y_url, &urls).await;
 
     let c1 = client(
         vec![
@@ -314,48 +309,121 @@ async fn standalone_failover(aof: bool, how: Move) {
     assert!(value_on(&x_url, "job").is_some(), "C1 holds on the member");
     assert!(value_on(&y_url, "job").is_none(), "the replica missed C1");
 
-    let new_url = match how {
-        Move::ToReplica => {
-            address.retarget(crate::proxy::socket_addr(&y_url).expect("address"));
-            y_url.clone()
-        }
-        Move::Failback => {
-            let () = redis::cmd("REPLICAOF")
-                .arg("127.0.0.1")
-                .arg(y.port())
-                .query(&mut conn(&x_url))
-                .expect("REPLICAOF (demote)");
-            link_up(&x_url).await;
-            assert!(value_on(&x_url, "job").is_none(), "X resynchronised");
-            let () = redis::cmd("REPLICAOF")
-                .arg("NO")
-                .arg("ONE")
-                .query(&mut conn(&x_url))
-                .expect("REPLICAOF NO ONE (promote back)");
-            address.reset();
-            x_url.clone()
-        }
-    };
+    let new_url = move_the_member(how, &address, &x_url, &y).await;
     let moved = Instant::now();
     let what = match how {
         Move::ToReplica => "the member's address moved to the promoted replica",
         Move::Failback => "the member's server failed back",
     };
+    let fresh = || client(urls.clone(), RestartGuard::Strict);
+    neither_takes_over(&c2, fresh, &lock, moved, what).await;
 
+    // Then the member counts again, repaired: tokens never go backwards.
+    let next = until_the_member_counts_again(&c2).await;
+    assert!(next.token().get() > t1, "token {} after {t1}", next.token());
+    next.release().await.expect("release");
+    // Calls start the repair; the member may still be held out when A frees up.
+    wait_until(
+        WAIT + D8_TTL,
+        "the promoted server's counter restored",
+        || async {
+            let _ = c2.status("job").await;
+            fence_on(&new_url, "job") >= t1
+        },
+    )
+    .await;
+    drop(lock);
+}
+
+/// Replica Y is promoted (with `aof`, once C2's durability marker reached it): from now on it
+/// misses X's writes; then every server is older than the max ttl.
+async fn promote_the_replica(aof: bool, x_url: &str, y_url: &str, urls: &[String]) {
+    if aof {
+        // The durability marker C2 wrote on X reaches the replica.
+        wait_until(WAIT, "the marker is replicated", || async {
+            value_on_raw(y_url, "quorumlock:durability-marker").is_some()
+        })
+        .await;
+    }
+    // The replica is promoted: from now on it misses X's writes.
+    let () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut conn(y_url))
+        .expect("REPLICAOF NO ONE");
+    // Every server older than the max ttl: no uptime excuses a hold-out.
+    wait_until(
+        WAIT + D8_TTL,
+        "the servers are older than the max ttl",
+        || async {
+            [y_url, x_url, &urls[0], &urls[1]].iter().all(|u| {
+                info_field(u, "server", "uptime_in_seconds")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .is_some_and(|s| s > D8_TTL.as_secs() + 1)
+            })
+        },
+    )
+    .await;
+}
+
+/// The member moves as `how` says: its address to Y, or X fails back (demoted, resynchronised
+/// from Y, promoted again). Returns the URL of the server now behind the address.
+async fn move_the_member(
+    how: Move,
+    address: &crate::proxy::Proxy,
+    x_url: &str,
+    y: &RedisServer,
+) -> String {
+    let y_url = y.url();
+    match how {
+        Move::ToReplica => {
+            address.retarget(crate::proxy::socket_addr(&y_url).expect("address"));
+            y_url
+        }
+        Move::Failback => {
+            let () = redis::cmd("REPLICAOF")
+                .arg("127.0.0.1")
+                .arg(y.port())
+                .query(&mut conn(x_url))
+                .expect("REPLICAOF (demote)");
+            link_up(x_url).await;
+            assert!(value_on(x_url, "job").is_none(), "X resynchronised");
+            let () = redis::cmd("REPLICAOF")
+                .arg("NO")
+                .arg("ONE")
+                .query(&mut conn(x_url))
+                .expect("REPLICAOF NO ONE (promote back)");
+            address.reset();
+            x_url.to_owned()
+        }
+    }
+}
+
+/// While C1's `lock` is valid (500 ms margin), neither C2 nor a `fresh` strict client (a new
+/// one per attempt) takes "job" after the member moved (`what`, at `moved`); both see it held
+/// out.
+async fn neither_takes_over(
+    c2: &Redlock,
+    fresh: impl Fn() -> Redlock,
+    lock: &Lock,
+    moved: Instant,
+    what: &str,
+) {
     let mut held_out = [false; 2];
     let mut attempts = 0;
     while lock.validity() > Duration::from_millis(500) {
-        let fresh = client(urls.clone(), RestartGuard::Strict);
-        for (i, (who, locks)) in [("C2", &c2), ("a fresh strict client", &fresh)]
+        let fresh = fresh();
+        for (i, (who, locks)) in [("C2", c2), ("a fresh strict client", &fresh)]
             .into_iter()
             .enumerate()
         {
             match locks.try_acquire("job", D8_TTL).await {
                 Ok(second) => panic!(
                     "two holders: {who} took \"job\" (token {}) {} ms after {what}, while C1's \
-                     lock (token {t1}) was valid for {} ms more",
+                     lock (token {}) was valid for {} ms more",
                     second.token(),
                     moved.elapsed().as_millis(),
+                    lock.token().get(),
                     lock.validity().as_millis()
                 ),
                 Err(Error::NoQuorum { failures, .. }) => {
@@ -371,29 +439,6 @@ async fn standalone_failover(aof: bool, how: Move) {
     }
     assert!(attempts > 3, "tried {attempts} times only");
     assert_eq!(held_out, [true; 2], "the promoted server was held out");
-
-    // Then the member counts again, repaired: tokens never go backwards.
-    let deadline = Instant::now() + WAIT + D8_TTL;
-    let next = loop {
-        assert!(Instant::now() < deadline, "the member never counted again");
-        if let Ok(next) = c2.try_acquire("job", D8_TTL).await {
-            break next;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(next.token().get() > t1, "token {} after {t1}", next.token());
-    next.release().await.expect("release");
-    // Calls start the repair; the member may still be held out when A frees up.
-    wait_until(
-        WAIT + D8_TTL,
-        "the promoted server's counter restored",
-        || async {
-            let _ = c2.status("job").await;
-            fence_on(&new_url, "job") >= t1
-        },
-    )
-    .await;
-    drop(lock);
 }
 
 /// The value of a key by its full name.

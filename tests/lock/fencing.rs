@@ -169,7 +169,6 @@ async fn t12_tokens_survive_a_minority_restarted_empty() {
 /// ttl. B takes the lock with a greater token and writes. When A wakes, it can see the lock is
 /// lost before it writes, and the resource rejects its late write anyway.
 #[tokio::test]
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn t20_a_stalled_holder_is_fenced_off() {
     let cluster = cluster(5);
     let urls = cluster.urls();
@@ -179,35 +178,8 @@ async fn t20_a_stalled_holder_is_fenced_off() {
     let (to_main, from_a) = std::sync::mpsc::channel::<u64>();
     let (to_a, from_main) = std::sync::mpsc::channel::<()>();
     // Worker A, on a runtime of its own so that freezing its thread freezes all of A.
-    let worker_a = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let lock = a.acquire("payout-42", ttl).await.unwrap();
-            lock.keep_alive();
-            let mut store = redis::Client::open(store_url.as_str())
-                .unwrap()
-                .get_multiplexed_async_connection_with_config(&crate::support::direct_config())
-                .await
-                .unwrap();
-            let first = fenced_set(&mut store, "payout:42", lock.token(), "started-by-a")
-                .await
-                .unwrap();
-            assert_eq!(first, FencedWrite::Written);
-            to_main.send(lock.token().get()).unwrap();
-            // The pause: nothing of A runs, its lease cannot extend.
-            std::thread::sleep(ttl * 3);
-            // A wakes, and waits until B has written (so its late write comes after B's).
-            from_main.recv_timeout(WAIT).expect("B wrote");
-            let knew_it_was_lost = lock.is_lost();
-            let late = fenced_set(&mut store, "payout:42", lock.token(), "paid-by-a")
-                .await
-                .unwrap();
-            (knew_it_was_lost, late)
-        })
-    });
+    let worker_a =
+        std::thread::spawn(move || stalled_holder(&a, ttl, &store_url, &to_main, &from_main));
     let token_a = tokio::task::spawn_blocking(move || from_a.recv_timeout(WAIT))
         .await
         .unwrap()
@@ -267,6 +239,45 @@ async fn t20_a_stalled_holder_is_fenced_off() {
         worker_b.token()
     );
     worker_b.release().await.unwrap();
+}
+
+/// Holder A: acquires, keeps its lease alive and writes once (sending its token on
+/// `acquired`), then stalls past the ttl with its whole runtime frozen; once `b_wrote`, it
+/// reports whether it knew it had lost the lock, and what its late write got.
+fn stalled_holder(
+    a: &Redlock,
+    ttl: Duration,
+    store_url: &str,
+    acquired: &std::sync::mpsc::Sender<u64>,
+    b_wrote: &std::sync::mpsc::Receiver<()>,
+) -> (bool, FencedWrite) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let lock = a.acquire("payout-42", ttl).await.unwrap();
+        lock.keep_alive();
+        let mut store = redis::Client::open(store_url)
+            .unwrap()
+            .get_multiplexed_async_connection_with_config(&crate::support::direct_config())
+            .await
+            .unwrap();
+        let first = fenced_set(&mut store, "payout:42", lock.token(), "started-by-a")
+            .await
+            .unwrap();
+        assert_eq!(first, FencedWrite::Written);
+        acquired.send(lock.token().get()).unwrap();
+        // The pause: nothing of A runs, its lease cannot extend.
+        std::thread::sleep(ttl * 3);
+        // A wakes, and waits until B has written (so its late write comes after B's).
+        b_wrote.recv_timeout(WAIT).expect("B wrote");
+        let knew_it_was_lost = lock.is_lost();
+        let late = fenced_set(&mut store, "payout:42", lock.token(), "paid-by-a")
+            .await
+            .unwrap();
+        (knew_it_was_lost, late)
+    })
 }
 
 /// A client with `max_ttl` that has held "k" once, connected to every node first: a restart is

@@ -26,49 +26,12 @@ fn write_on(url: &str, keys: &[String], value: &str, ttl: Duration) {
 /// remnant, no expired key, nothing outside the prefix), and costs each node about one command
 /// per lock key it holds (counted in `INFO commandstats` against a baseline).
 #[tokio::test]
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn t80_the_inventory_is_complete_without_phantoms_and_bounded() {
     let mut cluster = cluster(5);
     let urls = cluster.urls();
     let locks = client(&cluster);
-    let mut held = Vec::new();
-    let key = |kind: &str, i: usize| format!("inv:{kind}:{i:04}");
     let started = SystemTime::now();
-    for i in 0..800 {
-        let lock = locks.try_acquire(&key("full", i), LONG_TTL).await.unwrap();
-        held.push(lock);
-    }
-    let short = Duration::from_millis(300);
-    let mut expiring = Vec::new();
-    for i in 0..20 {
-        expiring.push(locks.try_acquire(&key("gone", i), short).await.unwrap());
-    }
-    let bare: Vec<String> = (0..150).map(|i| key("bare", i)).collect();
-    for url in &urls[1..4] {
-        write_on(url, &bare, "0123456789abcdef0123456789abcdef", LONG_TTL);
-    }
-    let remnants: Vec<String> = (0..30).map(|i| key("remnant", i)).collect();
-    write_on(
-        &urls[1],
-        &remnants,
-        "fedcba9876543210fedcba9876543210",
-        LONG_TTL,
-    );
-    // A lock outside the prefix.
-    let outside = locks.try_acquire("other", LONG_TTL).await.unwrap();
-    for lock in expiring {
-        lock.forget();
-    }
-    wait_until(WAIT, "the short locks expired on every node", || async {
-        (0..20).all(|i| holders(&urls, &key("gone", i)) == 0)
-    })
-    .await;
-    wait_until(WAIT, "every full lock on every node", || async {
-        (0..800)
-            .step_by(97)
-            .all(|i| holders(&urls, &key("full", i)) == 5)
-    })
-    .await;
+    let (held, outside, bare) = stage_locks(&locks, &urls).await;
     cluster.kill(0).unwrap();
 
     let before: Vec<u64> = urls[1..].iter().map(|u| commands(u)).collect();
@@ -98,7 +61,81 @@ async fn t80_the_inventory_is_complete_without_phantoms_and_bounded() {
         listed.iter().zip(&expected).all(|(a, b)| a == b),
         "exactly the held keys"
     );
-    for lock in &inventory.locks {
+    assert_every_lock_listed_as_held(&inventory.locks, started, read);
+    let full = inventory
+        .locks
+        .iter()
+        .find(|l| l.key.contains(":full:"))
+        .unwrap();
+    let mine = held.iter().find(|l| l.key() == full.key).unwrap();
+    assert_eq!(
+        (&full.value, full.fence),
+        (&mine.value().to_owned(), mine.token())
+    );
+    assert_cost_bounded(&cost, &keys_on);
+    drop(outside);
+    drop(held);
+}
+
+/// Lock key `i` of a kind (`full`, `gone`, `bare`, `remnant`) under the prefix `inv:`.
+fn key(kind: &str, i: usize) -> String {
+    format!("inv:{kind}:{i:04}")
+}
+
+/// Stages the 1,000 keys: 800 full locks (returned), 20 short ones left to expire, 150 bare
+/// majority values (their keys returned) and 30 one-node remnants; and a lock outside the
+/// prefix (returned). Returns once the short ones are gone and the full ones on every node.
+async fn stage_locks(
+    locks: &quorumlock::Redlock,
+    urls: &[String],
+) -> (Vec<quorumlock::Lock>, quorumlock::Lock, Vec<String>) {
+    let mut held = Vec::new();
+    for i in 0..800 {
+        let lock = locks.try_acquire(&key("full", i), LONG_TTL).await.unwrap();
+        held.push(lock);
+    }
+    let short = Duration::from_millis(300);
+    let mut expiring = Vec::new();
+    for i in 0..20 {
+        expiring.push(locks.try_acquire(&key("gone", i), short).await.unwrap());
+    }
+    let bare: Vec<String> = (0..150).map(|i| key("bare", i)).collect();
+    for url in &urls[1..4] {
+        write_on(url, &bare, "0123456789abcdef0123456789abcdef", LONG_TTL);
+    }
+    let remnants: Vec<String> = (0..30).map(|i| key("remnant", i)).collect();
+    write_on(
+        &urls[1],
+        &remnants,
+        "fedcba9876543210fedcba9876543210",
+        LONG_TTL,
+    );
+    // A lock outside the prefix.
+    let outside = locks.try_acquire("other", LONG_TTL).await.unwrap();
+    for lock in expiring {
+        lock.forget();
+    }
+    wait_until(WAIT, "the short locks expired on every node", || async {
+        (0..20).all(|i| holders(urls, &key("gone", i)) == 0)
+    })
+    .await;
+    wait_until(WAIT, "every full lock on every node", || async {
+        (0..800)
+            .step_by(97)
+            .all(|i| holders(urls, &key("full", i)) == 5)
+    })
+    .await;
+    (held, outside, bare)
+}
+
+/// Every listed lock is certain, with a ttl from a quorum; the full ones are on the 4 live
+/// nodes with a token and dated between `started` and `read`, the others on 3 without a date.
+fn assert_every_lock_listed_as_held(
+    listed: &[quorumlock::HeldLock],
+    started: SystemTime,
+    read: SystemTime,
+) {
+    for lock in listed {
         assert!(lock.certain, "{lock:?}");
         let ttl = lock.ttl.expect("a quorum answered with it");
         assert!(ttl > Duration::from_secs(20) && ttl <= LONG_TTL, "{lock:?}");
@@ -119,18 +156,11 @@ async fn t80_the_inventory_is_complete_without_phantoms_and_bounded() {
             );
         }
     }
-    let full = inventory
-        .locks
-        .iter()
-        .find(|l| l.key.contains(":full:"))
-        .unwrap();
-    let mine = held.iter().find(|l| l.key() == full.key).unwrap();
-    assert_eq!(
-        (&full.value, full.fence),
-        (&mine.value().to_owned(), mine.token())
-    );
-    // The cost: per node, one PTTL per lock key under the prefix, a few SCAN and MGET pages,
-    // and the connect of a new client.
+}
+
+/// The cost: per node, one PTTL per lock key under the prefix, a few SCAN and MGET pages,
+/// and the connect of a new client.
+fn assert_cost_bounded(cost: &[u64], keys_on: &[u64]) {
     eprintln!(
         "inventory of 950 locks over 4 live nodes (keys per node {keys_on:?}): commands per node {cost:?}"
     );
@@ -146,8 +176,6 @@ async fn t80_the_inventory_is_complete_without_phantoms_and_bounded() {
             i + 1
         );
     }
-    drop(outside);
-    drop(held);
 }
 
 /// A lock's acquisition time is its value's: the same after extensions and after another

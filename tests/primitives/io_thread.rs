@@ -59,70 +59,15 @@ fn on_io_thread(cluster: &LocalCluster) -> (tokio::runtime::Runtime, Redlock) {
 static SERIAL: Mutex<()> = Mutex::new(());
 
 #[test]
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 fn io1_an_io_thread_serves_every_operation_and_ends_with_the_client() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = cluster(3);
     let urls = cluster.urls();
     assert_eq!(io_threads(), 0);
     let (mt, locks) = on_io_thread(&cluster);
-    let dropped_outside = mt.block_on(async {
-        warm(&locks).await;
-        assert_eq!(io_threads(), 1, "the first operation starts the I/O thread");
-        let lock = locks.acquire("io1", TTL).await.unwrap();
-        assert!(lock.token().get() > 0);
-        assert!(lock.extend(TTL).await.unwrap() > Duration::from_secs(5));
-        // Keep-alive runs its extensions on the I/O thread.
-        let short = locks
-            .acquire("io1-kept", Duration::from_millis(300))
-            .await
-            .unwrap();
-        short.keep_alive();
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        assert!(!short.is_lost(), "kept alive past its ttl");
-        short.release().await.unwrap();
-        // A waiter (another clone, another task) is woken by the release.
-        let waiter = {
-            let locks = locks.clone();
-            tokio::spawn(async move { locks.acquire_timeout("io1", TTL, WAIT).await })
-        };
-        wait_until(
-            WAIT,
-            "the waiter has announced itself on a node",
-            || async {
-                urls.iter().any(|u| {
-                    redis::cmd("EXISTS")
-                        .arg(format!("{}:waiters", lock_key("io1")))
-                        .query::<i64>(&mut conn(u))
-                        .is_ok_and(|n| n > 0)
-                })
-            },
-        )
-        .await;
-        assert!(!waiter.is_finished(), "the lock is held: the waiter waits");
-        lock.release().await.unwrap();
-        let second = waiter.await.unwrap().unwrap();
-        assert!(second.token().get() > 0);
-        second.release().await.unwrap();
-        assert!(locks.try_acquire("io1", TTL).await.is_ok_and(|l| {
-            l.forget();
-            true
-        }));
-        // A guard taken here and dropped outside any runtime still releases (on the I/O thread).
-        locks.acquire("io1-dropped", TTL).await.unwrap()
-    });
+    let dropped_outside = mt.block_on(every_operation(&locks, &urls));
     drop(dropped_outside);
-    let released = urls.iter().all(|u| value_on(u, "io1-dropped").is_none());
-    let deadline = std::time::Instant::now() + WAIT;
-    let mut released = released;
-    while !released {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the dropped guard's release never landed"
-        );
-        std::thread::park_timeout(Duration::from_millis(10));
-        released = urls.iter().all(|u| value_on(u, "io1-dropped").is_none());
-    }
+    until_released_everywhere(&urls, "io1-dropped");
     assert_eq!(io_threads(), 1);
     drop(locks);
     until_io_threads(0, "after the last client handle dropped");
@@ -145,8 +90,72 @@ fn io1_an_io_thread_serves_every_operation_and_ends_with_the_client() {
     assert_eq!(io_threads(), 1);
     drop(always);
     until_io_threads(0, "after the current-thread caller's client dropped");
-    // The default starts none, from either runtime.
-    let default: Redlock = builder(&cluster).build().unwrap();
+    the_default_starts_no_thread(&cluster, &ct);
+}
+
+/// Acquire, extend, keep-alive, a waiter woken by a release, release, all through `locks`;
+/// returns a guard for the caller to drop outside any runtime.
+async fn every_operation(locks: &Redlock, urls: &[String]) -> quorumlock::Lock {
+    warm(locks).await;
+    assert_eq!(io_threads(), 1, "the first operation starts the I/O thread");
+    let lock = locks.acquire("io1", TTL).await.unwrap();
+    assert!(lock.token().get() > 0);
+    assert!(lock.extend(TTL).await.unwrap() > Duration::from_secs(5));
+    // Keep-alive runs its extensions on the I/O thread.
+    let short = locks
+        .acquire("io1-kept", Duration::from_millis(300))
+        .await
+        .unwrap();
+    short.keep_alive();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!short.is_lost(), "kept alive past its ttl");
+    short.release().await.unwrap();
+    // A waiter (another clone, another task) is woken by the release.
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.acquire_timeout("io1", TTL, WAIT).await })
+    };
+    wait_until(
+        WAIT,
+        "the waiter has announced itself on a node",
+        || async {
+            urls.iter().any(|u| {
+                redis::cmd("EXISTS")
+                    .arg(format!("{}:waiters", lock_key("io1")))
+                    .query::<i64>(&mut conn(u))
+                    .is_ok_and(|n| n > 0)
+            })
+        },
+    )
+    .await;
+    assert!(!waiter.is_finished(), "the lock is held: the waiter waits");
+    lock.release().await.unwrap();
+    let second = waiter.await.unwrap().unwrap();
+    assert!(second.token().get() > 0);
+    second.release().await.unwrap();
+    assert!(locks.try_acquire("io1", TTL).await.is_ok_and(|l| {
+        l.forget();
+        true
+    }));
+    // A guard taken here and dropped outside any runtime still releases (on the I/O thread).
+    locks.acquire("io1-dropped", TTL).await.unwrap()
+}
+
+/// Waits (bounded) until `key` is gone from every node: a dropped guard's release landed.
+fn until_released_everywhere(urls: &[String], key: &str) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !urls.iter().all(|u| value_on(u, key).is_none()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dropped guard's release never landed"
+        );
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}
+
+/// The default (`IoThread::Never`) starts no thread, from a multi-thread runtime or from `ct`.
+fn the_default_starts_no_thread(cluster: &LocalCluster, ct: &tokio::runtime::Runtime) {
+    let default: Redlock = builder(cluster).build().unwrap();
     let mt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

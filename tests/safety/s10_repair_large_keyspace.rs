@@ -347,7 +347,6 @@ fn summary(samples: &mut [Duration]) -> String {
 /// `cargo test --release --features testkit --test safety measure_repair -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement (about a minute, 1M keys per node), not a test"]
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 async fn measure_repair_on_a_large_keyspace() {
     let keys: u64 = std::env::var("MEASURE_KEYS")
         .ok()
@@ -355,33 +354,7 @@ async fn measure_repair_on_a_large_keyspace() {
         .unwrap_or(1_000_000);
     let mut cluster = cluster(3);
     let urls = cluster.urls();
-    let fill_start = std::time::Instant::now();
-    for u in &urls {
-        let mut c = conn(u);
-        for chunk in bucket_values(keys, 1).chunks(1000) {
-            let mut mset = redis::cmd("MSET");
-            for (k, v) in chunk {
-                mset.arg(k).arg(v);
-            }
-            let () = mset.query(&mut c).expect("MSET buckets");
-        }
-        let script = "for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do \
-                      redis.call('SET', 'quorumlock:{k' .. i .. '}:fence', i + 1) end return 1";
-        for start in (0..keys).step_by(50_000) {
-            let end = (start + 50_000).min(keys) - 1;
-            let _: i64 = redis::cmd("EVAL")
-                .arg(script)
-                .arg(0)
-                .arg(start)
-                .arg(end)
-                .query(&mut c)
-                .expect("fill");
-        }
-    }
-    eprintln!(
-        "filled {keys} counters on 3 nodes in {:?}",
-        fill_start.elapsed()
-    );
+    fill_every_node(&urls, keys);
     let locks = script_client(&urls)
         .max_ttl(Duration::from_millis(300))
         .build()
@@ -394,12 +367,7 @@ async fn measure_repair_on_a_large_keyspace() {
         .collect::<std::collections::HashSet<_>>()
         .len() as u64;
 
-    // Baseline: acquire latency on the peers for 10 s with nothing else going on.
-    let stop = CancellationToken::new();
-    let sampler = spawn_sampler(peers.clone(), stop.clone());
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    stop.cancel();
-    let mut baseline = sampler.join().unwrap();
+    let mut baseline = baseline_latency(&peers).await;
 
     let (cpu0, cmds0) = (cpu_seconds(&urls[1]), total_commands(&urls[1]));
     let (scan0, mget0) = (calls(&urls[1], "scan"), calls(&urls[1], "mget"));
@@ -408,27 +376,7 @@ async fn measure_repair_on_a_large_keyspace() {
     let first_raise = std::sync::Mutex::new(None::<Duration>);
     let stop = CancellationToken::new();
     let sampler = spawn_sampler(peers, stop.clone());
-    wait_until(WAIT, "node 0 answers the client again", || async {
-        locks
-            .status("k0")
-            .await
-            .is_ok_and(|s| s.answered() == urls.len())
-    })
-    .await;
-    wait_until(
-        Duration::from_secs(600),
-        "node 0's counters restored",
-        || async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let size = dbsize(&urls[0]);
-            let mut first = first_raise.lock().unwrap();
-            if size > 0 && first.is_none() {
-                *first = Some(start.elapsed());
-            }
-            size >= buckets
-        },
-    )
-    .await;
+    until_restored(&locks, &urls, buckets, start, &first_raise).await;
     let took = start.elapsed();
     stop.cancel();
     let mut during = sampler.join().unwrap();
@@ -463,4 +411,57 @@ async fn measure_repair_on_a_large_keyspace() {
         "acquire+release on the peers, during: {}",
         summary(&mut during)
     );
+}
+
+/// Fills each node as [`fill_counters`] does, with `plus` 1.
+fn fill_every_node(urls: &[String], keys: u64) {
+    let fill_start = std::time::Instant::now();
+    for u in urls {
+        fill_counters(u, keys, 1);
+    }
+    eprintln!(
+        "filled {keys} counters on 3 nodes in {:?}",
+        fill_start.elapsed()
+    );
+}
+
+/// Baseline: acquire latency on the peers for 10 s with nothing else going on.
+async fn baseline_latency(peers: &[String]) -> Vec<Duration> {
+    let stop = CancellationToken::new();
+    let sampler = spawn_sampler(peers.to_vec(), stop.clone());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stop.cancel();
+    sampler.join().unwrap()
+}
+
+/// Waits (bounded) until node 0 answers `locks` again, then until it holds every one of the
+/// `buckets` (polled every 100 ms), noting in `first_raise` when its first key appeared.
+async fn until_restored(
+    locks: &Redlock,
+    urls: &[String],
+    buckets: u64,
+    start: std::time::Instant,
+    first_raise: &std::sync::Mutex<Option<Duration>>,
+) {
+    wait_until(WAIT, "node 0 answers the client again", || async {
+        locks
+            .status("k0")
+            .await
+            .is_ok_and(|s| s.answered() == urls.len())
+    })
+    .await;
+    wait_until(
+        Duration::from_secs(600),
+        "node 0's counters restored",
+        || async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let size = dbsize(&urls[0]);
+            let mut first = first_raise.lock().unwrap();
+            if size > 0 && first.is_none() {
+                *first = Some(start.elapsed());
+            }
+            size >= buckets
+        },
+    )
+    .await;
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::support::*;
 use quorumlock::testkit::{RedisServer, ServerOptions};
-use quorumlock::{Error, NodeError, Redlock};
+use quorumlock::{Error, Lock, NodeError, Redlock};
 use tokio::time::Instant;
 
 /// The ttl of the test's locks, and its clients' max ttl.
@@ -78,7 +78,7 @@ async fn s17b_a_clock_step_while_disconnected_is_seen_at_the_reconnect() {
     clock_step(true).await;
 }
 
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
+/// The scenario of s17 and s17b; `reconnect` breaks C2's connection to J before the step.
 async fn clock_step(reconnect: bool) {
     init_tracing();
     let dir =
@@ -90,21 +90,7 @@ async fn clock_step(reconnect: bool) {
     };
     let j_url = j.url();
 
-    // libfaketime moves the server's expiry: a key with 30 s to live is gone after a 40 s step.
-    let mut direct = conn(&j_url);
-    let () = redis::cmd("SET")
-        .arg("probe")
-        .arg("x")
-        .arg("PX")
-        .arg(30_000)
-        .query(&mut direct)
-        .expect("SET");
-    std::fs::write(&offset, "+40s\n").expect("step the clock");
-    let left: Option<String> = redis::cmd("GET")
-        .arg("probe")
-        .query(&mut direct)
-        .expect("GET");
-    assert_eq!(left, None, "libfaketime did not move the server's expiry");
+    assert_faketime_moves_expiry(&j_url, &offset);
 
     let standalone = cluster(2);
     let urls = vec![
@@ -112,18 +98,9 @@ async fn clock_step(reconnect: bool) {
         standalone.urls()[1].clone(),
         j_url.clone(),
     ];
-    let client = |urls: Vec<String>| {
-        Redlock::builder(urls)
-            .node_timeout(NODE_TIMEOUT)
-            .connect_timeout(Duration::from_secs(2))
-            .retry_delay(Duration::from_millis(5), Duration::from_millis(20))
-            .max_ttl(JUMP_TTL)
-            .build()
-            .expect("valid config")
-    };
-    let c2 = client(urls.clone());
+    let c2 = jump_client(urls.clone());
     warm(&c2).await;
-    let c1 = client(vec![
+    let c1 = jump_client(vec![
         urls[0].clone(),
         "redis://127.0.0.1:1".to_owned(),
         urls[2].clone(),
@@ -150,6 +127,50 @@ async fn clock_step(reconnect: bool) {
     // more than a period after it.
     tokio::time::sleep(Duration::from_millis(20)).await;
 
+    c2_never_takes_over(&c2, &lock, stepped, reconnect).await;
+
+    // Then J counts again, repaired: tokens never go backwards.
+    let next = until_j_counts_again(&c2).await;
+    assert!(next.token().get() > t1, "token {} after {t1}", next.token());
+    next.release().await.expect("release");
+    drop(lock);
+    drop(j);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// libfaketime moves the server's expiry: a key with 30 s to live is gone after a 40 s step of
+/// the clock in `offset`.
+fn assert_faketime_moves_expiry(j_url: &str, offset: &Path) {
+    let mut direct = conn(j_url);
+    let () = redis::cmd("SET")
+        .arg("probe")
+        .arg("x")
+        .arg("PX")
+        .arg(30_000)
+        .query(&mut direct)
+        .expect("SET");
+    std::fs::write(offset, "+40s\n").expect("step the clock");
+    let left: Option<String> = redis::cmd("GET")
+        .arg("probe")
+        .query(&mut direct)
+        .expect("GET");
+    assert_eq!(left, None, "libfaketime did not move the server's expiry");
+}
+
+/// A client of `urls` with the test's timeouts and `JUMP_TTL` as its max ttl.
+fn jump_client(urls: Vec<String>) -> Redlock {
+    Redlock::builder(urls)
+        .node_timeout(NODE_TIMEOUT)
+        .connect_timeout(Duration::from_secs(2))
+        .retry_delay(Duration::from_millis(5), Duration::from_millis(20))
+        .max_ttl(JUMP_TTL)
+        .build()
+        .expect("valid config")
+}
+
+/// While C1's `lock` is valid (500 ms margin), C2 tries "job" every 100 ms and never wins; the
+/// jump is named (`ClockJumped`, or already seen at the reconnect) and J is held out.
+async fn c2_never_takes_over(c2: &Redlock, lock: &Lock, stepped: Instant, reconnect: bool) {
     let mut jumped = reconnect;
     let mut held_out = false;
     let mut attempts = 0;
@@ -157,9 +178,10 @@ async fn clock_step(reconnect: bool) {
         match c2.try_acquire("job", JUMP_TTL).await {
             Ok(second) => panic!(
                 "two holders: C2 took \"job\" (token {}) {} ms after J's clock stepped 10 s \
-                 forward, while C1's lock (token {t1}) was valid for {} ms more",
+                 forward, while C1's lock (token {}) was valid for {} ms more",
                 second.token(),
                 stepped.elapsed().as_millis(),
+                lock.token().get(),
                 lock.validity().as_millis()
             ),
             Err(Error::NoQuorum { failures, .. }) => {
@@ -178,19 +200,16 @@ async fn clock_step(reconnect: bool) {
     assert!(attempts > 3, "C2 tried {attempts} times only");
     assert!(jumped, "the jump was named (NodeError::ClockJumped)");
     assert!(held_out, "J was held out after the jump");
+}
 
-    // Then J counts again, repaired: tokens never go backwards.
+/// Then J counts again, repaired: C2 acquires "job" within the bounded wait.
+async fn until_j_counts_again(c2: &Redlock) -> Lock {
     let deadline = Instant::now() + WAIT + JUMP_TTL;
-    let next = loop {
+    loop {
         assert!(Instant::now() < deadline, "J never counted again");
         if let Ok(next) = c2.try_acquire("job", JUMP_TTL).await {
             break next;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(next.token().get() > t1, "token {} after {t1}", next.token());
-    next.release().await.expect("release");
-    drop(lock);
-    drop(j);
-    let _ = std::fs::remove_dir_all(&dir);
+    }
 }

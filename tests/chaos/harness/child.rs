@@ -117,14 +117,34 @@ pub fn classify(line: &str) -> Line {
     }
 }
 
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
+/// The fields of one record, after [`PREFIX`].
+struct Fields<'a>(Vec<&'a str>);
+
+impl Fields<'_> {
+    /// Field `i`, as text.
+    fn text(&self, i: usize) -> Option<&str> {
+        self.0.get(i).copied()
+    }
+    /// Field `i`, as a number.
+    fn n(&self, i: usize) -> Option<u64> {
+        self.text(i)?.parse::<u64>().ok()
+    }
+    /// Field `i`, as a monotonic time.
+    fn m(&self, i: usize) -> Option<Mono> {
+        self.n(i).map(Mono)
+    }
+    /// Every record has an exact number of fields.
+    fn exactly(&self, k: usize) -> Option<()> {
+        (self.0.len() == k).then_some(())
+    }
+}
+
 pub fn decode(line: &str) -> Option<Event> {
-    let f: Vec<&str> = line.strip_prefix(PREFIX)?.split_whitespace().collect();
-    let n = |i: usize| f.get(i)?.parse::<u64>().ok();
-    let m = |i: usize| n(i).map(Mono);
-    // Every record has an exact number of fields.
-    let fields = |k: usize| (f.len() == k).then_some(());
-    Some(match *f.first()? {
+    let f = Fields(line.strip_prefix(PREFIX)?.split_whitespace().collect());
+    let n = |i: usize| f.n(i);
+    let m = |i: usize| f.m(i);
+    let fields = |k: usize| f.exactly(k);
+    Some(match f.text(0)? {
         "section" => {
             fields(7)?;
             Event::Section(Section {
@@ -195,30 +215,35 @@ pub fn decode(line: &str) -> Option<Event> {
         }
         "op" => {
             fields(7)?;
-            Event::Op(Op {
-                client: n(1)? as usize,
-                kind: match *f.get(2)? {
-                    "acquire" => OpKind::Acquire,
-                    "extend" => OpKind::Extend,
-                    "release" => OpKind::Release,
-                    "write" => OpKind::Write,
-                    _ => return None,
-                },
-                start: m(3)?,
-                end: m(4)?,
-                bound: Duration::from_nanos(n(5)?),
-                outcome: match *f.get(6)? {
-                    "ok" => "ok",
-                    "held" => "held",
-                    "no_quorum" => "no_quorum",
-                    "expired" => "expired",
-                    "lost" => "lost",
-                    "error" => "error",
-                    _ => return None,
-                },
-            })
+            Event::Op(decode_op(&f)?)
         }
         _ => return None,
+    })
+}
+
+/// An `op` record: client, kind, start, end, bound (ns), outcome.
+fn decode_op(f: &Fields) -> Option<Op> {
+    Some(Op {
+        client: f.n(1)? as usize,
+        kind: match f.text(2)? {
+            "acquire" => OpKind::Acquire,
+            "extend" => OpKind::Extend,
+            "release" => OpKind::Release,
+            "write" => OpKind::Write,
+            _ => return None,
+        },
+        start: f.m(3)?,
+        end: f.m(4)?,
+        bound: Duration::from_nanos(f.n(5)?),
+        outcome: match f.text(6)? {
+            "ok" => "ok",
+            "held" => "held",
+            "no_quorum" => "no_quorum",
+            "expired" => "expired",
+            "lost" => "lost",
+            "error" => "error",
+            _ => return None,
+        },
     })
 }
 

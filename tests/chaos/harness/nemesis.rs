@@ -1,5 +1,5 @@
-//! The nemesis: draws faults from a seeded random generator, injects them one at a time,
-//! heals them, and records each in the history.
+//! The nemesis: the faults, injected one at a time, healed, and each recorded in the history.
+//! `draw.rs` draws them from a seeded random generator.
 //!
 //! The schedule (which fault, on which nodes and links, for how long, with which pauses between)
 //! depends only on the seed, so a seed replays the same schedule. Timing on a shared machine
@@ -10,9 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quorumlock::testkit::LocalCluster;
-use rand::rngs::StdRng;
-use rand::seq::{IndexedRandom, SliceRandom};
-use rand::{RngExt, SeedableRng};
 
 use crate::child::ChildClient;
 use crate::history::{ClockJump as ClockJumpRecord, Fault as FaultRecord, Mono, Recorder};
@@ -222,169 +219,6 @@ impl Fault {
     }
 }
 
-fn some_of(rng: &mut StdRng, n: usize, k: usize) -> Vec<usize> {
-    let mut all: Vec<usize> = (0..n).collect();
-    all.shuffle(rng);
-    all.truncate(k);
-    all.sort_unstable();
-    all
-}
-
-fn ttls(rng: &mut StdRng, ttl: Duration, lo: f64, hi: f64) -> Duration {
-    ttl.mul_f64(rng.random_range(lo..hi))
-}
-
-/// Draws one fault of `kind` for `nodes` nodes and `clients` in-process clients.
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
-pub fn draw(
-    kind: FaultKind,
-    rng: &mut StdRng,
-    nodes: usize,
-    clients: usize,
-    ttl: Duration,
-) -> Fault {
-    let quorum = nodes / 2 + 1;
-    let minority = nodes - quorum;
-    let all_links = |ns: &[usize]| -> Vec<(usize, usize)> {
-        (0..clients)
-            .flat_map(|c| ns.iter().map(move |&n| (c, n)))
-            .collect()
-    };
-    match kind {
-        FaultKind::KillMinorityDelayed | FaultKind::KillMinority => {
-            let k = rng.random_range(1..=minority);
-            let nodes = some_of(rng, nodes, k);
-            let down = if kind == FaultKind::KillMinorityDelayed {
-                ttls(rng, ttl, 1.2, 2.0)
-            } else {
-                Duration::ZERO
-            };
-            Fault::Kill { nodes, down }
-        }
-        FaultKind::KillMajority => Fault::Kill {
-            nodes: some_of(rng, nodes, quorum),
-            down: Duration::ZERO,
-        },
-        FaultKind::PauseNodes => {
-            let k = rng.random_range(1..=quorum);
-            Fault::PauseNodes {
-                nodes: some_of(rng, nodes, k),
-                hold: ttls(rng, ttl, 0.2, 2.0),
-            }
-        }
-        FaultKind::QuorumOnly => Fault::PauseNodes {
-            nodes: some_of(rng, nodes, minority),
-            hold: ttls(rng, ttl, 2.0, 4.0),
-        },
-        FaultKind::Latency => {
-            let k = rng.random_range(1..=nodes);
-            let mut links = all_links(&some_of(rng, nodes, k));
-            if rng.random_bool(0.5) {
-                links.retain(|_| rng.random_bool(0.5));
-            }
-            Fault::Latency {
-                links,
-                delay: Duration::from_millis(rng.random_range(20..=250)),
-                hold: ttls(rng, ttl, 0.5, 2.0),
-            }
-        }
-        FaultKind::Blackhole => {
-            let links = if rng.random_bool(0.5) {
-                let k = rng.random_range(1..=quorum);
-                all_links(&some_of(rng, nodes, k))
-            } else {
-                let mut l = all_links(&(0..nodes).collect::<Vec<_>>());
-                l.retain(|_| rng.random_bool(0.3));
-                l
-            };
-            Fault::Blackhole {
-                links,
-                hold: ttls(rng, ttl, 0.2, 2.0),
-            }
-        }
-        FaultKind::Reset => {
-            let k = rng.random_range(1..=nodes);
-            Fault::Reset {
-                nodes: some_of(rng, nodes, k),
-                times: rng.random_range(1..=3),
-                every: ttls(rng, ttl, 0.05, 0.5),
-            }
-        }
-        FaultKind::ClientPartition => {
-            let views = (0..clients)
-                .map(|_| {
-                    let k = if rng.random_bool(0.8) {
-                        rng.random_range(quorum..=nodes)
-                    } else {
-                        rng.random_range(1..quorum)
-                    };
-                    some_of(rng, nodes, k)
-                })
-                .collect();
-            Fault::Partition {
-                views,
-                hold: ttls(rng, ttl, 0.5, 2.5),
-            }
-        }
-        FaultKind::ClockJump => {
-            let client = rng.random_range(0..clients);
-            let cut = some_of(rng, nodes, minority);
-            let rest: Vec<usize> = (0..nodes).filter(|n| !cut.contains(n)).collect();
-            Fault::ClockJump {
-                client,
-                node: *rest.choose(rng).expect("a majority is left"),
-                cut,
-                jump: ttls(rng, ttl, 1.0, 2.0),
-                hold: ttls(rng, ttl, 1.0, 2.0),
-            }
-        }
-        FaultKind::PauseClient => Fault::PauseClient {
-            hold: ttls(rng, ttl, 0.3, 2.5),
-        },
-        FaultKind::StaleKeys => {
-            // s stale nodes (refusals alone never rule a quorum out), and just enough paused
-            // ones among the others that a quorum is out of reach: s + p = minority + 1. The
-            // failures alone do not rule it out either (p <= minority): only the two together
-            // do, the case that read as `Held`.
-            let mut order: Vec<usize> = (0..nodes).collect();
-            order.shuffle(rng);
-            let s = rng.random_range(1..=minority.max(1));
-            let p = minority + 1 - s;
-            let mut stale = order[..s].to_vec();
-            let mut paused = order[s..s + p].to_vec();
-            stale.sort_unstable();
-            paused.sort_unstable();
-            Fault::StaleKeys {
-                stale,
-                paused,
-                hold: ttls(rng, ttl, 2.5, 4.0),
-            }
-        }
-    }
-}
-
-/// The whole schedule for a run of about `duration`: (pause before, fault) pairs.
-pub fn schedule(
-    seed: u64,
-    kinds: &[FaultKind],
-    duration: Duration,
-    nodes: usize,
-    clients: usize,
-    ttl: Duration,
-) -> Vec<(Duration, Fault)> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut plan = Vec::new();
-    let mut total = Duration::ZERO;
-    while !kinds.is_empty() && total < duration {
-        let gap = ttls(&mut rng, ttl, 0.3, 1.5);
-        let kind = *kinds.choose(&mut rng).expect("at least one fault kind");
-        let fault = draw(kind, &mut rng, nodes, clients, ttl);
-        total += gap + fault.hold();
-        plan.push((gap, fault));
-    }
-    plan
-}
-
 /// What the nemesis acts on.
 pub struct Env {
     pub cluster: Arc<Mutex<LocalCluster>>,
@@ -422,7 +256,6 @@ impl Env {
 }
 
 /// Injects `fault`, waits, heals it, and records it. Returns when it healed.
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 pub async fn inject(env: &mut Env, fault: &Fault, rec: &Recorder) -> Mono {
     tracing::info!("--- nemesis: {fault}");
     let start = Mono::now();
@@ -431,27 +264,7 @@ pub async fn inject(env: &mut Env, fault: &Fault, rec: &Recorder) -> Mono {
         .available_after(env.urls.len(), env.net.clients(), env.ttl)
         .filter(|_| start >= env.held_out_until);
     match fault {
-        Fault::Kill { nodes, down } => {
-            let ns = nodes.clone();
-            env.nodes(move |c| ns.iter().for_each(|&n| c.kill(n).unwrap()))
-                .await;
-            tokio::time::sleep(*down).await;
-            let (ns, aof) = (nodes.clone(), env.aof);
-            env.nodes(move |c| {
-                for &n in &ns {
-                    if aof {
-                        c.restart(n)
-                    } else {
-                        c.restart_empty(n)
-                    }
-                    .unwrap_or_else(|e| panic!("restart node {n}: {e}"));
-                }
-            })
-            .await;
-            if env.guard_holds_out {
-                env.held_out_until = Mono::now() + env.ttl + HOLD_OUT_MARGIN;
-            }
-        }
+        Fault::Kill { nodes, down } => kill_and_restart(env, nodes, *down).await,
         Fault::PauseNodes { nodes, hold } => {
             let ns = nodes.clone();
             env.nodes(move |c| ns.iter().for_each(|&n| c.pause(n).unwrap()))
@@ -500,42 +313,7 @@ pub async fn inject(env: &mut Env, fault: &Fault, rec: &Recorder) -> Mono {
             node,
             jump,
             hold,
-        } => {
-            for &n in cut {
-                env.net.link(*client, n).set_blackhole(true);
-            }
-            // Targeted: jump as soon as the cut client holds the lock on its bare majority (a
-            // value on `node` that no cut node has), or at half time anyway; which one it was
-            // goes into the history.
-            let mut conns = connect_all(&env.urls).await;
-            let holder = tokio::time::timeout(*hold / 2, async {
-                loop {
-                    if let Some(value) = bare_majority_holder(&mut conns, cut, *node).await {
-                        return value;
-                    }
-                    tokio::time::sleep(HOLDER_POLL).await;
-                }
-            })
-            .await
-            .ok();
-            let at = Mono::now();
-            let (keys, hit_holder) = jump_clock(&env.urls[*node], *jump, holder.as_deref()).await;
-            if holder.is_none() {
-                tracing::info!(
-                    "nemesis: no bare-majority holder within {:?}; node {node} jumped anyway",
-                    *hold / 2
-                );
-            }
-            rec.clock_jump(ClockJumpRecord {
-                node: *node,
-                at,
-                targeted: holder.is_some(),
-                hit_holder,
-                keys,
-            });
-            tokio::time::sleep(*hold / 2).await;
-            env.net.heal();
-        }
+        } => jump_a_clock(env, rec, *client, cut, *node, *jump, *hold).await,
         Fault::PauseClient { hold } => {
             let child = env.child.as_mut().expect("a child client to pause");
             child.pause();
@@ -546,47 +324,7 @@ pub async fn inject(env: &mut Env, fault: &Fault, rec: &Recorder) -> Mono {
             stale,
             paused,
             hold,
-        } => {
-            let key = crate::support::lock_key(crate::workload::KEY);
-            // Overwrites whatever is there: a holder's key on those nodes is lost, as after a
-            // crash and a foreign write; the clients must cope either way.
-            let mut set = redis::cmd("SET");
-            set.arg(&key)
-                .arg(STALE_VALUE)
-                .arg("PX")
-                .arg(hold.as_millis() as u64 + 1);
-            for &n in stale {
-                let mut conn = connect(&env.urls[n]).await;
-                let _: () = tokio::time::timeout(DIRECT_CONNECT, set.query_async(&mut conn))
-                    .await
-                    .expect("nemesis: SET within the bound")
-                    .expect("nemesis: SET");
-            }
-            let ns = paused.clone();
-            env.nodes(move |c| ns.iter().for_each(|&n| c.pause(n).unwrap()))
-                .await;
-            // An acquisition reports its last round, which takes at most a call bound: one
-            // that ends a call bound after both are in place, and before the heal, made its
-            // last round in the fault.
-            let judged_from = Mono::now() + crate::workload::call_bound();
-            tokio::time::sleep(*hold).await;
-            rec.held_impossible(judged_from, Mono::now());
-            let ns = paused.clone();
-            env.nodes(move |c| ns.iter().for_each(|&n| c.resume(n).unwrap()))
-                .await;
-            let script = redis::Script::new(
-                "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end",
-            );
-            let mut del = script.key(&key);
-            del.arg(STALE_VALUE);
-            for &n in stale {
-                let mut conn = connect(&env.urls[n]).await;
-                let _: () = tokio::time::timeout(DIRECT_CONNECT, del.invoke_async(&mut conn))
-                    .await
-                    .expect("nemesis: DEL within the bound")
-                    .expect("nemesis: DEL");
-            }
-        }
+        } => stale_keys(env, rec, stale, paused, *hold).await,
     }
     let healed = Mono::now();
     rec.fault(FaultRecord {
@@ -596,6 +334,128 @@ pub async fn inject(env: &mut Env, fault: &Fault, rec: &Recorder) -> Mono {
         available_after,
     });
     healed
+}
+
+/// Kills `nodes`, waits `down`, restarts them (from AOF, or empty); the guard then holds them
+/// out for a while.
+async fn kill_and_restart(env: &mut Env, nodes: &[usize], down: Duration) {
+    let ns = nodes.to_vec();
+    env.nodes(move |c| ns.iter().for_each(|&n| c.kill(n).unwrap()))
+        .await;
+    tokio::time::sleep(down).await;
+    let (ns, aof) = (nodes.to_vec(), env.aof);
+    env.nodes(move |c| {
+        for &n in &ns {
+            if aof {
+                c.restart(n)
+            } else {
+                c.restart_empty(n)
+            }
+            .unwrap_or_else(|e| panic!("restart node {n}: {e}"));
+        }
+    })
+    .await;
+    if env.guard_holds_out {
+        env.held_out_until = Mono::now() + env.ttl + HOLD_OUT_MARGIN;
+    }
+}
+
+/// Cuts `client` off the `cut` nodes, then steps `node`'s clock by `jump`: as soon as the cut
+/// client holds the lock on its bare majority, or at half of `hold` anyway (the history says
+/// which); heals at `hold`.
+async fn jump_a_clock(
+    env: &mut Env,
+    rec: &Recorder,
+    client: usize,
+    cut: &[usize],
+    node: usize,
+    jump: Duration,
+    hold: Duration,
+) {
+    for &n in cut {
+        env.net.link(client, n).set_blackhole(true);
+    }
+    // Targeted: jump as soon as the cut client holds the lock on its bare majority (a
+    // value on `node` that no cut node has), or at half time anyway; which one it was
+    // goes into the history.
+    let mut conns = connect_all(&env.urls).await;
+    let holder = tokio::time::timeout(hold / 2, async {
+        loop {
+            if let Some(value) = bare_majority_holder(&mut conns, cut, node).await {
+                return value;
+            }
+            tokio::time::sleep(HOLDER_POLL).await;
+        }
+    })
+    .await
+    .ok();
+    let at = Mono::now();
+    let (keys, hit_holder) = jump_clock(&env.urls[node], jump, holder.as_deref()).await;
+    if holder.is_none() {
+        tracing::info!(
+            "nemesis: no bare-majority holder within {:?}; node {node} jumped anyway",
+            hold / 2
+        );
+    }
+    rec.clock_jump(ClockJumpRecord {
+        node,
+        at,
+        targeted: holder.is_some(),
+        hit_holder,
+        keys,
+    });
+    tokio::time::sleep(hold / 2).await;
+    env.net.heal();
+}
+
+/// A foreign value on the `stale` nodes and the `paused` ones stopped, for `hold`: together
+/// (not apart) they put a quorum out of reach; then the foreign values are deleted.
+async fn stale_keys(
+    env: &mut Env,
+    rec: &Recorder,
+    stale: &[usize],
+    paused: &[usize],
+    hold: Duration,
+) {
+    let key = crate::support::lock_key(crate::workload::KEY);
+    // Overwrites whatever is there: a holder's key on those nodes is lost, as after a
+    // crash and a foreign write; the clients must cope either way.
+    let mut set = redis::cmd("SET");
+    set.arg(&key)
+        .arg(STALE_VALUE)
+        .arg("PX")
+        .arg(hold.as_millis() as u64 + 1);
+    for &n in stale {
+        let mut conn = connect(&env.urls[n]).await;
+        let _: () = tokio::time::timeout(DIRECT_CONNECT, set.query_async(&mut conn))
+            .await
+            .expect("nemesis: SET within the bound")
+            .expect("nemesis: SET");
+    }
+    let ns = paused.to_vec();
+    env.nodes(move |c| ns.iter().for_each(|&n| c.pause(n).unwrap()))
+        .await;
+    // An acquisition reports its last round, which takes at most a call bound: one
+    // that ends a call bound after both are in place, and before the heal, made its
+    // last round in the fault.
+    let judged_from = Mono::now() + crate::workload::call_bound();
+    tokio::time::sleep(hold).await;
+    rec.held_impossible(judged_from, Mono::now());
+    let ns = paused.to_vec();
+    env.nodes(move |c| ns.iter().for_each(|&n| c.resume(n).unwrap()))
+        .await;
+    let script = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end",
+    );
+    let mut del = script.key(&key);
+    del.arg(STALE_VALUE);
+    for &n in stale {
+        let mut conn = connect(&env.urls[n]).await;
+        let _: () = tokio::time::timeout(DIRECT_CONNECT, del.invoke_async(&mut conn))
+            .await
+            .expect("nemesis: DEL within the bound")
+            .expect("nemesis: DEL");
+    }
 }
 
 /// The lock value on `node` if none of the `cut` nodes has it: a holder that could not reach

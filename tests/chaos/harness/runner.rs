@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checker::{Report, check};
 use crate::child::{ChildClient, ChildSpec};
-use crate::history::{History, Mono, Recorder};
+use crate::history::{History, Mono, Recorder, Section, SessionId};
 use crate::nemesis::{self, Env, FaultKind};
 use crate::proxy::ProxyNet;
 use crate::resource::Resource;
@@ -110,28 +110,13 @@ pub struct Outcome {
 
 /// Runs `scn` with the schedule drawn from `seed` for about `duration` (plus a quiet period in
 /// which the lock must be acquired again).
-#[expect(clippy::too_many_lines, reason = "not yet split by phase")]
 pub async fn run(scn: &Scenario, seed: u64, duration: Duration) -> Outcome {
     println!(
         "[chaos {}] seed {seed} (replay: {SEED_ENV}={seed})",
         scn.name
     );
     let began = Mono::now();
-    let options = if scn.aof {
-        ServerOptions::new().aof_always()
-    } else {
-        ServerOptions::new()
-    };
-    let (nodes, child) = (scn.nodes, scn.child);
-    let (cluster, resource_server) = tokio::task::spawn_blocking(move || {
-        crate::support::init_tracing();
-        let cluster = LocalCluster::start_with(nodes, &options).unwrap_or_else(|e| panic!("{e}"));
-        let resource =
-            child.then(|| RedisServer::start(&ServerOptions::new()).expect("resource redis"));
-        (cluster, resource)
-    })
-    .await
-    .expect("start servers");
+    let (cluster, resource_server) = start_servers(scn).await;
     let urls = cluster.urls();
     let net = ProxyNet::start(scn.clients, &urls).await.expect("proxies");
     let rec = Recorder::new();
@@ -141,40 +126,18 @@ pub async fn run(scn: &Scenario, seed: u64, duration: Duration) -> Outcome {
         None => Resource::gate(),
     };
 
-    let spec = |c: usize, urls: Vec<String>| {
-        let mut s = ClientSpec::new(
-            c,
-            urls,
-            scn.ttl,
-            seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9),
-        );
-        s.guard = scn.guard;
-        s
-    };
     let mut clients = Vec::new();
     for c in 0..scn.clients {
         clients.push(tokio::spawn(run_client(
-            spec(c, net.urls(c)),
+            client_spec(scn, seed, c, net.urls(c)),
             resource.clone(),
             rec.clone(),
             stop.clone(),
         )));
     }
-    let child = resource_server.as_ref().map(|server| {
-        let mut client = spec(scn.clients, urls.clone());
-        // Mostly "working" between its validity check and its write while it holds the lock,
-        // so that a random SIGSTOP often lands there.
-        client.work = Duration::from_millis(400);
-        client.writes = 1..=3;
-        ChildClient::spawn(
-            &ChildSpec {
-                client,
-                resource_url: server.url(),
-                first_session: 1_000_000_000,
-            },
-            rec.clone(),
-        )
-    });
+    let child = resource_server
+        .as_ref()
+        .map(|server| spawn_child(scn, seed, server, &urls, &rec));
     let mut env = Env {
         cluster: Arc::new(Mutex::new(cluster)),
         urls: urls.clone(),
@@ -194,44 +157,12 @@ pub async fn run(scn: &Scenario, seed: u64, duration: Duration) -> Outcome {
             scn.name
         );
     }
-    let plan = nemesis::schedule(seed, scn.faults, duration, scn.nodes, scn.clients, scn.ttl);
-    let schedule: Vec<String> = plan
-        .iter()
-        .map(|(gap, f)| format!("after {gap:?}: {f}"))
-        .collect();
-    if plan.is_empty() {
-        tokio::time::sleep(duration).await;
-    }
-    for (gap, fault) in &plan {
-        tokio::time::sleep(*gap).await;
-        let healed = nemesis::inject(&mut env, fault, &rec).await;
-        // Liveness after every heal: the next fault waits until the lock was acquired again, or
-        // the bound passed (the checker then reports a slow recovery: the window is that long).
-        if !wait_for_acquisition(&rec, healed, scn.reacquire_bound).await {
-            println!(
-                "[chaos {}] no acquisition within {:?} of the heal of: {fault}",
-                scn.name, scn.reacquire_bound
-            );
-        }
-    }
+    let schedule = follow_the_schedule(scn, seed, duration, &mut env, &rec).await;
 
     // Stop: each client finishes its section and releases. One that does not within the bound
     // is aborted (its open section is closed at the abort) and the run fails.
     stop.cancel();
-    let stop_by = tokio::time::Instant::now() + SHUTDOWN;
-    for (c, mut task) in clients.into_iter().enumerate() {
-        match tokio::time::timeout_at(stop_by, &mut task).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => rec.incident(format!("client {c} failed: {e}")),
-            Err(_) => {
-                task.abort();
-                let _ = task.await;
-                rec.incident(format!(
-                    "client {c} did not stop within {SHUTDOWN:?} of the end: aborted"
-                ));
-            }
-        }
-    }
+    stop_clients(clients, &rec).await;
     if let Some(child) = env.child.take() {
         child.stop(SHUTDOWN).await;
     }
@@ -247,6 +178,113 @@ pub async fn run(scn: &Scenario, seed: u64, duration: Duration) -> Outcome {
         reacquire_bound: scn.reacquire_bound,
         loses_counters: scn.loses_counters(),
         elapsed: Mono::now().since(began),
+    }
+}
+
+/// The scenario's cluster (with AOF when it says so) and, when it runs a child client, the
+/// resource's server.
+async fn start_servers(scn: &Scenario) -> (LocalCluster, Option<RedisServer>) {
+    let options = if scn.aof {
+        ServerOptions::new().aof_always()
+    } else {
+        ServerOptions::new()
+    };
+    let (nodes, child) = (scn.nodes, scn.child);
+    tokio::task::spawn_blocking(move || {
+        crate::support::init_tracing();
+        let cluster = LocalCluster::start_with(nodes, &options).unwrap_or_else(|e| panic!("{e}"));
+        let resource =
+            child.then(|| RedisServer::start(&ServerOptions::new()).expect("resource redis"));
+        (cluster, resource)
+    })
+    .await
+    .expect("start servers")
+}
+
+/// Client `c`'s spec: the scenario's ttl and guard, a seed of its own drawn from `seed`.
+fn client_spec(scn: &Scenario, seed: u64, c: usize, urls: Vec<String>) -> ClientSpec {
+    let mut s = ClientSpec::new(
+        c,
+        urls,
+        scn.ttl,
+        seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9),
+    );
+    s.guard = scn.guard;
+    s
+}
+
+/// The child client (the number after the in-process ones), straight to the nodes, writing to
+/// the resource `server`.
+fn spawn_child(
+    scn: &Scenario,
+    seed: u64,
+    server: &RedisServer,
+    urls: &[String],
+    rec: &Recorder,
+) -> ChildClient {
+    let mut client = client_spec(scn, seed, scn.clients, urls.to_vec());
+    // Mostly "working" between its validity check and its write while it holds the lock,
+    // so that a random SIGSTOP often lands there.
+    client.work = Duration::from_millis(400);
+    client.writes = 1..=3;
+    ChildClient::spawn(
+        &ChildSpec {
+            client,
+            resource_url: server.url(),
+            first_session: 1_000_000_000,
+        },
+        rec.clone(),
+    )
+}
+
+/// Draws the schedule from `seed` and injects its faults one after the other; returns it as
+/// text for the report.
+async fn follow_the_schedule(
+    scn: &Scenario,
+    seed: u64,
+    duration: Duration,
+    env: &mut Env,
+    rec: &Recorder,
+) -> Vec<String> {
+    let plan = crate::draw::schedule(seed, scn.faults, duration, scn.nodes, scn.clients, scn.ttl);
+    let schedule: Vec<String> = plan
+        .iter()
+        .map(|(gap, f)| format!("after {gap:?}: {f}"))
+        .collect();
+    if plan.is_empty() {
+        tokio::time::sleep(duration).await;
+    }
+    for (gap, fault) in &plan {
+        tokio::time::sleep(*gap).await;
+        let healed = nemesis::inject(env, fault, rec).await;
+        // Liveness after every heal: the next fault waits until the lock was acquired again, or
+        // the bound passed (the checker then reports a slow recovery: the window is that long).
+        if !wait_for_acquisition(rec, healed, scn.reacquire_bound).await {
+            println!(
+                "[chaos {}] no acquisition within {:?} of the heal of: {fault}",
+                scn.name, scn.reacquire_bound
+            );
+        }
+    }
+    schedule
+}
+
+/// Waits for every client task until [`SHUTDOWN`] from now; one that fails or does not stop
+/// (then aborted) is an incident.
+async fn stop_clients(clients: Vec<tokio::task::JoinHandle<()>>, rec: &Recorder) {
+    let stop_by = tokio::time::Instant::now() + SHUTDOWN;
+    for (c, mut task) in clients.into_iter().enumerate() {
+        match tokio::time::timeout_at(stop_by, &mut task).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => rec.incident(format!("client {c} failed: {e}")),
+            Err(_) => {
+                task.abort();
+                let _ = task.await;
+                rec.incident(format!(
+                    "client {c} did not stop within {SHUTDOWN:?} of the end: aborted"
+                ));
+            }
+        }
     }
 }
 
@@ -436,7 +474,6 @@ impl Outcome {
     }
 
     /// The seed, the schedule and the report, for a failure message.
-    #[expect(clippy::too_many_lines, reason = "not yet split by phase")]
     pub fn explain(&self) -> String {
         let r = &self.report;
         let mut s = format!(
@@ -451,12 +488,28 @@ impl Outcome {
             "sections {}, writes {}, ops {}, stale rejected {} ({} from violating sessions)",
             r.sections, r.writes, r.ops, r.stale_rejected, r.caught
         );
-        let sec = |id| self.history.sections.iter().find(|x| x.session == id);
+        self.explain_safety(&mut s);
+        self.explain_liveness(&mut s);
+        self.explain_harness(&mut s);
+        self.explain_faults(&mut s);
+        s
+    }
+
+    /// The critical section of session `id`, if it was recorded.
+    fn section(&self, id: SessionId) -> Option<&Section> {
+        self.history.sections.iter().find(|x| x.session == id)
+    }
+
+    /// Overlapping sections (with the timeline around them), tokens that did not grow, and
+    /// writes past a section's validity.
+    fn explain_safety(&self, s: &mut String) {
+        let r = &self.report;
         for &(a, b) in &r.overlaps {
-            let _ = writeln!(s, "  OVERLAP {:?}\n      and {:?}", sec(a), sec(b));
-            if let (Some(first), Some(second)) = (sec(a), sec(b)) {
+            let (first, second) = (self.section(a), self.section(b));
+            let _ = writeln!(s, "  OVERLAP {first:?}\n      and {second:?}");
+            if let (Some(first), Some(second)) = (first, second) {
                 self.timeline(
-                    &mut s,
+                    s,
                     first.acquired.minus(Duration::from_secs(2)),
                     second.end(),
                 );
@@ -466,14 +519,24 @@ impl Outcome {
             let _ = writeln!(
                 s,
                 "  TOKEN DID NOT GROW {:?}\n      then {:?}",
-                sec(a),
-                sec(b)
+                self.section(a),
+                self.section(b)
             );
         }
         for &i in &r.past_validity {
             let w = &self.history.writes[i];
-            let _ = writeln!(s, "  WRITE PAST VALIDITY {w:?} of {:?}", sec(w.session));
+            let _ = writeln!(
+                s,
+                "  WRITE PAST VALIDITY {w:?} of {:?}",
+                self.section(w.session)
+            );
         }
+    }
+
+    /// Hung operations, stale writes fencing did not catch, slow recoveries, starvation (with
+    /// the timeline of the fault) and `held` answers that should have been outages.
+    fn explain_liveness(&self, s: &mut String) {
+        let r = &self.report;
         for &i in &r.hung {
             let _ = writeln!(s, "  HUNG {:?}", self.history.ops[i]);
         }
@@ -497,7 +560,7 @@ impl Outcome {
                 f.healed.since(f.start)
             );
             // What the clients did meanwhile (times from the fault's start).
-            self.timeline(&mut s, f.start, f.healed);
+            self.timeline(s, f.start, f.healed);
         }
         for &i in &r.misreported_held {
             let op = &self.history.ops[i];
@@ -509,6 +572,11 @@ impl Outcome {
                 op.end.since(op.start)
             );
         }
+    }
+
+    /// What the harness itself saw go wrong: malformed child lines, unfinished writes,
+    /// incidents.
+    fn explain_harness(&self, s: &mut String) {
         for line in &self.history.malformed {
             let _ = writeln!(s, "  MALFORMED CHILD LINE {line:?}");
         }
@@ -518,6 +586,12 @@ impl Outcome {
         for what in &self.history.incidents {
             let _ = writeln!(s, "  INCIDENT {what}");
         }
+    }
+
+    /// The clock jumps, then every fault with its length, acquisitions during it and its
+    /// heal-to-acquire time.
+    fn explain_faults(&self, s: &mut String) {
+        let r = &self.report;
         let _ = writeln!(
             s,
             "clock jumps: {} made, {} expired a bare-majority holder's key",
@@ -537,7 +611,6 @@ impl Outcome {
                 r.reacquired[i]
             );
         }
-        s
     }
 }
 
