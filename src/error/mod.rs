@@ -378,8 +378,10 @@ impl NodeFailure {
 #[non_exhaustive]
 pub enum NodeError {
     /// No answer within the per-node timeout (or before the validity budget ran out), or no
-    /// connection within the connect timeout.
-    #[error("timed out after {}", humanize(*.0))]
+    /// connection within the connect timeout. The duration is how long the call had; zero when
+    /// the timeout was the connection's own (the response timeout of a `redis::Client` given
+    /// to the builder), whose length the call does not know: shown as "timed out".
+    #[error("{}", timed_out(*.0))]
     Timeout(Duration),
     /// The node refused the connection (nothing listening).
     #[error("connection refused")]
@@ -587,6 +589,15 @@ impl fmt::Display for DroppedText<'_> {
 }
 
 /// `1.2s`, `50ms`, `750µs`: short and readable in one-line errors.
+/// A timeout's words: "timed out after 250ms", or "timed out" when its length is not known.
+fn timed_out(d: Duration) -> String {
+    if d.is_zero() {
+        "timed out".to_owned()
+    } else {
+        format!("timed out after {}", humanize(d))
+    }
+}
+
 fn humanize(d: Duration) -> String {
     if d >= Duration::from_secs(1) {
         format!("{:.1}s", d.as_secs_f64())

@@ -354,3 +354,14 @@ fn every_error_displays_as_one_plain_line() {
         "not a Redis server (unexpected reply)"
     );
 }
+
+/// A timeout whose length the call does not know (the connection's own response timeout) says
+/// "timed out", never "timed out after 0µs".
+#[test]
+fn a_timeout_of_unknown_length_says_no_length() {
+    assert_eq!(NodeError::Timeout(Duration::ZERO).to_string(), "timed out");
+    assert_eq!(
+        NodeError::Timeout(Duration::from_millis(250)).to_string(),
+        "timed out after 250ms"
+    );
+}
