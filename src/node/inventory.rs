@@ -31,7 +31,7 @@ impl Node {
     /// scan is complete) and what the page found, bounded by `timeout`. On a standalone server:
     /// `SCAN`, then one pipeline of `MGET` (values), a `PTTL` per key and `MGET` (counters). On
     /// a Cluster member: the masters one after the other (`SCAN` + `INFO`, the run id checked
-    /// as a repair does), then `GET`, `PTTL`, `GET` per key, each routed by its slot.
+    /// as a repair does), then `MGET` (one key), `PTTL`, `GET` per key, each routed by its slot.
     pub(crate) async fn lock_keys_page(
         self: &Arc<Self>,
         keys: &KeyLayout,
@@ -74,11 +74,17 @@ impl Node {
                     let reads = locks.iter().map(|(_, lock, fence)| {
                         let mut cluster = cluster.clone();
                         let mut pipe = redis::pipe();
-                        pipe.cmd("GET").arg(lock).cmd("PTTL").arg(lock);
+                        // `MGET` of one key: nil for a key of another type in the namespace,
+                        // as on a standalone server, where `GET` would fail the whole page.
+                        pipe.cmd("MGET").arg(lock).cmd("PTTL").arg(lock);
                         pipe.cmd("GET").arg(fence);
                         async move {
-                            pipe.query_async::<(Option<Vec<u8>>, i64, Option<u64>)>(&mut cluster)
-                                .await
+                            let (mut value, pttl, fence) = pipe
+                                .query_async::<(Vec<Option<Vec<u8>>>, i64, Option<u64>)>(
+                                    &mut cluster,
+                                )
+                                .await?;
+                            Ok::<_, redis::RedisError>((value.pop().flatten(), pttl, fence))
                         }
                     });
                     futures::future::try_join_all(reads)

@@ -11,7 +11,7 @@ use crate::support::*;
 async fn o1_inventory_revoke_and_check_on_a_cluster_member() {
     init_tracing();
     let standalone = cluster(2);
-    let member = RedisClusterMember::start().unwrap_or_else(|e| panic!("{e}"));
+    let mut member = RedisClusterMember::start().unwrap_or_else(|e| panic!("{e}"));
     let urls = [
         standalone.urls()[0].clone(),
         standalone.urls()[1].clone(),
@@ -68,4 +68,30 @@ async fn o1_inventory_revoke_and_check_on_a_cluster_member() {
         TokenCheck::Superseded { .. }
     ));
     assert_eq!(ops.locks("inv:").await.unwrap().locks.len(), 59);
+    assert_a_key_of_another_type_is_skipped(&urls, &mut member, &ops).await;
+}
+
+/// A key of another type inside the namespace (a set named like a lock key) on every node: the
+/// inventory skips it on the standalone servers and on the Cluster member alike, rather than
+/// failing the node's scan.
+async fn assert_a_key_of_another_type_is_skipped(
+    urls: &[String],
+    member: &mut RedisClusterMember,
+    ops: &Redlock,
+) {
+    let odd = lock_key("inv:set");
+    let shard = member.shard_of(&odd).unwrap();
+    let shard_url = member.shard(shard).unwrap().url();
+    for url in [&urls[0], &urls[1], &shard_url] {
+        let added: u64 = redis::cmd("SADD")
+            .arg(&odd)
+            .arg("x")
+            .query(&mut conn(url))
+            .unwrap();
+        assert_eq!(added, 1, "{url}");
+    }
+    let inventory = ops.locks("inv:").await.unwrap();
+    assert!(inventory.failures.is_empty(), "{:?}", inventory.failures);
+    assert_eq!(inventory.locks.len(), 59);
+    assert!(inventory.locks.iter().all(|l| l.key != "inv:set"));
 }
