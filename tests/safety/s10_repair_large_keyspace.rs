@@ -141,13 +141,7 @@ async fn repair_completes_on_a_large_keyspace_paced_and_after_script_flush() {
     // The client reconnects to node 0 (loading its scripts), sees the restart and starts the
     // repair; the scripts are then flushed before anything is raised (the node is still empty:
     // reading the peers takes a while).
-    wait_until(WAIT, "node 0 answers the client again", || async {
-        locks
-            .status("k0")
-            .await
-            .is_ok_and(|s| s.answered() == urls.len())
-    })
-    .await;
+    warm(&locks).await;
     let () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query(&mut conn(&urls[0]))
@@ -215,13 +209,7 @@ async fn a_peer_restarting_mid_pass_is_read_again_from_its_start() {
     let scans_before = calls(&urls[1], "scan");
 
     servers[0].restart_empty().unwrap();
-    wait_until(WAIT, "node 0 answers the client again", || async {
-        locks
-            .status("k0")
-            .await
-            .is_ok_and(|s| s.answered() == urls.len())
-    })
-    .await;
+    warm(&locks).await;
     wait_until(WAIT, "the repair is reading node 1", || async {
         calls(&urls[1], "scan") >= scans_before + 10
     })
@@ -443,13 +431,7 @@ async fn until_restored(
     start: std::time::Instant,
     first_raise: &std::sync::Mutex<Option<Duration>>,
 ) {
-    wait_until(WAIT, "node 0 answers the client again", || async {
-        locks
-            .status("k0")
-            .await
-            .is_ok_and(|s| s.answered() == urls.len())
-    })
-    .await;
+    warm(locks).await;
     wait_until(
         Duration::from_secs(600),
         "node 0's counters restored",
