@@ -13,49 +13,23 @@
 //! per permit per sweep (hence [`Semaphore::MAX_PERMITS`]). A round that node failures alone
 //! ruled out ends the sweep: the other permits' rounds would ask the same nodes.
 //!
-//! [`Semaphore::acquire_timeout`] *waits* as a lock's waiters do (`client/wait.rs`): when every
-//! permit is held it marks every permit's key as waited on and subscribes to their release
-//! notices, and sweeps again when one is released (starting at that permit), or when the
-//! first permit's holder would have expired (each permit key's `PTTL`, at most 1 s). The
-//! waiters of one client form one FIFO queue per semaphore (the queue of permit 0's key): only
-//! the oldest sweeps, and a task that has just released a permit and asks again queues behind
-//! the others instead of taking it back at once. Between clients there is no queue: each
-//! client's oldest waiter sweeps at a release, after the deferral of `queue::defer`.
+//! Sweeps are the rounds of one acquisition, and it waits between them as a lock's acquisition
+//! does (`client/waiter.rs`, one waiter over every permit's key): [`Semaphore::acquire_timeout`]
+//! *waits*: when every permit is held it marks every permit's key as waited on and subscribes
+//! to their release notices, and sweeps again when one is released (starting at that permit),
+//! or once the first permit's holder may have expired (each permit key's `PTTL`, at most 1 s).
+//! The waiters of one client form one FIFO queue per semaphore (the queue of permit 0's key):
+//! only the oldest sweeps, and a task that has just released a permit and asks again queues
+//! behind the others instead of taking it back at once. Between clients there is no queue:
+//! each client's oldest waiter sweeps at a release, after the deferral of `queue::defer`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::client::wait::{KeyWait, Ticket, Turn, Woken};
-use crate::core::clock;
+use crate::client::waiter::{Patience, Waiter};
 use crate::core::keys::check_key;
 use crate::error::{ArgumentError, Error};
 use crate::lock::guard::Lock;
 use crate::lock::redlock::Redlock;
-
-/// A waiting acquirer's registration: every permit key's waiters (their release notices) and
-/// its place in this client's queue for the semaphore (permit 0's).
-struct Waiting {
-    keys: Vec<String>,
-    kws: Vec<Arc<KeyWait>>,
-    ticket: Ticket,
-}
-
-impl Waiting {
-    /// The release notices counted so far, per permit.
-    fn epochs(&self) -> Vec<u64> {
-        self.kws.iter().map(|kw| kw.epoch()).collect()
-    }
-
-    /// The first permit released since `epochs`, if any.
-    fn released_since(&self, epochs: &[u64]) -> Option<usize> {
-        self.kws
-            .iter()
-            .zip(epochs)
-            .position(|(kw, &e)| kw.epoch() > e)
-    }
-}
 
 /// A counting semaphore: at most [`permits`](Self::permits) holders at once across every
 /// client of the same nodes. Cheap to clone.
@@ -200,12 +174,13 @@ impl Semaphore {
     /// the permit is released, dropped or lost. Sweeps the permits (each one round, starting
     /// at a random one); while every permit is held it waits for a release (by any client:
     /// woken by its notice, it sweeps from the released permit) or for the first holder's
-    /// expiry (at most 1 s, or the retry delay when longer), and sweeps again: at least
-    /// `1 + retry_count` sweeps, and until `wait` has passed since the call. The waiters of one
-    /// client take turns (first come, first served): a task that has just released a permit
-    /// and asks again queues behind the others. Waiting costs what a lock's waiting costs, per
-    /// permit (see [`Redlock::acquire_timeout`]). With `wait` zero it pauses (the client's
-    /// retry pause) between sweeps instead.
+    /// expiry (read from every permit key's `PTTL`, at most 1 s at a time, or the retry delay
+    /// when longer), and sweeps again: at least `1 + retry_count` sweeps, and until `wait` has
+    /// passed since the call. The waiters of one client take turns (first come, first served):
+    /// a task that has just released a permit and asks again queues behind the others. Its
+    /// sweeps wait as a lock's rounds do (see [`Redlock::acquire_timeout`]), and waiting costs
+    /// what a lock's waiting costs, per permit. With `wait` zero it pauses between sweeps
+    /// after the client's retry policy instead, as [`Redlock::acquire`] does between rounds.
     ///
     /// # Errors
     ///
@@ -222,32 +197,33 @@ impl Semaphore {
         self.acquire_with(ttl, sweeps, wait).await
     }
 
+    /// The sweeps of one acquisition: at least `sweeps`, and (with a `wait`) waiting for a
+    /// release between them until `wait` has passed (see the module's docs).
     async fn acquire_with(
         &self,
         ttl: Duration,
         sweeps: u32,
         wait: Duration,
     ) -> Result<Permit, Error> {
-        self.client.engine().check(&self.name, ttl)?;
-        if !wait.is_zero() {
-            return self.wait_for_permit(ttl, sweeps, wait).await;
-        }
-        let called = Instant::now();
-        let mut sweep = 0u32;
+        let engine = self.client.engine();
+        engine.check(&self.name, ttl)?;
+        let owned = self.permit_keys();
+        let keys: Vec<&str> = owned.iter().map(String::as_str).collect();
+        let patience = Patience {
+            rounds: sweeps,
+            wait,
+        };
+        let mut waiter = Waiter::new(engine, &self.name, &keys, patience).await;
         loop {
-            sweep += 1;
-            let err = match self.sweep(ttl, None).await {
-                Ok(permit) => return Ok(permit),
-                Err(e) => e,
-            };
-            let pause = self.client.engine().retry_pause();
-            if !err.is_retryable()
-                || (sweep >= sweeps && called.elapsed().saturating_add(pause) > wait)
-            {
-                return Err(err);
+            waiter.next_round().await?;
+            let start = waiter.released_key().and_then(|i| u32::try_from(i).ok());
+            match self.sweep(ttl, start).await {
+                Ok(permit) => {
+                    waiter.won(permit.value());
+                    return Ok(permit);
+                }
+                Err(err) => waiter.retry(err).await?,
             }
-            tracing::debug!(semaphore = %self.name, sweep, ?pause, error = %err, "no permit free; retrying");
-            tokio::time::sleep(pause).await;
         }
     }
 
@@ -264,138 +240,6 @@ impl Semaphore {
                     .to_owned()
             })
             .collect()
-    }
-
-    /// [`acquire_timeout`](Self::acquire_timeout) with a wait: sweeps, and while every permit
-    /// is held waits for a release (see the module's docs) instead of pausing. At least
-    /// `sweeps` sweeps, none started after `wait` but those owed.
-    async fn wait_for_permit(
-        &self,
-        ttl: Duration,
-        sweeps: u32,
-        wait: Duration,
-    ) -> Result<Permit, Error> {
-        let called = Instant::now();
-        let give_up_at = clock::tokio_after(called, wait);
-        let keys = self.permit_keys();
-        // Others of this client wait already: queue behind them instead of sweeping first.
-        let queued = keys
-            .first()
-            .is_some_and(|k| self.client.engine().has_waiters(k));
-        let mut waiting = if queued {
-            self.register(&keys).await
-        } else {
-            None
-        };
-        let mut sweep = 0u32;
-        let mut start: Option<u32> = None;
-        let mut last_err: Option<Error> = None;
-        loop {
-            if let Some(w) = &waiting {
-                // Out of turn once the wait is over: the sweeps owed are made anyway.
-                // A permit's queue hands no lock on (`Ticket::won` is never called): its turn
-                // comes at the head, or the timer.
-                let turn = w.kws[0].turn(&w.ticket, Some(give_up_at), 0).await;
-                if turn != Turn::Now
-                    && sweep >= sweeps
-                    && let Some(err) = last_err.take()
-                {
-                    return Err(err);
-                }
-            }
-            sweep += 1;
-            let epochs = waiting.as_ref().map(Waiting::epochs);
-            let err = match self.sweep(ttl, start.take()).await {
-                Ok(permit) => return Ok(permit),
-                Err(e) => e,
-            };
-            let backoff = self.client.engine().retry_pause();
-            if !err.is_retryable() || (sweep >= sweeps && Instant::now() >= give_up_at) {
-                return Err(err);
-            }
-            let held = err.is_held();
-            tracing::debug!(semaphore = %self.name, sweep, error = %err, "no permit free; waiting");
-            last_err = Some(err);
-            let (w, epochs) = match (&waiting, epochs) {
-                (Some(w), Some(epochs)) => (w, epochs),
-                _ if held => {
-                    // The first refusal: register, then sweep once more at once (a permit
-                    // may have been released before the markers stood).
-                    waiting = self.register(&keys).await;
-                    continue;
-                }
-                _ => {
-                    tokio::time::sleep(backoff).await;
-                    continue;
-                }
-            };
-            let pause = if held {
-                self.expiry_pause(&keys).await.unwrap_or(backoff)
-            } else {
-                backoff
-            };
-            let mut until = Instant::now() + pause;
-            if sweep >= sweeps {
-                until = until.min(give_up_at);
-            }
-            if self.await_any_release(w, &epochs, until).await == Woken::Notice
-                && let Some(i) = w.released_since(&epochs)
-            {
-                start = u32::try_from(i).ok();
-                let defer = w.kws[i].deferral();
-                if !defer.is_zero() {
-                    tokio::time::sleep(defer).await;
-                }
-            }
-        }
-    }
-
-    /// Marks every permit's key as waited on and subscribes to its notices (as a lock waiter
-    /// does, `Redlock::wait_for`), and joins this client's queue for the semaphore.
-    /// `None` only without permits, which [`Semaphore::new`] refuses.
-    async fn register(&self, keys: &[String]) -> Option<Waiting> {
-        let regs =
-            futures::future::join_all(keys.iter().map(|k| self.client.engine().wait_for(k))).await;
-        let mut regs = regs.into_iter();
-        // Only permit 0's queue orders the semaphore's waiters; the other tickets leave it.
-        let (kw0, ticket) = regs.next()?;
-        let kws = std::iter::once(kw0).chain(regs.map(|(kw, _)| kw)).collect();
-        Some(Waiting {
-            keys: keys.to_vec(),
-            kws,
-            ticket,
-        })
-    }
-
-    /// Until the first permit's holder would have expired (`Redlock::holder_pause` of each
-    /// permit key); `None` when no permit's nodes can tell.
-    async fn expiry_pause(&self, keys: &[String]) -> Option<Duration> {
-        let pauses =
-            futures::future::join_all(keys.iter().map(|k| self.client.engine().holder_pause(k)))
-                .await;
-        pauses.into_iter().flatten().min()
-    }
-
-    /// Waits for a release notice of any permit after `epochs`, or until `until`, refreshing
-    /// the permits' waiters markers while it waits.
-    async fn await_any_release(&self, w: &Waiting, epochs: &[u64], until: Instant) -> Woken {
-        loop {
-            for (kw, key) in w.kws.iter().zip(&w.keys) {
-                let channel = crate::core::keys::waiters_key_of(key);
-                self.client.engine().set_marker(kw, &channel, false).await;
-            }
-            let slice = (Instant::now() + crate::client::wait::MARKER_REFRESH).min(until);
-            let any = futures::future::select_all(
-                w.kws
-                    .iter()
-                    .zip(epochs)
-                    .map(|(kw, &e)| Box::pin(kw.released_after(e, slice))),
-            );
-            match any.await.0 {
-                Woken::Timer if slice < until => {}
-                woken => return woken,
-            }
-        }
     }
 
     /// Tries every permit once, from `start` on (a random one when `None`).

@@ -16,7 +16,7 @@ use super::round::{Round, Yeses, int_reply};
 use super::state::{Handing, LockState, Seen, SeenAt};
 use super::tail::Tail;
 use super::undo::UndoRelease;
-use super::waiter::Waiter;
+use super::waiter::{Patience, Waiter};
 use crate::core::clock::{self, Stamp};
 use crate::core::keys::LockKeys;
 use crate::core::quorum::{self, Acquisition, Verdict};
@@ -28,19 +28,6 @@ use crate::metrics;
 use crate::node::commands;
 use crate::node::scripts::{self, AcquireForms, ScriptCall};
 use crate::node::{HoldOut, Node, Op};
-
-/// How many extra rounds an acquisition makes, beyond its retries, to resolve contention:
-/// rounds refused although no value stood on a quorum (contenders that started together split
-/// the nodes). Each undoes its partial acquisition first, then pauses at random.
-const CONTENTION_ROUNDS: u32 = 6;
-
-/// How long an acquisition keeps trying: it gives up once it has made `rounds` attempt rounds
-/// *and* the next one would start more than `wait` after the call.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Patience {
-    pub(crate) rounds: u32,
-    pub(crate) wait: Duration,
-}
 
 /// What one acquisition asks for: the same in all its rounds.
 struct Request<'a> {
@@ -54,77 +41,6 @@ struct Request<'a> {
     /// The span current when the acquisition was called: its background tasks (undo, handing)
     /// run in it, so that the acquisition's own span ends when the call returns.
     caller: &'a tracing::Span,
-}
-
-/// How far an acquisition is along its [`Patience`].
-struct Tries {
-    patience: Patience,
-    called: Instant,
-    /// When a wait is over (`called + patience.wait`, saturating).
-    give_up_at: Instant,
-    /// Attempt rounds made, those that resolved contention left out.
-    rounds: u32,
-    /// Rounds made to resolve contention.
-    contention: u32,
-    /// The error of the last round that failed.
-    last_err: Option<Error>,
-}
-
-impl Tries {
-    fn new(patience: Patience) -> Self {
-        let called = Instant::now();
-        Tries {
-            patience,
-            called,
-            // Saturating: `acquire_timeout(.., Duration::MAX)` waits "for ever" (safety s12).
-            give_up_at: clock::tokio_after(called, patience.wait),
-            rounds: 0,
-            contention: 0,
-            last_err: None,
-        }
-    }
-
-    /// Whether the acquisition waits between its rounds (`acquire_timeout`).
-    fn waits(&self) -> bool {
-        !self.patience.wait.is_zero()
-    }
-
-    /// Whether the rounds the patience promises have all been made.
-    fn made_all(&self) -> bool {
-        self.rounds >= self.patience.rounds
-    }
-
-    /// A split vote: one more round to resolve it, numbered, unless those are used up (the
-    /// failed round then counts as a retry).
-    fn contend(&mut self) -> Option<u32> {
-        if self.contention >= CONTENTION_ROUNDS {
-            return None;
-        }
-        self.contention += 1;
-        self.rounds -= 1;
-        Some(self.contention)
-    }
-
-    /// Whether to give up after a round failed with `err`, with `backoff` as the next pause.
-    fn give_up(&self, err: &Error, backoff: Duration) -> bool {
-        !err.is_retryable()
-            || (self.made_all()
-                && if self.waits() {
-                    Instant::now() >= self.give_up_at
-                } else {
-                    self.called.elapsed().saturating_add(backoff) > self.patience.wait
-                })
-    }
-
-    /// When the next round starts after a pause until `at`: the last rounds of a wait start
-    /// before it is over.
-    fn next_round_at(&self, at: Instant) -> Instant {
-        if self.waits() && self.made_all() {
-            at.min(self.give_up_at)
-        } else {
-            at
-        }
-    }
 }
 
 /// A round whose value stood on a quorum: what its token is chosen from.
@@ -224,31 +140,39 @@ impl Engine {
         span: &tracing::Span,
     ) -> Result<Arc<LockState>, Error> {
         self.inner.max_ttl.observe(req.ttl);
-        let mut tries = Tries::new(patience);
-        let mut waiter = Waiter::new(self, &req.keys, tries.waits(), tries.give_up_at).await;
+        let lock_key = [req.keys.lock()];
+        let mut waiter = Waiter::new(self, req.key, &lock_key, patience).await;
         loop {
-            if waiter.turn().await
-                && tries.made_all()
-                && let Some(err) = tries.last_err.take()
-            {
-                self.count_acquire(super::outcome_label(&err), tries.called.elapsed(), req.key);
+            if let Err(err) = waiter.next_round().await {
+                self.count_acquire(
+                    super::outcome_label(&err),
+                    waiter.called().elapsed(),
+                    req.key,
+                );
                 return Err(err);
             }
-            tries.rounds += 1;
             // Every attempt round, those resolving contention included.
-            span.record("rounds", tries.rounds + tries.contention);
-            let epoch = waiter.start_round();
+            span.record("rounds", waiter.all_rounds());
             let value = new_value_of(&self.inner.cfg.owner_suffix);
-            tracing::trace!(key = req.key, round = tries.rounds, epoch, "attempt round");
-            let err = match self.round_of(&req, &value, &mut tries, &waiter).await {
+            let (round, epoch) = (waiter.rounds(), waiter.epoch());
+            tracing::trace!(key = req.key, round, epoch, "attempt round");
+            let err = match self.round_of(&req, &value, &mut waiter).await {
                 RoundEnd::Won(won) => {
+                    let called = waiter.called();
                     waiter.won(&value);
-                    return Ok(self.granted(req, value, won, tries.called));
+                    return Ok(self.granted(req, value, won, called));
                 }
                 RoundEnd::Undone => continue,
                 RoundEnd::Failed(err) => err,
             };
-            self.retry_or_give_up(err, &mut tries, &mut waiter).await?;
+            if let Err(err) = waiter.retry(err).await {
+                self.count_acquire(
+                    super::outcome_label(&err),
+                    waiter.called().elapsed(),
+                    req.key,
+                );
+                return Err(err);
+            }
         }
     }
 
@@ -260,13 +184,7 @@ impl Engine {
     /// may meet this round's value.
     /// A retry refused by it read as held by another owner, the undo announced nothing, and the
     /// waiter slept until its timer.
-    async fn round_of(
-        &self,
-        req: &Request<'_>,
-        value: &str,
-        tries: &mut Tries,
-        waiter: &Waiter<'_>,
-    ) -> RoundEnd {
+    async fn round_of(&self, req: &Request<'_>, value: &str, waiter: &mut Waiter<'_>) -> RoundEnd {
         let mut undo = UndoRelease::arm(self, &req.keys, value, req.ttl, req.caller);
         let round_start = Instant::now();
         let voted = match self.attempt(req, value).await {
@@ -276,7 +194,7 @@ impl Engine {
                 undo.set_on = lost.set_on;
                 undo.tail = lost.tail;
                 if lost.contended
-                    && let Some(contention_round) = tries.contend()
+                    && let Some(contention_round) = waiter.contend()
                 {
                     let round_trip = round_start.elapsed();
                     // Awaited where our value was set; the nodes that failed or had not
@@ -290,7 +208,7 @@ impl Engine {
                 }
                 // Another round follows: our value goes first where it was set (the rest of
                 // the undo, to nodes that failed or had not answered, in the background).
-                if !tries.give_up(&lost.err, waiter.backoff()) {
+                if !waiter.gives_up(&lost.err) {
                     undo.release_set().await;
                 }
                 return RoundEnd::Failed(lost.err);
@@ -305,32 +223,6 @@ impl Engine {
             }
             Err(err) => RoundEnd::Failed(err),
         }
-    }
-
-    /// After a failed round: gives up (its error), or pauses as the waiter decides until the
-    /// next round.
-    async fn retry_or_give_up(
-        &self,
-        err: Error,
-        tries: &mut Tries,
-        waiter: &mut Waiter<'_>,
-    ) -> Result<(), Error> {
-        let backoff = waiter.backoff();
-        if tries.give_up(&err, backoff) {
-            self.count_acquire(
-                super::outcome_label(&err),
-                tries.called.elapsed(),
-                waiter.key(),
-            );
-            return Err(err);
-        }
-        let held = err.is_held();
-        let delay = waiter.delay(held, backoff).await;
-        let now = Instant::now();
-        tracing::debug!(key = waiter.key(), round = tries.rounds, ?delay, error = %err, "retrying acquisition");
-        tries.last_err = Some(err);
-        waiter.pause(held, tries.next_round_at(now + delay)).await;
-        Ok(())
     }
 
     /// The lock of a won round: counted, kept in a state with its token and validity, and its

@@ -1,7 +1,8 @@
 //! The client engine: the nodes, the configuration as plain validated values ([`config`]), the
 //! fan-out round that decides as soon as the outcome is certain ([`round`]), and the operations
-//! built on it: acquisition ([`acquire`], with its waiting between rounds in [`waiter`]), extension ([`extend`]), release ([`release`]),
-//! status ([`status`]) and the repair of restarted nodes ([`repair`]). A round's late answers
+//! built on it: acquisition ([`acquire`], with its patience and its waiting between rounds in
+//! [`waiter`], which a semaphore's sweeps use too), extension ([`extend`]), release
+//! ([`release`]), status ([`status`]) and the repair of restarted nodes ([`repair`]). A round's late answers
 //! are [`tail`]. The state of a held lock is [`state`]; the public guard around it lives in
 //! `crate::lock`.
 
@@ -24,7 +25,7 @@ pub(crate) mod status;
 pub(crate) mod tail;
 mod undo;
 pub(crate) mod wait;
-mod waiter;
+pub(crate) mod waiter;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -136,7 +137,7 @@ impl Engine {
 
     /// Whether this client has waiters queued for `lock_key` (`wait.rs`).
     pub(crate) fn has_waiters(&self, lock_key: &str) -> bool {
-        self.inner.waiting.queued(lock_key).is_some()
+        self.inner.waiting.has_queue(lock_key)
     }
 
     /// The engine side of [`Redlock::flush`](crate::Redlock::flush): the release calls given

@@ -1,6 +1,7 @@
 //! The waiters of one key in one client: their FIFO queue (only the head makes rounds), the
 //! release notices counted (a release is announced by every node where it deleted the key), and
-//! how long a woken head defers its round. The subscriptions that feed it are `wait.rs`'s.
+//! how long a woken head defers its round. The queue owns this state: the other files call its
+//! methods. The subscriptions that feed it are `wait.rs`'s.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -15,39 +16,41 @@ use crate::core::lock;
 const SEEN: usize = 8;
 
 /// The waiters of one key in this client.
-#[derive(Debug, Default)]
-pub(crate) struct KeyWait {
-    pub(super) state: Mutex<QueueState>,
+#[derive(Debug)]
+pub(super) struct KeyWait {
+    state: Mutex<QueueState>,
     /// Notified (all waiters) on a release notice and when the queue's head changes.
-    pub(super) notify: Notify,
+    notify: Notify,
+    /// The key's waiters marker, also the channel of its release notices.
+    channel: String,
 }
 
 #[derive(Debug, Default)]
-pub(super) struct QueueState {
+struct QueueState {
     /// Release notices counted so far.
-    pub(super) epoch: u64,
+    epoch: u64,
     /// The last released values, each with the nodes that announced it (one bit per node: a
     /// notice comes once from every node where the release deleted the key).
-    pub(super) seen: VecDeque<(String, u64)>,
+    seen: VecDeque<(String, u64)>,
     /// This client's waiters, oldest first.
-    pub(super) queue: VecDeque<u64>,
-    pub(super) next_ticket: u64,
+    queue: VecDeque<u64>,
+    next_ticket: u64,
     /// Set when the head left the queue holding the lock: the value it won with. The next head
     /// waits for that value's release notice (or a possible loss of notices) before its first
     /// round. Counting notices instead woke it too early: the second wake of the release before
     /// the win (its quorum of notices, `released`) can arrive during or after the winning round,
     /// and the next head's round then met the winner's own release half-way.
-    pub(super) handed: Option<String>,
+    handed: Option<String>,
     /// The notice count when `handed` was set: a later notice of another release tells the
     /// head that the key changed hands, so the lock it waits for may have ended without a
     /// notice (forgotten, expired, lost, or released after the waiters marker lapsed).
-    pub(super) handed_at: u64,
+    handed_at: u64,
     /// Until when the marker set on the nodes stands (less the refresh margin).
-    pub(super) marker_until: Option<Instant>,
+    marker_until: Option<Instant>,
     /// Values this client released lately: a notice of one of them is a release by us.
-    pub(super) own: VecDeque<String>,
+    own: VecDeque<String>,
     /// How long the head waits after the last notice before its round (see [`defer`]).
-    pub(super) defer: Duration,
+    defer: Duration,
 }
 
 /// A release notice as one node's subscription passes it on.
@@ -64,11 +67,11 @@ pub(super) struct ReleaseNotice<'a> {
 }
 
 /// A waiter's place in its key's queue; leaving (dropped) hands the turn on.
-pub(crate) struct Ticket {
-    pub(super) kw: Arc<KeyWait>,
-    pub(super) id: u64,
+pub(super) struct Ticket {
+    kw: Arc<KeyWait>,
+    id: u64,
     /// Set once the waiter won: the value it won with.
-    pub(super) won: Option<String>,
+    won: Option<String>,
 }
 
 impl Drop for Ticket {
@@ -89,14 +92,14 @@ impl Drop for Ticket {
 
 impl Ticket {
     /// Records that this waiter won, with `value`.
-    pub(crate) fn won(&mut self, value: &str) {
+    pub(super) fn won(&mut self, value: &str) {
         self.won = Some(value.to_owned());
     }
 }
 
 /// How a queued waiter's wait for its turn ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Turn {
+pub(super) enum Turn {
     /// It is the head, and the lock its predecessor won is released.
     Now,
     /// It is the head, still waiting for its predecessor's release, and another release was
@@ -108,7 +111,7 @@ pub(crate) enum Turn {
 
 /// Why a wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Woken {
+pub(super) enum Woken {
     /// A release notice arrived (or notices may have been missed).
     Notice,
     /// The timer fired.
@@ -116,8 +119,51 @@ pub(crate) enum Woken {
 }
 
 impl KeyWait {
+    /// The waiters of the key whose waiters marker (and notice channel) is `channel`.
+    pub(super) fn new(channel: String) -> Self {
+        KeyWait {
+            state: Mutex::default(),
+            notify: Notify::new(),
+            channel,
+        }
+    }
+
+    /// The key's waiters marker, also the channel of its release notices.
+    pub(super) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// A new waiter's place, behind every waiter queued now.
+    pub(super) fn join(kw: &Arc<Self>) -> Ticket {
+        let mut st = lock(&kw.state);
+        let id = st.next_ticket;
+        st.next_ticket += 1;
+        st.queue.push_back(id);
+        Ticket {
+            kw: Arc::clone(kw),
+            id,
+            won: None,
+        }
+    }
+
+    /// Whether any waiter is queued.
+    pub(super) fn has_queue(&self) -> bool {
+        !lock(&self.state).queue.is_empty()
+    }
+
+    /// Whether the waiters marker is due to be set (or refreshed) at `now`; if so, counts it as
+    /// standing until `until` from now on (the caller sets it).
+    pub(super) fn marker_due(&self, now: Instant, until: Instant) -> bool {
+        let mut st = lock(&self.state);
+        if st.marker_until.is_some_and(|u| u > now) {
+            return false;
+        }
+        st.marker_until = Some(until);
+        true
+    }
+
     /// The number of release notices so far: a round that starts now reacts to later ones.
-    pub(crate) fn epoch(&self) -> u64 {
+    pub(super) fn epoch(&self) -> u64 {
         lock(&self.state).epoch
     }
 
@@ -177,7 +223,7 @@ impl KeyWait {
     }
 
     /// How long the head should wait, after the last notice, before its round.
-    pub(crate) fn deferral(&self) -> Duration {
+    pub(super) fn deferral(&self) -> Duration {
         lock(&self.state).defer
     }
 
@@ -185,7 +231,7 @@ impl KeyWait {
     /// holding the lock, until that lock's release is announced ([`Turn::Now`]); or, while the
     /// head waits for that release, until another release after notice `since` (and after the
     /// predecessor left) is announced ([`Turn::Changed`]); or until `until`.
-    pub(crate) async fn turn(&self, ticket: &Ticket, until: Option<Instant>, since: u64) -> Turn {
+    pub(super) async fn turn(&self, ticket: &Ticket, until: Option<Instant>, since: u64) -> Turn {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -214,7 +260,7 @@ impl KeyWait {
     }
 
     /// Waits for a release notice after `epoch`, or until `until`.
-    pub(crate) async fn released_after(&self, epoch: u64, until: Instant) -> Woken {
+    pub(super) async fn released_after(&self, epoch: u64, until: Instant) -> Woken {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -232,18 +278,42 @@ impl KeyWait {
     /// The head found the lock its predecessor won gone without a notice of its release (its
     /// key expired, it was forgotten or lost, or the notices were lost): it stops waiting for
     /// that release.
-    pub(crate) fn handover_missed(&self) {
+    pub(super) fn handover_missed(&self) {
         lock(&self.state).handed = None;
     }
 
     /// Whether `ticket` is the oldest waiter.
-    pub(crate) fn is_head(&self, ticket: &Ticket) -> bool {
+    pub(super) fn is_head(&self, ticket: &Ticket) -> bool {
         lock(&self.state).queue.front() == Some(&ticket.id)
     }
 }
 
+/// Waits for a release notice of any of the keys of `kws` after its epoch in `epochs` (one
+/// per key), or until `until`.
+pub(super) async fn released_after_any(
+    kws: &[Arc<KeyWait>],
+    epochs: &[u64],
+    until: Instant,
+) -> Woken {
+    if kws.is_empty() {
+        tokio::time::sleep_until(until).await;
+        return Woken::Timer;
+    }
+    let any = futures::future::select_all(
+        kws.iter()
+            .zip(epochs)
+            .map(|(kw, &e)| Box::pin(kw.released_after(e, until))),
+    );
+    any.await.0
+}
+
+/// The first of the keys of `kws` released (or maybe missed) since its epoch in `epochs`.
+pub(super) fn first_released(kws: &[Arc<KeyWait>], epochs: &[u64]) -> Option<usize> {
+    kws.iter().zip(epochs).position(|(kw, &e)| kw.epoch() > e)
+}
+
 /// The longest a woken head defers its round when other clients wait too.
-pub(crate) const DEFER: Duration = Duration::from_millis(2);
+pub(super) const DEFER: Duration = Duration::from_millis(2);
 
 /// How long a head woken by a release defers its round: nothing when its client is the only
 /// one waiting (no competitor: handover in one round); otherwise a random part of [`DEFER`],
@@ -252,7 +322,7 @@ pub(crate) const DEFER: Duration = Duration::from_millis(2);
 /// its subscribers in a fixed order, so without the random part the first subscriber would win
 /// every race; without the extra part for the releasing client, a client with several waiters
 /// would pass the lock between its own tasks.
-pub(crate) fn defer(clients: u64, ours: bool, unit: f64) -> Duration {
+pub(super) fn defer(clients: u64, ours: bool, unit: f64) -> Duration {
     if clients <= 1 {
         return Duration::ZERO;
     }

@@ -76,13 +76,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use redis::aio::PubSubSink;
+use smallvec::SmallVec;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::Engine;
-use super::queue::ReleaseNotice;
-pub(crate) use super::queue::{KeyWait, Ticket, Turn, Woken};
+use super::queue::{KeyWait, ReleaseNotice, Ticket};
 use super::side::until_quorum;
 use crate::core::keys::{WAITERS_SUFFIX, waiters_key_of};
 use crate::core::lock;
@@ -94,7 +94,7 @@ use crate::node::pubsub::{Subscriber, keep_subscribed};
 /// How long a waiters marker lives unless refreshed.
 const MARKER_TTL: Duration = Duration::from_secs(10);
 /// How often a waiting client refreshes its marker.
-pub(crate) const MARKER_REFRESH: Duration = Duration::from_secs(3);
+pub(super) const MARKER_REFRESH: Duration = Duration::from_secs(3);
 /// Beyond this many keys waited on, keys nobody waits for any longer are forgotten (and
 /// unsubscribed) on the next registration.
 const MAX_IDLE_KEYS: usize = 1024;
@@ -166,49 +166,63 @@ impl Waiting {
             .map_or(0, |kw| kw.epoch())
     }
 
-    /// The waiters of `lock_key`, if this client has a queue for it that is not empty.
-    pub(crate) fn queued(&self, lock_key: &str) -> Option<Arc<KeyWait>> {
-        if !self.hub.any.load(Ordering::Relaxed) {
-            return None;
-        }
-        let keys = lock(&self.hub.keys);
-        let kw = keys.get(lock_key)?;
-        (!lock(&kw.state).queue.is_empty()).then(|| Arc::clone(kw))
+    /// Whether this client has waiters queued for `lock_key`.
+    pub(crate) fn has_queue(&self, lock_key: &str) -> bool {
+        self.hub.any.load(Ordering::Relaxed)
+            && lock(&self.hub.keys)
+                .get(lock_key)
+                .is_some_and(|kw| kw.has_queue())
     }
 }
 
 impl Engine {
-    /// Joins the queue of `lock_key`'s waiters in this client: subscribes on every node and
-    /// sets the waiters marker there (both awaited for at most the node timeout), so that a
-    /// release from now on publishes a notice. The caller then reads the holder's key: the
-    /// lock may have been released before the marker stood.
-    pub(crate) async fn wait_for(&self, lock_key: &str) -> (Arc<KeyWait>, Ticket) {
-        let waiting = &self.inner.waiting;
-        let hub = &waiting.hub;
+    /// Registers a waiter for `lock_keys` (a lock's key, or every permit's of a semaphore) and
+    /// queues it behind this client's waiters for the first: subscribes on every node and sets
+    /// each key's waiters marker there (both awaited for at most the node timeout), so that a
+    /// release from now on publishes a notice. The caller then reads the holders' keys: a lock
+    /// may have been released before the marker stood. Returns the keys' waiters, in order, and
+    /// the waiter's place in the first key's queue.
+    pub(super) async fn wait_for(
+        &self,
+        lock_keys: &[&str],
+    ) -> (SmallVec<[Arc<KeyWait>; 1]>, Ticket) {
+        let hub = &self.inner.waiting.hub;
         self.start_subscriptions();
-        let channel = waiters_key_of(lock_key);
-        let (kw, fresh) = {
+        let mut kws: SmallVec<[Arc<KeyWait>; 1]> = SmallVec::with_capacity(lock_keys.len());
+        let mut fresh: SmallVec<[bool; 1]> = SmallVec::with_capacity(lock_keys.len());
+        {
             let mut keys = lock(&hub.keys);
-            if keys.len() >= MAX_IDLE_KEYS {
-                self.forget_idle(&mut keys);
+            for &lock_key in lock_keys {
+                if keys.len() >= MAX_IDLE_KEYS {
+                    self.forget_idle(&mut keys);
+                }
+                fresh.push(!keys.contains_key(lock_key));
+                let kw = keys
+                    .entry(lock_key.to_owned())
+                    .or_insert_with(|| Arc::new(KeyWait::new(waiters_key_of(lock_key))));
+                kws.push(Arc::clone(kw));
             }
-            let fresh = !keys.contains_key(lock_key);
-            let kw = Arc::clone(keys.entry(lock_key.to_owned()).or_default());
             hub.any.store(true, Ordering::Relaxed);
-            (kw, fresh)
-        };
-        let ticket = {
-            let mut st = lock(&kw.state);
-            let id = st.next_ticket;
-            st.next_ticket += 1;
-            st.queue.push_back(id);
-            Ticket {
-                kw: Arc::clone(&kw),
-                id,
-                won: None,
-            }
-        };
+        }
+        // The queue is joined before any await: the waiter's place is the call's order.
+        let ticket = KeyWait::join(&kws[0]);
         let deadline = Instant::now() + self.inner.cfg.node_timeout;
+        let register = kws
+            .iter()
+            .zip(&fresh)
+            .map(|(kw, &fresh)| self.register(kw, fresh, deadline));
+        futures::join!(
+            futures::future::join_all(register),
+            self.first_subscriptions()
+        );
+        (kws, ticket)
+    }
+
+    /// Subscribes to `kw`'s channel on every node where the subscription is up (when `fresh`:
+    /// the key was not waited on before) and sets its waiters marker, each until a quorum has
+    /// answered (or `deadline`).
+    async fn register(&self, kw: &KeyWait, fresh: bool, deadline: Instant) {
+        let hub = &self.inner.waiting.hub;
         let subscribe = async {
             if !fresh {
                 return;
@@ -217,58 +231,56 @@ impl Engine {
             // when it connects (it reads the keys after storing its sink).
             let sinks: Vec<PubSubSink> = lock(&hub.sinks).iter().flatten().cloned().collect();
             let subs = sinks.into_iter().map(|mut sink| {
-                let channel = channel.clone();
+                let channel = kw.channel().to_owned();
                 async move { sink.subscribe(channel).await }
             });
             until_quorum(subs, self.quorum(), deadline).await;
         };
-        // A fresh client's subscriptions wake every waiter once they stand (notices may have
-        // been missed before): awaited here, so that the round that follows registration
-        // starts after those wake-ups and is not repeated for them, five times on five nodes.
-        let first_tries = async {
-            // Compat mode subscribes nowhere (`start_subscriptions`): nothing to await.
-            if self.inner.cfg.keys.is_compat() {
+        futures::join!(subscribe, self.set_marker(kw, true));
+    }
+
+    /// A fresh client's subscriptions wake every waiter once they stand (notices may have
+    /// been missed before): awaited at registration, so that the round that follows starts
+    /// after those wake-ups and is not repeated for them, five times on five nodes.
+    async fn first_subscriptions(&self) {
+        let hub = &self.inner.waiting.hub;
+        // Compat mode subscribes nowhere (`start_subscriptions`): nothing to await.
+        if self.inner.cfg.keys.is_compat() {
+            return;
+        }
+        let n = self.inner.nodes.len();
+        let start = Instant::now();
+        let mut until = start + self.inner.cfg.connect_timeout;
+        let mut graced = false;
+        loop {
+            let tried = hub.tried.notified();
+            tokio::pin!(tried);
+            tried.as_mut().enable();
+            let stood = hub.first_tries.load(Ordering::Acquire);
+            if stood >= n {
                 return;
             }
-            let n = self.inner.nodes.len();
-            let start = Instant::now();
-            let mut until = start + self.inner.cfg.connect_timeout;
-            let mut graced = false;
-            loop {
-                let tried = hub.tried.notified();
-                tokio::pin!(tried);
-                tried.as_mut().enable();
-                let stood = hub.first_tries.load(Ordering::Acquire);
-                if stood >= n {
-                    return;
-                }
-                // Once a quorum's subscriptions stand, a hung node's may take as long again.
-                if stood >= self.quorum() && !std::mem::replace(&mut graced, true) {
-                    until = timing::stragglers_until(start, Instant::now(), until);
-                }
-                if tokio::time::timeout_at(until, tried).await.is_err() {
-                    return;
-                }
+            // Once a quorum's subscriptions stand, a hung node's may take as long again.
+            if stood >= self.quorum() && !std::mem::replace(&mut graced, true) {
+                until = timing::stragglers_until(start, Instant::now(), until);
             }
-        };
-        futures::join!(subscribe, self.set_marker(&kw, &channel, true), first_tries);
-        (kw, ticket)
+            if tokio::time::timeout_at(until, tried).await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Sets (or refreshes, when due) the waiters marker on every node. Awaited (bounded by the
     /// node timeout) when `wait`, otherwise sent in the background.
-    pub(crate) async fn set_marker(&self, kw: &KeyWait, channel: &str, wait: bool) {
+    pub(super) async fn set_marker(&self, kw: &KeyWait, wait: bool) {
         if self.inner.cfg.keys.is_compat() {
             return;
         }
         let now = Instant::now();
-        {
-            let mut st = lock(&kw.state);
-            if st.marker_until.is_some_and(|u| u > now) {
-                return;
-            }
-            st.marker_until = Some(now + MARKER_TTL - MARKER_REFRESH * 2);
+        if !kw.marker_due(now, now + MARKER_TTL - MARKER_REFRESH * 2) {
+            return;
         }
+        let channel = kw.channel();
         let deadline = now + self.inner.cfg.node_timeout;
         // A Cluster member serves lock rounds only: no marker there, so its releases publish
         // nothing and its waiters hear of them from the other members (or their poll timer).

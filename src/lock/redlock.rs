@@ -10,11 +10,11 @@ use super::builder::RedlockBuilder;
 use super::guard::Lock;
 use super::scoped::{self, LockContext};
 use crate::client::Engine;
-use crate::client::acquire::Patience;
 use crate::client::check::TokenCheck;
 use crate::client::inventory::Inventory;
 use crate::client::revoke::Revocation;
 use crate::client::status::LockStatus;
+use crate::client::waiter::Patience;
 use crate::core::token::FencingToken;
 use crate::error::{ConfigError, Error};
 
