@@ -142,37 +142,40 @@ impl Engine {
         self.inner.max_ttl.observe(req.ttl);
         let lock_key = [req.keys.lock()];
         let mut waiter = Waiter::new(self, req.key, &lock_key, patience).await;
-        loop {
-            if let Err(err) = waiter.next_round().await {
-                self.count_acquire(
-                    super::outcome_label(&err),
-                    waiter.called().elapsed(),
-                    req.key,
-                );
-                return Err(err);
+        match self.rounds_until_won(&req, &mut waiter, span).await {
+            Ok((value, won)) => {
+                let called = waiter.called();
+                waiter.won(&value);
+                Ok(self.granted(req, value, won, called))
             }
+            Err(err) => {
+                let waited = waiter.called().elapsed();
+                self.count_acquire(super::outcome_label(&err), waited, req.key);
+                Err(err)
+            }
+        }
+    }
+
+    /// Attempt rounds until one wins (its value) or the `waiter` gives up (the last error).
+    async fn rounds_until_won(
+        &self,
+        req: &Request<'_>,
+        waiter: &mut Waiter<'_>,
+        span: &tracing::Span,
+    ) -> Result<(String, Won), Error> {
+        loop {
+            waiter.next_round().await?;
             // Every attempt round, those resolving contention included.
             span.record("rounds", waiter.all_rounds());
             let value = new_value_of(&self.inner.cfg.owner_suffix);
             let (round, epoch) = (waiter.rounds(), waiter.epoch());
             tracing::trace!(key = req.key, round, epoch, "attempt round");
-            let err = match self.round_of(&req, &value, &mut waiter).await {
-                RoundEnd::Won(won) => {
-                    let called = waiter.called();
-                    waiter.won(&value);
-                    return Ok(self.granted(req, value, won, called));
-                }
+            let err = match self.round_of(req, &value, waiter).await {
+                RoundEnd::Won(won) => return Ok((value, won)),
                 RoundEnd::Undone => continue,
                 RoundEnd::Failed(err) => err,
             };
-            if let Err(err) = waiter.retry(err).await {
-                self.count_acquire(
-                    super::outcome_label(&err),
-                    waiter.called().elapsed(),
-                    req.key,
-                );
-                return Err(err);
-            }
+            waiter.retry(err).await?;
         }
     }
 

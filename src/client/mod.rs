@@ -135,11 +135,6 @@ impl Engine {
         self.inner.cfg.retry_count
     }
 
-    /// Whether this client has waiters queued for `lock_key` (`wait.rs`).
-    pub(crate) fn has_waiters(&self, lock_key: &str) -> bool {
-        self.inner.waiting.has_queue(lock_key)
-    }
-
     /// The engine side of [`Redlock::flush`](crate::Redlock::flush): the release calls given
     /// up since the previous flush are in its report.
     pub(crate) async fn flush(&self) -> FlushReport {

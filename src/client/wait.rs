@@ -22,7 +22,7 @@
 //!   timer fires: it reads the key's `PTTL` on every node (one command each; decided once a
 //!   quorum has answered, so a hung node costs no timeout) and sleeps until the key has
 //!   expired on a quorum, at most 1 s (`core::timing::HOLDER_WAIT_CAP`, or the
-//!   configured retry delay when longer; `Redlock::holder_pause`); when it wakes it reads the
+//!   configured retry delay when longer; `Engine::holder_pause`); when it wakes it reads the
 //!   key again and makes a round only once a quorum may be free (or the nodes cannot tell, or
 //!   its wait is over). A holder that crashed (an
 //!   expiry publishes nothing) is so taken over within a round trip of its key's expiry; one
@@ -35,7 +35,7 @@
 //!
 //! Only a release of a lock that stood on a quorum announces itself. The undo of a failed
 //! attempt (a round refused, or split between contenders) publishes nothing
-//! (`Redlock::release_on`): it releases nothing anyone waits for, and its notice woke every
+//! (`Engine::release_on`): it releases nothing anyone waits for, and its notice woke every
 //! waiter, its own client's included, which then tried at once, failed, undid and woke itself
 //! again, for as long as the holder's key was missing on some node. A fresh client's
 //! first wait also awaits its subscriptions (at most the connect timeout; compat mode makes

@@ -142,7 +142,7 @@ impl<'a> Waiter<'a> {
     ) -> Self {
         let tries = Tries::new(patience);
         let queued = match keys.first() {
-            Some(first) if tries.waits() && client.has_waiters(first) => {
+            Some(first) if tries.waits() && client.inner.waiting.has_queue(first) => {
                 let (kws, ticket) = client.wait_for(keys).await;
                 Some(Queued { kws, ticket })
             }

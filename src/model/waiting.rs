@@ -118,7 +118,7 @@ fn quorum_of_n() -> usize {
 }
 
 /// The waiter's timer: a round only once the key may be free on a quorum, as the library's
-/// `Redlock::holder_pause` reads it (a held key has seconds left, an absent one answers `-2`).
+/// `Engine::holder_pause` reads it (a held key has seconds left, an absent one answers `-2`).
 fn timer_allows_round(s: &State) -> bool {
     let pttls: Vec<Option<i64>> = s
         .nodes

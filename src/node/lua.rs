@@ -262,7 +262,7 @@ return r
 ///
 /// - KEYS[1]: lock key; KEYS[2] (optional): waiters count, the channel being the lock key's
 ///   waiters marker (omitted in compat mode, and by the undo of an attempt that did not win: it
-///   publishes nothing, `Redlock::release_on`); KEYS[3] (with ARGV[2]): fencing counter
+///   publishes nothing, `Engine::release_on`); KEYS[3] (with ARGV[2]): fencing counter
 /// - ARGV[1]: our value; ARGV[2] (optional, with KEYS[2] and KEYS[3]): our token, to raise the
 ///   counter to
 /// - Reply: `1` deleted, `0` the key is absent, `-1` another value holds it (left alone).
