@@ -1,6 +1,6 @@
 //! The counting semaphore: never more holders than permits (also with a node killed and a node
-//! paused), one fencing token sequence per permit, waiters woken by releases taking turns, and
-//! bad arguments refused before any round.
+//! paused), one fencing token sequence per permit, waiters woken by releases taking turns, a
+//! waiter making no sweep while the permits stand, and bad arguments refused before any round.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -245,6 +245,57 @@ async fn p24_semaphore_waiters_are_woken_by_releases_and_take_turns() {
         rounds.iter().all(|&r| r <= bound),
         "SET per node {rounds:?} for {total} acquisitions (at most {bound})"
     );
+}
+
+/// A waiter on a full semaphore costs what a lock's waiter costs: while the holders' keys stand
+/// (30 s here, never released: no notice comes) it reads their `PTTL` instead of sweeping, and
+/// makes only the sweeps its patience owes (`1 + retry_count`, one round per permit each),
+/// however long its wait. Rounds are counted as the `SET`s each node ran, less the waiters
+/// markers' (each `SADD` of a marker comes with one `SET` of its count); no timing enters the
+/// count. With a wait of 3.5 s, a waiter that sweeps again after registering and at every
+/// timer makes six sweeps.
+#[tokio::test]
+async fn p25_a_waiter_on_a_full_semaphore_sweeps_only_the_rounds_it_owes() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let (holder, waiter) = (client(&cluster), client(&cluster));
+    warm(&waiter).await;
+    let permits = 2u32;
+    let sem = waiter.semaphore("full", permits).unwrap();
+    let mut held = Vec::new();
+    for i in 0..permits {
+        let key = sem.permit_key(i).expect("in range");
+        held.push(
+            holder
+                .try_acquire(&key, Duration::from_secs(30))
+                .await
+                .unwrap(),
+        );
+    }
+    let rounds = || -> Vec<u64> {
+        urls.iter()
+            .map(|u| calls(u, "set") - calls(u, "sadd"))
+            .collect()
+    };
+    let before = rounds();
+    let err = sem
+        .acquire_timeout(WORKLOAD_TTL, Duration::from_millis(3500))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Held { key, .. } if key == "full"),
+        "{err}"
+    );
+    let spent: Vec<u64> = rounds().iter().zip(&before).map(|(n, b)| n - b).collect();
+    let sweeps = 1 + u64::from(quorumlock::RedlockBuilder::DEFAULT_RETRY_COUNT);
+    let owed = u64::from(permits) * sweeps;
+    assert!(
+        spent.iter().all(|&n| n <= owed),
+        "SET per node {spent:?}: at most {owed} ({sweeps} sweeps of {permits} permits)"
+    );
+    for lock in held {
+        lock.release().await.unwrap();
+    }
 }
 
 #[tokio::test]
