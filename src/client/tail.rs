@@ -575,7 +575,13 @@ mod tests {
             .collect();
         let deadline = Instant::now() + Duration::from_secs(60);
         let answered = std::iter::repeat_n(false, n).collect();
-        Tail::new(Some(Box::new(calls)), answered, gate.clone(), deadline, None)
+        Tail::new(
+            Some(Box::new(calls)),
+            answered,
+            gate.clone(),
+            deadline,
+            None,
+        )
     }
 
     #[test]
