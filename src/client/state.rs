@@ -213,7 +213,7 @@ impl LockState {
     /// Where the counter was seen at the token, as of now (see [`Seen`]): the winning round's
     /// answers that have come since the grant are read first.
     pub(crate) fn seen(&self) -> Seen {
-        self.collect_tail();
+        self.won.collect(|i, counter| self.late_yes(i, counter));
         self.seen.get()
     }
 
@@ -243,12 +243,6 @@ impl LockState {
     /// has.
     pub(crate) async fn stop_handing(&self, n: usize) -> smallvec::SmallVec<[bool; 8]> {
         self.won.stop_handing(n, self.key()).await
-    }
-
-    /// Reads the answers the winning round's calls have given since the grant, without
-    /// waiting.
-    fn collect_tail(&self) {
-        self.won.collect(|i, counter| self.late_yes(i, counter));
     }
 
     /// The winning round's calls still unanswered, for the client's parked list.

@@ -102,7 +102,7 @@ impl Tail {
     /// Whether keeping the calls without polling them is enough: every unanswered call is
     /// queued on its connection (a kept future keeps it from being skipped), or the round is
     /// closed (the others must not be sent).
-    pub(super) fn can_park(&self) -> bool {
+    fn can_park(&self) -> bool {
         self.gate.is_closed() || self.all_handed()
     }
 
@@ -111,7 +111,7 @@ impl Tail {
     /// does not, `Answers::pending_down`), so the lock need not stand there either, and the
     /// round may be closed at once instead of handed (its release would otherwise wait for the
     /// handing, up to the node timeout, on every lock while such a node is hung).
-    pub(super) fn unhanded_only_to_down(&self, nodes: &[Arc<Node>]) -> bool {
+    fn unhanded_only_to_down(&self, nodes: &[Arc<Node>]) -> bool {
         self.settled_but(|i| nodes[i].is_down())
     }
 
