@@ -203,6 +203,10 @@ async fn leader_gauge_follows_terms(cluster: &Cluster, addr: std::net::SocketAdd
 async fn a_takeover_is_timed(cluster: &Cluster, addr: std::net::SocketAddr) {
     let urls = cluster.urls();
     let holder = client(cluster).try_acquire("obs:t", TTL).await.unwrap();
+    // The waiter reads the holder's key (`PTTL` on every node) once its marker stands, and
+    // waits for the release only if the key still stands then: the release follows that read.
+    let pttls = |urls: &[String]| -> Vec<u64> { urls.iter().map(|u| calls(u, "pttl")).collect() };
+    let before = pttls(&urls);
     let waiting = client(cluster);
     let waiter = tokio::spawn(async move {
         waiting
@@ -218,7 +222,7 @@ async fn a_takeover_is_timed(cluster: &Cluster, addr: std::net::SocketAddr) {
         n > 0
     };
     wait_until(WAIT, "the waiter waits", || async {
-        urls.iter().all(|u| subscribed(u))
+        urls.iter().all(|u| subscribed(u)) && pttls(&urls).iter().zip(&before).all(|(n, b)| n > b)
     })
     .await;
     holder.release().await.unwrap();
