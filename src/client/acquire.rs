@@ -145,8 +145,8 @@ struct NotWon {
     err: Error,
     /// Refused although no value can stand on a quorum (contenders split the nodes).
     contended: bool,
-    /// The nodes that refused because another value holds the key: the undo skips them (ours
-    /// is not there).
+    /// The nodes that refused because another value holds the key, or were sent nothing (silent):
+    /// the undo skips them (ours is not there).
     held_elsewhere: Vec<bool>,
     /// The nodes that set our value (answered yes).
     set_on: Vec<usize>,
@@ -480,20 +480,26 @@ impl Engine {
         })
     }
 
-    /// The nodes of a refused round that refused because another value holds the key (none
-    /// when nobody refused, or the round won).
+    /// The nodes of a lost round where our value cannot be: those that refused because
+    /// another value holds the key, and those sent nothing because they were silent (none
+    /// when the round won).
     fn held_elsewhere(&self, round: &Round) -> Vec<bool> {
-        if round.tally.no() == 0 || round.verdict == Verdict::Quorum {
+        if round.verdict == Verdict::Quorum
+            || !round
+                .failures
+                .iter()
+                .any(|f| matches!(f.cause, NodeError::HeldByAnother | NodeError::Silent { .. }))
+        {
             return Vec::new();
         }
         self.inner
             .nodes
             .iter()
             .map(|node| {
-                round
-                    .failures
-                    .iter()
-                    .any(|f| f.node == node.name() && matches!(f.cause, NodeError::HeldByAnother))
+                round.failures.iter().any(|f| {
+                    f.node == node.name()
+                        && matches!(f.cause, NodeError::HeldByAnother | NodeError::Silent { .. })
+                })
             })
             .collect()
     }
