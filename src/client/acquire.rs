@@ -484,24 +484,15 @@ impl Engine {
     /// another value holds the key, and those sent nothing because they were silent (none
     /// when the round won).
     fn held_elsewhere(&self, round: &Round) -> Vec<bool> {
-        if round.verdict == Verdict::Quorum
-            || !round
-                .failures
-                .iter()
-                .any(|f| matches!(f.cause, NodeError::HeldByAnother | NodeError::Silent { .. }))
-        {
+        let spared = |f: &&NodeFailure| {
+            matches!(f.cause, NodeError::HeldByAnother | NodeError::Silent { .. })
+        };
+        if round.verdict == Verdict::Quorum || !round.failures.iter().any(|f| spared(&f)) {
             return Vec::new();
         }
-        self.inner
-            .nodes
-            .iter()
-            .map(|node| {
-                round.failures.iter().any(|f| {
-                    f.node == node.name()
-                        && matches!(f.cause, NodeError::HeldByAnother | NodeError::Silent { .. })
-                })
-            })
-            .collect()
+        let names = self.inner.nodes.iter().map(|n| n.name());
+        let spare = |name| round.failures.iter().filter(spared).any(|f| f.node == name);
+        names.map(spare).collect()
     }
 
     /// A round refused by a holder (or by contenders that split the nodes: `contended`).
