@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::aio::ConnectionLike;
 
-use crate::client::side::FENCED_WRITE;
+use crate::client::side::fenced_write;
 use crate::core::token::FencingToken;
 
 /// A write refused because a newer holder has already written.
@@ -155,21 +155,11 @@ pub async fn fenced_set<C: ConnectionLike + Send>(
     token: FencingToken,
     value: impl redis::ToRedisArgs + Send + Sync,
 ) -> redis::RedisResult<FencedWrite> {
-    let fence_key = format!("{data_key}:fence");
-    let (written, highest): (i64, u64) = FENCED_WRITE
-        .script()
-        .key(&fence_key)
-        .key(data_key)
-        .arg(token.get())
-        .arg(value)
-        .invoke_async(conn)
-        .await?;
-    Ok(if written == 1 {
+    let (written, highest) = fenced_write(conn, data_key, token, Some(value)).await?;
+    Ok(if written {
         FencedWrite::Written
     } else {
-        FencedWrite::Stale {
-            highest: FencingToken::new(highest),
-        }
+        FencedWrite::Stale { highest }
     })
 }
 
@@ -238,19 +228,11 @@ pub async fn fenced_claim<C: ConnectionLike + Send>(
     data_key: &str,
     token: FencingToken,
 ) -> redis::RedisResult<FenceClaim> {
-    let fence_key = format!("{data_key}:fence");
-    let (claimed, highest): (i64, u64) = FENCED_WRITE
-        .script()
-        .key(&fence_key)
-        .arg(token.get())
-        .invoke_async(conn)
-        .await?;
-    Ok(if claimed == 1 {
+    let (claimed, highest) = fenced_write(conn, data_key, token, None::<&str>).await?;
+    Ok(if claimed {
         FenceClaim::Claimed
     } else {
-        FenceClaim::Stale {
-            highest: FencingToken::new(highest),
-        }
+        FenceClaim::Stale { highest }
     })
 }
 

@@ -94,32 +94,45 @@ fn crate_refs(text: &str) -> BTreeSet<String> {
 fn root_items(src: &Path) -> BTreeMap<String, String> {
     let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
     let mut items = BTreeMap::new();
-    let code: String = lib
-        .lines()
-        .map(|l| l.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join(" ");
-    for stmt in code.split(';') {
-        let Some(path) = stmt.trim().strip_prefix("pub use crate::") else {
+    for stmt in statements(&lib) {
+        let Some(path) = stmt.strip_prefix("pub use crate::") else {
             continue;
         };
         let module: String = path
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
             .collect();
-        let names = match (path.find('{'), path.rfind('}')) {
-            (Some(open), Some(close)) if open < close => path[open + 1..close].to_owned(),
-            _ => path.rsplit("::").next().unwrap_or("").to_owned(),
-        };
-        for name in names.split(',') {
-            // `A as B` exports `B`.
-            let name = name.split(" as ").last().unwrap_or("").trim();
-            if !name.is_empty() && name != "self" {
-                items.insert(name.to_owned(), module.clone());
-            }
+        for name in use_names(path) {
+            items.insert(name, module.clone());
         }
     }
     items
+}
+
+/// The statements of `text`'s code (split at `;`, trimmed), comments left out, each on one
+/// line.
+fn statements(text: &str) -> Vec<String> {
+    let code: String = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join(" ");
+    code.split(';').map(|stmt| stmt.trim().to_owned()).collect()
+}
+
+/// The names a `use` path brings in (`a::b::{C, D as E}` brings `C` and `E`).
+fn use_names(path: &str) -> Vec<String> {
+    let names = match (path.find('{'), path.rfind('}')) {
+        (Some(open), Some(close)) if open < close => &path[open + 1..close],
+        _ => path.rsplit("::").next().unwrap_or(""),
+    };
+    names
+        .split(',')
+        // `A as B` brings in `B`.
+        .map(|name| name.split(" as ").last().unwrap_or("").trim())
+        .filter(|name| !name.is_empty() && *name != "self")
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Every sibling file a child file of a folder refers to: `super::<file>` (from a child file,
@@ -542,5 +555,91 @@ fn no_function_opts_out_of_the_80_line_limit() {
         marked.is_empty(),
         "functions exempted from the 80-line limit (split them by phase instead):\n{}",
         marked.join("\n")
+    );
+}
+
+/// The names of the node layer that the engine hands on (`pub use` / `pub(crate) use` of
+/// `crate::node::...` in a file of `client/`), each with the file that does.
+fn node_items_handed_on(src: &Path) -> BTreeMap<String, String> {
+    let mut files = Vec::new();
+    rust_files(&src.join("client"), &mut files);
+    let mut items = BTreeMap::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("source is UTF-8");
+        for stmt in statements(&text) {
+            let Some(path) = ["pub use crate::node", "pub(crate) use crate::node"]
+                .iter()
+                .find_map(|p| stmt.strip_prefix(p))
+            else {
+                continue;
+            };
+            let rel = file.strip_prefix(src).unwrap_or(file);
+            for name in use_names(path) {
+                items.insert(name, format!("src/{}", rel.display()));
+            }
+        }
+    }
+    items
+}
+
+/// The identifiers of `text`'s code, comments left out.
+fn identifiers(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .flat_map(|code| code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+        .filter(|w| !w.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What features once named of the node layer to send their commands (whether a call respects
+/// the restart hold-out, the commands and scripts, the subscriber of a per-node subscription):
+/// the engine's calls named for what a feature needs send them now.
+const NODE_VOCABULARY: &[&str] = &[
+    "HoldOut",
+    "Subscriber",
+    "commands",
+    "scripts",
+    "pubsub",
+    "FENCED_WRITE",
+    "LEADER_WRITE",
+    "LEADER_RESIGN",
+];
+
+/// Features reach the nodes only through engine calls named for what they need
+/// (`client/side.rs`): no feature file names an item of the node layer, neither one the engine
+/// hands on (a `pub use crate::node::...` in `client/`) nor the node vocabulary features once
+/// sent their commands with.
+#[test]
+fn the_features_name_nothing_of_the_node_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let handed_on = node_items_handed_on(&src);
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut bad = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).expect("under src");
+        let Some(module) = module_of(rel) else {
+            continue;
+        };
+        if layer(&module) != Some(FEATURES) {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).expect("source is UTF-8");
+        for name in identifiers(&text) {
+            if let Some(from) = handed_on.get(&name) {
+                bad.push(format!(
+                    "src/{}: {name} (handed on by {from})",
+                    rel.display()
+                ));
+            } else if NODE_VOCABULARY.contains(&name.as_str()) {
+                bad.push(format!("src/{}: {name}", rel.display()));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "feature files that name the node layer (call the engine instead):\n{}",
+        bad.join("\n")
     );
 }

@@ -1,6 +1,6 @@
 //! The client engine: the nodes, the configuration as plain validated values ([`config`]), the
 //! fan-out round that decides as soon as the outcome is certain ([`round`]), and the operations
-//! built on it: acquisition ([`acquire`], with its waiting between rounds in [`waiter`]), extension ([`extend`]), release ([`release`]),
+//! built on it: acquisition ([`acquire`], one round's vote in [`vote`], its grant in [`grant`], with its waiting between rounds in [`waiter`]), extension ([`extend`]), release ([`release`]),
 //! status ([`status`]) and the repair of restarted nodes ([`repair`]). A round's late answers
 //! are [`tail`]. The state of a held lock is [`state`]; the public guard around it lives in
 //! `crate::lock`.
@@ -10,6 +10,7 @@ pub(crate) mod assemble;
 pub(crate) mod check;
 pub(crate) mod config;
 mod extend;
+mod grant;
 pub(crate) mod inventory;
 pub(crate) mod io_thread;
 mod patience;
@@ -23,6 +24,7 @@ pub(crate) mod state;
 pub(crate) mod status;
 pub(crate) mod tail;
 mod undo;
+mod vote;
 pub(crate) mod wait;
 mod waiter;
 

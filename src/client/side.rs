@@ -1,32 +1,33 @@
-//! One command on every node, for what the lock client does not say itself: the election's
-//! leader record and announcements, run-once's tick markers.
+//! The features' door to the nodes: one engine call for each thing a feature asks of every
+//! node (the election's leader record, its notices and their subscription, run-once's tick
+//! markers), and the fenced write a holder sends to its own Redis. A feature names no command,
+//! script or type of the node layer: the calls here build and send them.
 //!
-//! Each call goes through the node's one connection ([`Node::with_connection`]): the
-//! certificates, TCP settings, restart guard and one-server check of the lock's own calls, in
-//! order with them, bounded by the node timeout (connecting included).
+//! Each call to a lock node goes through the node's one connection
+//! ([`Node::with_connection`]): the certificates, TCP settings, restart guard and one-server
+//! check of the lock's own calls, in order with them, bounded by the node timeout (connecting
+//! included).
 //!
 //! [`Node::with_connection`]: crate::node::Node::with_connection
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use redis::FromRedisValue;
+use redis::aio::{ConnectionLike, PubSubSink};
 use tokio::time::Instant;
 
 use super::Engine;
 use super::status::LockStatus;
-use crate::core::quorum::HolderView;
+use crate::core::quorum::{self, HolderView};
 use crate::core::timing;
+use crate::core::token::FencingToken;
 use crate::error::{Error, NodeError, NodeFailure};
-use crate::node::Node;
-// What a feature names to talk to the nodes through the engine: whether a call respects the
-// restart hold-out, the commands and scripts it sends (built in `node/`), and the subscriber of
-// a per-node subscription. Features import these from here, never from `node/`.
-pub(crate) use crate::node::HoldOut;
-pub(crate) use crate::node::commands;
-pub(crate) use crate::node::pubsub::Subscriber;
-pub(crate) use crate::node::scripts::{FENCED_WRITE, LEADER_RESIGN, LEADER_WRITE};
+use crate::node::pubsub::{Subscriber, keep_subscribed};
+use crate::node::scripts::{FENCED_WRITE, LEADER_RESIGN, LEADER_WRITE};
+use crate::node::{HoldOut, Node, commands};
 
 /// Each node's reply to one command, in node order.
 #[derive(Debug)]
@@ -35,38 +36,148 @@ pub(crate) struct Replies<T> {
 }
 
 impl Engine {
-    /// For each node, in configuration order: how long ago this client last saw it lose its
-    /// data (a restart or failover without proof the data survived), when that is less than
-    /// `within` ago. A node's "absent" for a key written with an expiry of `within` proves
-    /// absence only where this is `None`.
-    pub(crate) fn lost_data_within(
+    /// Writes an election's leader record `record` at `record_key` on every node where the
+    /// term's lock value `value` stands at `lock_key` (a script checks the value and sets the
+    /// record in one step; reply 1 there, 0 elsewhere), to a quorum
+    /// ([`on_every_node_to_quorum`](Self::on_every_node_to_quorum)). The election's scripts are
+    /// sent as `EVAL` with their body: they run once per term, and a body never meets
+    /// `NOSCRIPT`.
+    pub(crate) async fn write_leader_record(
         &self,
-        within: std::time::Duration,
-    ) -> Vec<Option<std::time::Duration>> {
-        self.inner
-            .nodes
-            .iter()
-            .map(|n| n.lost_data_within(within))
-            .collect()
+        lock_key: &str,
+        record_key: &str,
+        value: &str,
+        record: &str,
+    ) -> Replies<i64> {
+        let keys = [lock_key, record_key];
+        let cmd = commands::eval(LEADER_WRITE.code(), &keys, &[value, record]);
+        self.on_every_node_to_quorum(&cmd, HoldOut::Ignore).await
     }
 
-    /// One subscription per node, each kept up by the node layer's pub/sub loop (reconnect
-    /// pauses, `PING` checks) on `handle` until its handle is dropped. `subscriber` makes the
-    /// subscriber of the node it is given the name of.
-    pub(crate) fn subscribe_everywhere<S>(
+    /// Reads an election's leader record at `record_key` on every node.
+    pub(crate) async fn read_leader_record(&self, record_key: &str) -> Replies<Option<String>> {
+        let cmd = commands::get(record_key);
+        self.on_every_node(&cmd, HoldOut::Ignore).await
+    }
+
+    /// Deletes an election's leader record at `record_key` where it is still exactly `ours`,
+    /// then publishes `message` on `channel` (reply: subscribers reached), to a quorum.
+    pub(crate) async fn resign_leader(
+        &self,
+        record_key: &str,
+        ours: &str,
+        channel: &str,
+        message: &str,
+    ) -> Replies<i64> {
+        let cmd = commands::eval(
+            LEADER_RESIGN.code(),
+            &[record_key],
+            &[ours, channel, message],
+        );
+        self.on_every_node_to_quorum(&cmd, HoldOut::Ignore).await
+    }
+
+    /// Publishes `message` on `channel` on every node (reply: subscribers reached), to a
+    /// quorum.
+    pub(crate) async fn publish_everywhere(&self, channel: &str, message: &str) -> Replies<i64> {
+        let cmd = commands::publish(channel, message);
+        self.on_every_node_to_quorum(&cmd, HoldOut::Ignore).await
+    }
+
+    /// Writes a marker: `value` at `key` where the key is absent (`SET NX PX`), expiring after
+    /// `ttl`, on every node, to a quorum. A node's `OK` (written) and nil (already there) both
+    /// leave the marker there; a node that counts toward no quorum (within its restart
+    /// hold-out) answers with why.
+    pub(crate) async fn write_marker(
+        &self,
+        key: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Replies<Option<String>> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let cmd = commands::set_nx_px(key, value, ttl_ms);
+        self.on_every_node_to_quorum(&cmd, HoldOut::Respect).await
+    }
+
+    /// Reads a marker written on a quorum with [`write_marker`](Self::write_marker), to a
+    /// quorum: `Ok(Some(value))` when any node has it (the nodes that answer are a quorum),
+    /// `Ok(None)` when its absence is proven, else [`Error::NoQuorum`] naming each node that
+    /// did not answer and each whose absence proved nothing
+    /// ([`NodeError::LostDataRecently`]).
+    ///
+    /// Absent needs a quorum of answers from nodes this client has not seen lose their data
+    /// (a restart or failover without proof it survived) within `expiry`, the marker's: such a
+    /// node may have lost the marker with the rest, so its "absent" proves nothing until every
+    /// marker it may have lost has expired anyway. `may_hide` says which losses count, given
+    /// when the loss was seen on the wall clock (`None`: earlier than the clock can say).
+    pub(crate) async fn read_proving_absence(
+        &self,
+        key: &str,
+        expiry: Duration,
+        may_hide: impl Fn(Option<SystemTime>) -> bool,
+    ) -> Result<Option<String>, Error> {
+        let replies = self
+            .on_every_node_to_quorum::<Option<String>>(&commands::get(key), HoldOut::Respect)
+            .await;
+        if let Some(value) = replies.answers().flatten().next() {
+            return Ok(Some(value.clone()));
+        }
+        let now = SystemTime::now();
+        let lost: Vec<Option<Duration>> = self
+            .inner
+            .nodes
+            .iter()
+            .map(|n| {
+                n.lost_data_within(expiry)
+                    .filter(|&ago| may_hide(now.checked_sub(ago)))
+            })
+            .collect();
+        let proven = replies.answered_where(|i| lost.get(i).is_some_and(Option::is_none));
+        let quorum = self.quorum();
+        if quorum::marker_absent(proven, quorum) {
+            return Ok(None);
+        }
+        let mut failures = replies.failures();
+        for (node, ago) in self.inner.nodes.iter().zip(&lost) {
+            if let Some(ago) = *ago
+                && !failures.iter().any(|f| f.node == node.name())
+            {
+                failures.push(NodeFailure {
+                    node: node.name().to_owned(),
+                    cause: NodeError::LostDataRecently { ago },
+                });
+            }
+        }
+        Err(Error::no_quorum(
+            key,
+            proven,
+            replies.len(),
+            quorum,
+            failures,
+        ))
+    }
+
+    /// Subscribes to `channel` on every node, each subscription kept up by the node layer's
+    /// pub/sub loop (reconnect pauses, `PING` checks) on `handle` until its handle is dropped.
+    /// `heard` gets each message's payload, and a word when a node's subscription was made
+    /// again (messages may have been missed meanwhile).
+    pub(crate) fn subscribe_everywhere(
         &self,
         handle: &tokio::runtime::Handle,
-        mut subscriber: impl FnMut(&str) -> S,
-    ) -> Vec<tokio_util::task::AbortOnDropHandle<()>>
-    where
-        S: Subscriber + Send + 'static,
-    {
+        channel: &str,
+        heard: impl Fn(Heard<'_>) + Clone + Send + 'static,
+    ) -> Vec<tokio_util::task::AbortOnDropHandle<()>> {
         self.inner
             .nodes
             .iter()
             .map(|node| {
-                let task =
-                    crate::node::pubsub::keep_subscribed(Arc::clone(node), subscriber(node.name()));
+                let subscriber = OneChannel {
+                    node: node.name().to_owned(),
+                    channel: channel.to_owned(),
+                    heard: heard.clone(),
+                    subscribed_before: false,
+                };
+                let task = keep_subscribed(Arc::clone(node), subscriber);
                 tokio_util::task::AbortOnDropHandle::new(handle.spawn(task))
             })
             .collect()
@@ -77,7 +188,7 @@ impl Engine {
     /// restart hold-out, a second URL of one server, evicting under the strict guard) is
     /// replaced by why: it neither confirms nor denies anything. (The command is sent all the
     /// same: the hold-out is known only once the connect has read the node's run id.)
-    pub(crate) async fn on_every_node<T: FromRedisValue>(
+    async fn on_every_node<T: FromRedisValue>(
         &self,
         cmd: &redis::Cmd,
         hold_out: HoldOut,
@@ -125,11 +236,7 @@ impl Engine {
     /// command, in order on its connection, but a hung node costs the caller no timeout. A
     /// node not waited for reads as timed out after the time the caller waited. `hold_out` as
     /// for `on_every_node` (a held-out node's answer does not count toward the quorum).
-    pub(crate) async fn on_every_node_to_quorum<T>(
-        &self,
-        cmd: &redis::Cmd,
-        hold_out: HoldOut,
-    ) -> Replies<T>
+    async fn on_every_node_to_quorum<T>(&self, cmd: &redis::Cmd, hold_out: HoldOut) -> Replies<T>
     where
         T: FromRedisValue + Send + 'static,
     {
@@ -213,6 +320,75 @@ where
         results[i] = Some(result);
     }
     results
+}
+
+/// What a subscription of [`Engine::subscribe_everywhere`] hears from one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Heard<'a> {
+    /// A message on the channel: its payload.
+    Message(&'a str),
+    /// The node's subscription was made again: messages may have been missed meanwhile.
+    Resubscribed,
+}
+
+/// A feature's subscription to one channel on one node.
+struct OneChannel<F> {
+    /// The node's name, for log lines.
+    node: String,
+    channel: String,
+    heard: F,
+    /// Whether a subscription stood before: a re-established one may have missed messages.
+    subscribed_before: bool,
+}
+
+impl<F: Fn(Heard<'_>) + Send> Subscriber for OneChannel<F> {
+    async fn subscribe(&mut self, sink: &mut PubSubSink, timeout: Duration) -> Result<(), String> {
+        match tokio::time::timeout(timeout, sink.subscribe(&self.channel)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(format!("subscribe failed: {e}")),
+            Err(_) => return Err("subscribe timed out".to_owned()),
+        }
+        tracing::debug!(node = %self.node, channel = %self.channel, "subscribed");
+        if std::mem::replace(&mut self.subscribed_before, true) {
+            (self.heard)(Heard::Resubscribed);
+        }
+        Ok(())
+    }
+
+    fn message(&mut self, msg: redis::Msg) {
+        let payload: String = msg.get_payload().unwrap_or_default();
+        (self.heard)(Heard::Message(&payload));
+    }
+
+    fn lost(&mut self, why: &str) {
+        tracing::debug!(node = %self.node, channel = %self.channel, reason = %why, "subscription lost; resubscribing");
+    }
+}
+
+/// The fenced write on a holder's own Redis (`conn`), never on a lock node: raises the highest
+/// token seen at `"{data_key}:fence"` to `token` if none higher came before and, with a
+/// `value`, writes it at `data_key` in the same step. Returns whether it was applied, and the
+/// highest token the resource had seen.
+pub(crate) async fn fenced_write<C, V>(
+    conn: &mut C,
+    data_key: &str,
+    token: FencingToken,
+    value: Option<V>,
+) -> redis::RedisResult<(bool, FencingToken)>
+where
+    C: ConnectionLike + Send,
+    V: redis::ToRedisArgs + Send + Sync,
+{
+    let fence_key = format!("{data_key}:fence");
+    let script = FENCED_WRITE.script();
+    let mut call = script.key(&fence_key);
+    if let Some(value) = value {
+        call.key(data_key).arg(token.get()).arg(value);
+    } else {
+        call.arg(token.get());
+    }
+    let (applied, highest): (i64, u64) = call.invoke_async(conn).await?;
+    Ok((applied == 1, FencingToken::new(highest)))
 }
 
 impl<T> Replies<T> {

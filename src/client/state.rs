@@ -1,6 +1,7 @@
 //! The state of one held lock, shared by its guard, its lease task and any watcher: identity
 //! (key, value, token), the validity deadline on the deadline clock, the lost signal and its
-//! reason, and the lock that serialises extensions with the release.
+//! reason, the lock that serialises extensions with the release, and the late answers of the
+//! round that won it (a [`WonTail`], `tail.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -8,14 +9,14 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::tail::Tail;
+use super::tail::{Tail, WonTail};
 use crate::core::clock::{self, Stamp};
 use crate::core::keys::LockKeys;
 use crate::core::lock;
 use crate::core::token::FencingToken;
 use crate::error::{Error, LostReason, NodeError, NodeFailure};
 use crate::metrics;
-use crate::node::RoundGate;
+use crate::node::{Node, RoundGate};
 
 /// Per node, the connection generation on which the node's fencing counter was seen at or
 /// above the lock's token (its `INCR` in the winning round returned the token or more, before
@@ -86,12 +87,15 @@ impl SeenAt {
 ///   finishes before the release is sent, or sends nothing.
 /// - **A lost or released lock stays so**: `reason` is set once (the first reason wins, none
 ///   after a release), `released` and the `lost` signal are never reset.
+/// - **The winning round's late answers** keep [`WonTail`]'s invariants: extensions run after
+///   the acquisition on every node, the release closes the round first, and every late
+///   counter is read into `seen` before an extension or the release is built.
 ///
 /// # Lock order
 ///
-/// The std mutexes (`lease`, `tail`, `handing`) are never nested: each is taken, read or
-/// written, and let go before another is taken, and none is held across an `await`, a log
-/// line or a metric. `serial` (tokio's) is taken first, and held across a whole extension
+/// The std mutexes (`lease`, and the won tail's, `WonTail`) are never nested: each is taken,
+/// read or written, and let go before another is taken, and none is held across an `await`, a
+/// log line or a metric. `serial` (tokio's) is taken first, and held across a whole extension
 /// round or release, during which the others are taken and let go as above.
 ///
 /// [`set_deadline`]: Self::set_deadline
@@ -109,27 +113,13 @@ pub(crate) struct LockState {
     /// Fired when the lock is lost, released or dropped.
     lost: CancellationToken,
     released: AtomicBool,
-    /// The winning round's calls still unanswered at the grant (closed once all were handed:
-    /// none is sent any more),
-    /// kept here rather than parked on the client so that their answers can be read when the
-    /// release or an extension is built (where else the counter stands at the token); handed
-    /// to the client's parked list by the release.
-    tail: Mutex<Option<Tail>>,
+    /// The late answers of the round that won the lock: read when the release or an extension
+    /// is built (where else the counter stands at the token), handed to the client's parked
+    /// list by the release.
+    won: WonTail,
     /// Held for a whole extension round and by the release: no extension is sent after (or
     /// during) a release, so an extension can never re-set a key the release removed.
     serial: tokio::sync::Mutex<()>,
-    /// While the winning round's calls to nodes still connecting at the grant are being sent
-    /// (`Tail::hand`): until when at the latest (the round's deadline). Extensions wait for
-    /// it, so that each of their calls is queued after the acquisition's on its node's
-    /// connection; the release stops it first (`stop_handing`).
-    handing: Mutex<Option<tokio::time::Instant>>,
-    /// Notified when the handing ends.
-    handed: tokio::sync::Notify,
-    /// Notified when the release stops the handing (`stop_handing`).
-    stop: tokio::sync::Notify,
-    /// The gate of the round that won the lock (none for a lock resumed from elsewhere): which
-    /// of its calls were handed to their connections.
-    won: Option<RoundGate>,
     /// Whether this lock's metrics carry its name (`RedlockBuilder::metrics_lock_label`).
     labelled: bool,
     /// Its share of the locks-held gauge and its hold time: from the grant to the release,
@@ -174,12 +164,8 @@ impl LockState {
             }),
             lost: CancellationToken::new(),
             released: AtomicBool::new(false),
-            tail: Mutex::new(None),
+            won: WonTail::default(),
             serial: tokio::sync::Mutex::new(()),
-            handing: Mutex::new(None),
-            handed: tokio::sync::Notify::new(),
-            stop: tokio::sync::Notify::new(),
-            won: None,
             labelled: false,
             held: metrics::Held::idle(),
         }
@@ -187,7 +173,7 @@ impl LockState {
 
     /// The gate of the round that won the lock.
     pub(crate) fn won_by(mut self, gate: RoundGate) -> Self {
-        self.won = Some(gate);
+        self.won = WonTail::won_by(gate);
         self
     }
 
@@ -227,95 +213,45 @@ impl LockState {
     /// Where the counter was seen at the token, as of now (see [`Seen`]): the winning round's
     /// answers that have come since the grant are read first.
     pub(crate) fn seen(&self) -> Seen {
-        self.collect_tail();
+        self.won.collect(|i, counter| self.late_yes(i, counter));
         self.seen.get()
     }
 
-    /// Keeps the winning round's unanswered calls (closed) until the release. Collected at
-    /// once: the answers already in are read, and the later ones no longer wake the task that
-    /// acquired (`Tail::collect`).
-    pub(crate) fn keep_tail(&self, mut tail: Tail) {
-        if !tail.collect_granted(|i, counter| self.late_yes(i, counter)) {
-            *lock(&self.tail) = Some(tail);
-        }
+    /// Takes the winning round's unanswered calls: kept, closed, until the release, after a
+    /// handing task of theirs when some still wait for their connection (returned for
+    /// [`hand_tail`](Self::hand_tail); see [`WonTail::keep_or_start`]).
+    pub(crate) fn keep_or_start_handing(&self, tail: Tail, nodes: &[Arc<Node>]) -> Option<Tail> {
+        self.won
+            .keep_or_start(tail, nodes, |i, counter| self.late_yes(i, counter))
     }
 
-    /// Marks the winning round's calls as being handed to their connections until `until` at
-    /// the latest (see the field `handing`).
-    pub(crate) fn start_handing(&self, until: tokio::time::Instant) {
-        *lock(&self.handing) = Some(until);
+    /// The handing task's work on the winning round's calls ([`WonTail::hand`]).
+    pub(crate) async fn hand_tail(&self, tail: Tail) {
+        self.won
+            .hand(tail, |i, counter| self.late_yes(i, counter))
+            .await;
     }
 
-    /// The winning round's calls have all been handed (or given up): extensions and the
-    /// release may be sent.
-    pub(crate) fn end_handing(&self) {
-        *lock(&self.handing) = None;
-        self.handed.notify_waiters();
-    }
-
-    /// Waits until the task handing the winning round's calls to their connections has ended
-    /// (it hands nothing after the round's deadline), so that a call sent next to a node runs
-    /// after the acquisition there. At once in the common case (every call was handed by the
-    /// grant). Bounded: one second past the round's deadline at most, should the task never
-    /// run (its runtime gone).
+    /// Waits until the winning round's calls have been handed to their connections
+    /// ([`WonTail::until_handed`]): a call sent next runs after the acquisition on its node.
     pub(crate) async fn until_handed(&self) {
-        loop {
-            let handed = self.handed.notified();
-            tokio::pin!(handed);
-            handed.as_mut().enable();
-            let Some(until) = *lock(&self.handing) else {
-                return;
-            };
-            let bound = until + Duration::from_secs(1);
-            if tokio::time::timeout_at(bound, handed).await.is_err() {
-                tracing::debug!(key = %self.key(), "the acquisition's late calls were not handed in time");
-                return;
-            }
-        }
+        self.won.until_handed(self.key()).await;
     }
 
-    /// Resolves when the release stops the handing (`stop_handing`), at once if it already has.
-    pub(crate) async fn handing_stopped(&self) {
-        self.stop.notified().await;
-    }
-
-    /// Before the release: closes the winning round, so that its calls not yet handed to their
-    /// connections are never sent, stops the task handing them and waits until it has ended
-    /// (its last poll queued every call it handed), and returns the nodes where the acquisition
-    /// was never sent: the release skips them, as nothing of ours can stand there. A node whose
-    /// connection is still being made (a fresh client's, to a hung node) is thus never waited
-    /// for; one whose call was handed gets the release, queued after the acquisition.
-    /// `n`: how many nodes the client has.
+    /// Before the release: closes the winning round and returns the nodes where the
+    /// acquisition was never sent ([`WonTail::stop_handing`]). `n`: how many nodes the client
+    /// has.
     pub(crate) async fn stop_handing(&self, n: usize) -> smallvec::SmallVec<[bool; 8]> {
-        let Some(gate) = &self.won else {
-            return smallvec::SmallVec::new();
-        };
-        gate.close();
-        if lock(&self.handing).is_some() {
-            self.stop.notify_one();
-        }
-        self.until_handed().await;
-        (0..n).map(|i| gate.never_sent(i)).collect()
-    }
-
-    /// Reads the answers the winning round's calls have given since the grant, without
-    /// waiting; once all have answered, the calls are dropped.
-    fn collect_tail(&self) {
-        let mut tail = lock(&self.tail);
-        if let Some(t) = tail.as_mut()
-            && t.collect_granted(|i, counter| self.late_yes(i, counter))
-        {
-            *tail = None;
-        }
+        self.won.stop_handing(n, self.key()).await
     }
 
     /// The winning round's calls still unanswered, for the client's parked list.
     pub(crate) fn take_tail(&self) -> Option<Tail> {
-        lock(&self.tail).take()
+        self.won.take()
     }
 
     /// A late answer of the winning round: node `i` said yes with counter `counter`.
-    pub(crate) fn late_yes(&self, i: usize, counter: i64) {
+    fn late_yes(&self, i: usize, counter: i64) {
         if SeenAt::shows(counter, self.token) {
             self.seen.mark(i);
         }
@@ -454,16 +390,6 @@ impl LockState {
                 _ = tokio::time::sleep_until(wake) => {}
             }
         }
-    }
-}
-
-/// Ends a won round's handing ([`LockState::end_handing`]) when dropped, however the task that
-/// hands the round's calls ends (aborted with its runtime included).
-pub(crate) struct Handing(pub(crate) Arc<LockState>);
-
-impl Drop for Handing {
-    fn drop(&mut self) {
-        self.0.end_handing();
     }
 }
 

@@ -30,10 +30,18 @@ use crate::error::{ArgumentError, ConfigError};
 /// millisecond with the same random bits, about `n² / 2⁷⁵` for `n` values made in one
 /// millisecond. [`acquired_at_of`] reads the time back.
 pub(crate) fn new_value() -> String {
-    format!(
-        "{:032x}",
-        dated_bits(super::clock::wall_ms(), rand::random::<u128>())
-    )
+    new_value_of("")
+}
+
+/// Appends `bits` as 32 lowercase hex digits, most significant first (what `{:032x}` writes,
+/// without the formatter: a value is made on every acquisition).
+fn push_hex(out: &mut String, bits: u128) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..32).rev() {
+        // The nibble fits 0..16 by the mask: the index is always in bounds.
+        let nibble = usize::try_from((bits >> (shift * 4)) & 0xF).unwrap_or(0);
+        out.push(char::from(DIGITS[nibble]));
+    }
 }
 
 /// The bits of a value made at `unix_ms` from `random` (pure; see [`new_value`]): the time's
@@ -95,7 +103,10 @@ pub(crate) fn acquired_at_of(value: &str, now: SystemTime) -> Option<SystemTime>
 /// empty). The hex digits alone make the value unique; the suffix only names who holds it.
 pub(crate) fn new_value_of(owner: &str) -> String {
     let mut value = String::with_capacity(32 + owner.len());
-    value.push_str(&new_value());
+    push_hex(
+        &mut value,
+        dated_bits(super::clock::wall_ms(), rand::random::<u128>()),
+    );
     value.push_str(owner);
     value
 }
@@ -191,6 +202,15 @@ pub(crate) fn check_value(value: &str) -> Result<(), ArgumentError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn hex_digits_are_the_formatters(bits in any::<u128>()) {
+            let mut out = String::new();
+            push_hex(&mut out, bits);
+            prop_assert_eq!(out, format!("{bits:032x}"));
+        }
+    }
 
     #[test]
     fn owner_names_are_carried_escaped_and_read_back() {

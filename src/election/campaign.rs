@@ -19,7 +19,6 @@ use tracing::field::Empty;
 use super::notices::{Fresh, Notice, wait_for};
 use super::record::Record;
 use super::{Election, SharedLock, Term};
-use crate::client::side::HoldOut;
 use crate::client::status::LockStatus;
 use crate::client::{SpanOutcome, millis, span_outcome};
 use crate::core::clock;
@@ -339,11 +338,7 @@ impl Election {
                     token,
                     candidate: self.candidate().to_owned(),
                 };
-                let replies = sh
-                    .locks
-                    .engine()
-                    .on_every_node_to_quorum::<i64>(&sh.keys.write(&record), HoldOut::Ignore)
-                    .await;
+                let replies = sh.keys.write(sh.locks.engine(), &record).await;
                 let written = replies.answers().filter(|&&r| r == 1).count();
                 if written == 0 {
                     tracing::warn!(election = %sh.name, %token, failures = %FailureList(&replies.failures()), "could not write the leader record on any node; readers will not know this leader's id");
@@ -359,10 +354,7 @@ impl Election {
             }
         };
         let message = Notice::elected(token, self.candidate());
-        sh.locks
-            .engine()
-            .on_every_node_to_quorum::<i64>(&sh.keys.publish(&message), HoldOut::Ignore)
-            .await;
+        sh.keys.publish(sh.locks.engine(), &message).await;
         record
     }
 }

@@ -10,7 +10,6 @@ use tracing::Instrument;
 use super::notices::Notice;
 use super::record::Record;
 use super::{Election, SharedLock};
-use crate::client::side::HoldOut;
 use crate::core::lock;
 use crate::core::token::FencingToken;
 use crate::error::{Error, LostReason};
@@ -238,12 +237,7 @@ impl Election {
     pub(crate) async fn announce_resign(&self, token: FencingToken, record: Option<&Record>) {
         let message = Notice::resigned(token, self.candidate());
         let sh = &*self.inner.observer.shared;
-        let cmd = sh.keys.resign(record, &message);
-        let replies = sh
-            .locks
-            .engine()
-            .on_every_node_to_quorum::<i64>(&cmd, HoldOut::Ignore)
-            .await;
+        let replies = sh.keys.resign(sh.locks.engine(), record, &message).await;
         let reached: i64 = replies.answers().sum();
         tracing::debug!(election = %sh.name, %token, subscribers = reached, "resignation announced");
     }

@@ -5,14 +5,11 @@
 //! again with backoff when it breaks or stops answering), so that a standby retries the moment
 //! the leader resigns; the copies of a notice from several nodes are told apart by token.
 
-use std::time::Duration;
-
-use redis::aio::PubSubSink;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::client::side::Subscriber;
+use crate::client::side::Heard;
 use crate::core::token::FencingToken;
 use crate::lock::redlock::Redlock;
 
@@ -63,58 +60,23 @@ impl Notifier {
     /// Starts one subscription task per node of `locks` on `handle`.
     pub(crate) fn start(locks: &Redlock, channel: &str, handle: &tokio::runtime::Handle) -> Self {
         let (tx, _) = broadcast::channel(64);
-        let tasks = locks
-            .engine()
-            .subscribe_everywhere(handle, |node| NodeNotices {
-                node: node.to_owned(),
-                channel: channel.to_owned(),
-                tx: tx.clone(),
-                subscribed_before: false,
-            });
+        let sender = tx.clone();
+        let heard = move |heard: Heard<'_>| {
+            let notice = match heard {
+                Heard::Message(payload) => Notice::parse(payload),
+                Heard::Resubscribed => Some(Notice::Resubscribed),
+            };
+            if let Some(notice) = notice {
+                let _ = sender.send(notice);
+            }
+        };
+        let tasks = locks.engine().subscribe_everywhere(handle, channel, heard);
         Notifier { tx, _tasks: tasks }
     }
 
     /// A receiver of the notices from now on.
     pub(crate) fn subscribe_notices(&self) -> broadcast::Receiver<Notice> {
         self.tx.subscribe()
-    }
-}
-
-/// The election's subscription on one node, kept up by the node layer's pub/sub loop
-/// (`node::pubsub::keep_subscribed`: the same reconnect pauses and `PING` checks as the
-/// waiters' subscriptions) for as long as the notifier lives.
-struct NodeNotices {
-    /// The node's name, for log lines.
-    node: String,
-    channel: String,
-    tx: broadcast::Sender<Notice>,
-    /// Whether a subscription stood before: a re-established one may have missed notices.
-    subscribed_before: bool,
-}
-
-impl Subscriber for NodeNotices {
-    async fn subscribe(&mut self, sink: &mut PubSubSink, timeout: Duration) -> Result<(), String> {
-        match tokio::time::timeout(timeout, sink.subscribe(&self.channel)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(format!("subscribe failed: {e}")),
-            Err(_) => return Err("subscribe timed out".to_owned()),
-        }
-        tracing::debug!(node = %self.node, channel = %self.channel, "subscribed");
-        if std::mem::replace(&mut self.subscribed_before, true) {
-            let _ = self.tx.send(Notice::Resubscribed);
-        }
-        Ok(())
-    }
-
-    fn message(&mut self, msg: redis::Msg) {
-        let payload: String = msg.get_payload().unwrap_or_default();
-        if let Some(notice) = Notice::parse(&payload) {
-            let _ = self.tx.send(notice);
-        }
-    }
-
-    fn lost(&mut self, why: &str) {
-        tracing::debug!(node = %self.node, channel = %self.channel, reason = %why, "subscription lost; resubscribing");
     }
 }
 

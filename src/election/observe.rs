@@ -10,7 +10,6 @@ use tokio::time::Instant;
 
 use super::notices::{Fresh, Notice, Notifier, wait_for};
 use super::record::{Keys, Record};
-use crate::client::side::HoldOut;
 use crate::client::status::LockStatus;
 use crate::core::quorum::HolderView;
 use crate::core::token::FencingToken;
@@ -132,13 +131,8 @@ impl Observer {
     /// Cancel-safe: it only reads.
     pub async fn leader(&self) -> Result<Option<Leader>, Error> {
         let sh = &*self.shared;
-        let read = sh.keys.read();
-        let (status, records) = tokio::join!(
-            sh.locks.status(&sh.name),
-            sh.locks
-                .engine()
-                .on_every_node::<Option<String>>(&read, HoldOut::Ignore)
-        );
+        let (status, records) =
+            tokio::join!(sh.locks.status(&sh.name), sh.keys.read(sh.locks.engine()));
         let status = status?;
         // Named after the election (the status' key is the election's name too).
         status.require_quorum()?;

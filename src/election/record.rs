@@ -5,10 +5,11 @@
 //! script checks the value and sets the record in one step), read by
 //! [`Observer::leader`](super::Observer::leader), and deleted (only if still exactly ours) by a
 //! resign.
-//! Its scripts (`node/lua.rs`, [`LEADER_WRITE`] and [`LEADER_RESIGN`]) are sent as `EVAL`
-//! with their body: they run once per term, and a body never meets `NOSCRIPT`.
+//! The engine sends them (`Engine::write_leader_record`, `read_leader_record`,
+//! `resign_leader`, `publish_everywhere`).
 
-use crate::client::side::{LEADER_RESIGN, LEADER_WRITE, commands};
+use crate::client::Engine;
+use crate::client::side::Replies;
 use crate::core::keys::KeyLayout;
 use crate::core::token::FencingToken;
 
@@ -32,34 +33,36 @@ impl Keys {
         }
     }
 
-    /// Writes `record` where our lock value stands (reply 1 there, 0 elsewhere).
-    pub(crate) fn write(&self, record: &Record) -> redis::Cmd {
-        commands::eval(
-            LEADER_WRITE.code(),
-            &[&self.lock, &self.record],
-            &[&record.value, &record.encode()],
-        )
+    /// Writes `record` where our lock value stands (reply 1 there, 0 elsewhere), to a quorum.
+    pub(crate) async fn write(&self, engine: &Engine, record: &Record) -> Replies<i64> {
+        let encoded = record.encode();
+        engine
+            .write_leader_record(&self.lock, &self.record, &record.value, &encoded)
+            .await
     }
 
-    /// Reads the record.
-    pub(crate) fn read(&self) -> redis::Cmd {
-        commands::get(&self.record)
+    /// Reads the record on every node.
+    pub(crate) async fn read(&self, engine: &Engine) -> Replies<Option<String>> {
+        engine.read_leader_record(&self.record).await
     }
 
     /// Deletes `record` if it is still there, then publishes `message` (reply: subscribers
-    /// reached).
-    pub(crate) fn resign(&self, record: Option<&Record>, message: &str) -> redis::Cmd {
+    /// reached), to a quorum.
+    pub(crate) async fn resign(
+        &self,
+        engine: &Engine,
+        record: Option<&Record>,
+        message: &str,
+    ) -> Replies<i64> {
         let ours = record.map(Record::encode).unwrap_or_default();
-        commands::eval(
-            LEADER_RESIGN.code(),
-            &[&self.record],
-            &[&ours, &self.channel, message],
-        )
+        engine
+            .resign_leader(&self.record, &ours, &self.channel, message)
+            .await
     }
 
-    /// Publishes `message` on the channel (reply: subscribers reached).
-    pub(crate) fn publish(&self, message: &str) -> redis::Cmd {
-        commands::publish(&self.channel, message)
+    /// Publishes `message` on the channel (reply: subscribers reached), to a quorum.
+    pub(crate) async fn publish(&self, engine: &Engine, message: &str) -> Replies<i64> {
+        engine.publish_everywhere(&self.channel, message).await
     }
 }
 

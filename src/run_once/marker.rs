@@ -6,10 +6,9 @@
 use std::time::{Duration, SystemTime};
 
 use super::{RanBy, RunOnce, SkipReason, Tick};
-use crate::client::side::{HoldOut, commands};
 use crate::core::quorum;
 use crate::core::token::FencingToken;
-use crate::error::{Error, FailureList, NodeError, NodeFailure};
+use crate::error::{Error, FailureList};
 
 /// What a tick's marker read found.
 pub(super) enum Marker {
@@ -48,60 +47,27 @@ impl RunOnce {
     /// written on a quorum, and the nodes that answer here are a quorum).
     ///
     /// Absent needs a quorum of answers from nodes this client has not seen lose their data
-    /// (restart or failover without proof it survived) within the marker's expiry: such a
-    /// node may have lost the marker with the rest (its counters are repaired, its markers are
-    /// not), so its "absent" proves nothing until every marker it may have lost has expired
-    /// anyway (`docs/safety.md`, "Run-once markers across restarts").
+    /// (restart or failover without proof it survived) within the marker's expiry, after the
+    /// tick's start (allowing for the clock skew): such a node may have lost the marker with
+    /// the rest (its counters are repaired, its markers are not), so its "absent" proves
+    /// nothing until every marker it may have lost has expired anyway (`docs/safety.md`,
+    /// "Run-once markers across restarts").
     pub(super) async fn read_marker(&self, tick: &Tick) -> Marker {
         let key = self.marker_key(tick.name());
-        let get = commands::get(&key);
-        let replies = self
-            .locks
-            .engine()
-            .on_every_node_to_quorum::<Option<String>>(&get, HoldOut::Respect)
-            .await;
-        if let Some(by) = replies.answers().flatten().next() {
-            return Marker::Present(RanBy::parse(by));
-        }
         let expiry = self.marker_ttl.unwrap_or_default();
-        let now = SystemTime::now();
-        let lost: Vec<Option<Duration>> = self
+        let may_hide = |seen: Option<SystemTime>| {
+            seen.and_then(|t| t.checked_add(self.clock_skew))
+                .is_none_or(|seen| quorum::loss_may_hide_marker(tick.start(), seen))
+        };
+        let read = self
             .locks
             .engine()
-            .lost_data_within(expiry)
-            .into_iter()
-            .map(|ago| {
-                ago.filter(|&ago| {
-                    let seen = now
-                        .checked_sub(ago)
-                        .and_then(|t| t.checked_add(self.clock_skew));
-                    seen.is_none_or(|seen| quorum::loss_may_hide_marker(tick.start(), seen))
-                })
-            })
-            .collect();
-        let proven = replies.answered_where(|i| lost.get(i).is_some_and(Option::is_none));
-        let quorum = self.locks.quorum();
-        if quorum::marker_absent(proven, quorum) {
-            return Marker::Absent;
+            .read_proving_absence(&key, expiry, may_hide);
+        match read.await {
+            Ok(None) => Marker::Absent,
+            Ok(Some(by)) => Marker::Present(RanBy::parse(&by)),
+            Err(e) => Marker::Unreadable(e),
         }
-        let mut failures = replies.failures();
-        for (node, ago) in self.locks.node_names().into_iter().zip(&lost) {
-            if let Some(ago) = *ago
-                && !failures.iter().any(|f| f.node == node)
-            {
-                failures.push(NodeFailure {
-                    node,
-                    cause: NodeError::LostDataRecently { ago },
-                });
-            }
-        }
-        Marker::Unreadable(Error::no_quorum(
-            &key,
-            proven,
-            replies.len(),
-            quorum,
-            failures,
-        ))
     }
 
     /// Writes the tick marker on every node; true when a quorum has it.
@@ -111,16 +77,11 @@ impl RunOnce {
         token: FencingToken,
         ttl: Duration,
     ) -> bool {
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let set = commands::set_nx_px(
-            &self.marker_key(tick),
-            &RanBy::encode(token, &self.instance),
-            ttl_ms,
-        );
+        let by = RanBy::encode(token, &self.instance);
         let replies = self
             .locks
             .engine()
-            .on_every_node_to_quorum::<Option<String>>(&set, HoldOut::Respect)
+            .write_marker(&self.marker_key(tick), &by, ttl)
             .await;
         // OK (written) and nil (already there) both leave the marker on the node.
         let marked = replies.answered();
