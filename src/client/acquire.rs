@@ -26,8 +26,8 @@ use crate::core::value::new_value_of;
 use crate::error::{Error, FailureList, NodeError, NodeFailure};
 use crate::metrics;
 use crate::node::commands;
-use crate::node::scripts::{self, AcquireForms, ScriptCall};
-use crate::node::{HoldOut, Node, Op};
+use crate::node::scripts::{self, ScriptCall};
+use crate::node::{HoldOut, Op};
 
 /// How many extra rounds an acquisition makes, beyond its retries, to resolve contention:
 /// rounds refused although no value stood on a quorum (contenders that started together split
@@ -681,16 +681,8 @@ impl Engine {
             return ScriptCall::plain(commands::set_nx_px(lock_key, value, ttl_ms));
         }
         let nodes = &self.inner.nodes;
-        let (pipelined, may) = if self.inner.waiting.has_waited(lock_key) {
-            (0, 0)
-        } else {
-            let count = |f: fn(&Node) -> bool| nodes.iter().filter(|n| f(n)).count();
-            (count(Node::pipelines), count(Node::may_pipeline))
-        };
-        let forms = AcquireForms {
-            script: pipelined < nodes.len(),
-            pipelined: may > 0,
-        };
-        ScriptCall::fenced_acquire(lock_key, fence_key, value, ttl_ms, forms)
+        let pipelined =
+            !self.inner.waiting.has_waited(lock_key) && nodes.iter().any(|n| n.may_pipeline());
+        ScriptCall::fenced_acquire(lock_key, fence_key, value, ttl_ms, pipelined)
     }
 }
