@@ -274,13 +274,16 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
 local v, r
-if KEYS[2] then
-  r = redis.call('MGET', unpack(KEYS))
-  v = r[1]
+if KEYS[3] then
+  r = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
   local t = ARGV[2]
-  if t and r[3] ~= t and tonumber(r[3] or '0') < tonumber(t) then
+  if r[3] ~= t and tonumber(r[3] or '0') < tonumber(t) then
     redis.call('SET', KEYS[3], t)
   end
+  v = r[1]
+elseif KEYS[2] then
+  r = redis.call('MGET', KEYS[1], KEYS[2])
+  v = r[1]
 else
   v = redis.call('GET', KEYS[1])
 end
