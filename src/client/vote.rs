@@ -21,8 +21,8 @@ use crate::core::timing;
 use crate::error::{Error, FailureList, NodeError, NodeFailure};
 use crate::metrics;
 use crate::node::commands;
-use crate::node::scripts::{AcquireForms, ScriptCall};
-use crate::node::{Node, Op};
+use crate::node::scripts::ScriptCall;
+use crate::node::Op;
 
 /// What one acquisition asks for: the same in all its rounds.
 pub(super) struct Request<'a> {
@@ -195,16 +195,8 @@ impl Engine {
             return ScriptCall::plain(commands::set_nx_px(lock_key, value, ttl_ms));
         }
         let nodes = &self.inner.nodes;
-        let (pipelined, may) = if self.inner.waiting.has_waited(lock_key) {
-            (0, 0)
-        } else {
-            let count = |f: fn(&Node) -> bool| nodes.iter().filter(|n| f(n)).count();
-            (count(Node::pipelines), count(Node::may_pipeline))
-        };
-        let forms = AcquireForms {
-            script: pipelined < nodes.len(),
-            pipelined: may > 0,
-        };
-        ScriptCall::fenced_acquire(lock_key, fence_key, value, ttl_ms, forms)
+        let pipelined =
+            !self.inner.waiting.has_waited(lock_key) && nodes.iter().any(|n| n.may_pipeline());
+        ScriptCall::fenced_acquire(lock_key, fence_key, value, ttl_ms, pipelined)
     }
 }

@@ -341,7 +341,7 @@ impl Node {
         }
         // A server error comes back as a value; `extract_error` turns it into an error.
         let reply = match conn
-            .send_packed_command(&call.evalsha())
+            .send_packed_command(call.evalsha())
             .await
             .and_then(Value::extract_error)
         {
