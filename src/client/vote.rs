@@ -20,9 +20,9 @@ use crate::core::quorum::{self, Acquisition, Verdict};
 use crate::core::timing;
 use crate::error::{Error, FailureList, NodeError, NodeFailure};
 use crate::metrics;
+use crate::node::Op;
 use crate::node::commands;
 use crate::node::scripts::ScriptCall;
-use crate::node::Op;
 
 /// What one acquisition asks for: the same in all its rounds.
 pub(super) struct Request<'a> {
