@@ -39,6 +39,7 @@ impl Config {
     pub(crate) fn node_settings(&self) -> NodeSettings {
         NodeSettings {
             connect_timeout: self.connect_timeout,
+            node_timeout: self.node_timeout,
             restart_guard: self.restart_guard,
             eviction_guard: self.eviction_guard,
             fenced: self.fencing,

@@ -18,11 +18,11 @@ use crate::core::clock::{self, Stamp};
 use crate::core::keys::LockKeys;
 use crate::core::quorum::{self, Acquisition, Verdict};
 use crate::core::timing;
-use crate::error::{Error, FailureList, NodeError};
+use crate::error::{Error, FailureList, NodeError, NodeFailure};
 use crate::metrics;
+use crate::node::Op;
 use crate::node::commands;
-use crate::node::scripts::{AcquireForms, ScriptCall};
-use crate::node::{Node, Op};
+use crate::node::scripts::ScriptCall;
 
 /// What one acquisition asks for: the same in all its rounds.
 pub(super) struct Request<'a> {
@@ -56,8 +56,8 @@ pub(super) struct NotWon {
     pub(super) err: Error,
     /// Refused although no value can stand on a quorum (contenders split the nodes).
     pub(super) contended: bool,
-    /// The nodes that refused because another value holds the key: the undo skips them (ours
-    /// is not there).
+    /// The nodes that refused because another value holds the key, or were sent nothing
+    /// (silent): the undo skips them (ours is not there).
     pub(super) held_elsewhere: Vec<bool>,
     /// The nodes that set our value (answered yes).
     pub(super) set_on: Vec<usize>,
@@ -131,22 +131,19 @@ impl Engine {
         })
     }
 
-    /// The nodes of a refused round that refused because another value holds the key (none
-    /// when nobody refused, or the round won).
+    /// The nodes of a lost round where our value cannot be: those that refused because
+    /// another value holds the key, and those sent nothing because they were silent (none
+    /// when the round won).
     fn held_elsewhere(&self, round: &Round) -> Vec<bool> {
-        if round.tally.no() == 0 || round.verdict == Verdict::Quorum {
+        let spared = |f: &&NodeFailure| {
+            matches!(f.cause, NodeError::HeldByAnother | NodeError::Silent { .. })
+        };
+        if round.verdict == Verdict::Quorum || !round.failures.iter().any(|f| spared(&f)) {
             return Vec::new();
         }
-        self.inner
-            .nodes
-            .iter()
-            .map(|node| {
-                round
-                    .failures
-                    .iter()
-                    .any(|f| f.node == node.name() && matches!(f.cause, NodeError::HeldByAnother))
-            })
-            .collect()
+        let names = self.inner.nodes.iter().map(|n| n.name());
+        let spare = |name| round.failures.iter().filter(spared).any(|f| f.node == name);
+        names.map(spare).collect()
     }
 
     /// A round refused by a holder (or by contenders that split the nodes: `contended`).
@@ -198,16 +195,8 @@ impl Engine {
             return ScriptCall::plain(commands::set_nx_px(lock_key, value, ttl_ms));
         }
         let nodes = &self.inner.nodes;
-        let (pipelined, may) = if self.inner.waiting.has_waited(lock_key) {
-            (0, 0)
-        } else {
-            let count = |f: fn(&Node) -> bool| nodes.iter().filter(|n| f(n)).count();
-            (count(Node::pipelines), count(Node::may_pipeline))
-        };
-        let forms = AcquireForms {
-            script: pipelined < nodes.len(),
-            pipelined: may > 0,
-        };
-        ScriptCall::fenced_acquire(lock_key, fence_key, value, ttl_ms, forms)
+        let pipelined =
+            !self.inner.waiting.has_waited(lock_key) && nodes.iter().any(|n| n.may_pipeline());
+        ScriptCall::fenced_acquire(lock_key, fence_key, value, ttl_ms, pipelined)
     }
 }

@@ -398,6 +398,18 @@ pub enum NodeError {
         humanize(*.0)
     )]
     Backlog(Duration),
+    /// The node has sent nothing for `for_` (a node timeout or more) while this client's calls
+    /// to it were outstanding, and nothing from it waits unread: an acquisition counted it as
+    /// failed at once and sent it nothing, rather than queue another call behind the
+    /// unanswered ones. The node counts again as soon as it sends anything.
+    #[error(
+        "silent for {} with calls outstanding: not sent, counted as failed (it counts again once it answers)",
+        humanize(*.for_)
+    )]
+    Silent {
+        /// How long the node had been silent.
+        for_: Duration,
+    },
     /// The node restarted (or started) less than the maximum ttl ago and may have lost lock keys;
     /// it is kept out of every quorum until `remaining` has passed.
     #[error(
@@ -542,7 +554,7 @@ impl NodeError {
         }
     }
 
-    /// The cause as one stable word (`timeout`, `backlog`, `refused`, `dropped`, `held_out`, `repairing`,
+    /// The cause as one stable word (`timeout`, `backlog`, `silent`, `refused`, `dropped`, `held_out`, `repairing`,
     /// `same_server`, `evicting`, `redis`, `held`, `bad_reply`, `lost_data_recently`,
     /// `denied`, `unsupported`): the `error` label of
     /// the node metrics and the `error_kind` of `redlock status --json`.
@@ -557,6 +569,7 @@ impl NodeError {
         match self {
             NodeError::Timeout(_) => "timeout",
             NodeError::Backlog(_) => "backlog",
+            NodeError::Silent { .. } => "silent",
             NodeError::Refused(_) => "refused",
             NodeError::Dropped(_) => "dropped",
             NodeError::HeldOut { .. } => "held_out",

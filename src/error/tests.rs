@@ -49,11 +49,15 @@ fn every_node_error_kind_is_in_the_documented_metrics_table() {
         NodeError::Unsupported {
             command: String::new(),
         },
+        NodeError::Silent {
+            for_: Duration::ZERO,
+        },
     ];
     for e in &every {
         match e {
             NodeError::Timeout(_)
             | NodeError::Backlog(_)
+            | NodeError::Silent { .. }
             | NodeError::Refused(_)
             | NodeError::Dropped(_)
             | NodeError::HeldOut { .. }

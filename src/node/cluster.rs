@@ -162,7 +162,9 @@ pub(crate) async fn cluster_scan_page(
 /// ttl); it is a failure instead. Only the acquire script answers with a bulk string.
 fn resent_acquire(call: &ScriptCall, reply: &Value) -> bool {
     match reply {
-        Value::BulkString(holder) => call.first_arg().is_some_and(|ours| ours == *holder),
+        Value::BulkString(holder) => call
+            .first_arg()
+            .is_some_and(|ours| ours == holder.as_slice()),
         _ => false,
     }
 }
@@ -185,7 +187,7 @@ impl Node {
         let mut pipe = redis::pipe();
         match call.eval() {
             Some(eval) => pipe.add_command(eval),
-            None => pipe.add_command(call.evalsha().into_owned()),
+            None => pipe.add_command(call.evalsha().clone()),
         };
         pipe.cmd("INFO").arg("server");
         pipe.cmd("INFO").arg("replication");
@@ -276,22 +278,17 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::scripts::AcquireForms;
 
     #[test]
     fn a_resent_acquire_is_told_from_another_owner() {
-        let script = AcquireForms {
-            script: true,
-            pipelined: false,
-        };
         let call = ScriptCall::fenced_acquire(
             "quorumlock:{job}",
             "quorumlock:fence:{x}",
             "ours",
             10_000,
-            script,
+            false,
         );
-        assert_eq!(call.first_arg().as_deref(), Some(&b"ours"[..]));
+        assert_eq!(call.first_arg(), Some(&b"ours"[..]));
         assert!(resent_acquire(&call, &Value::BulkString(b"ours".to_vec())));
         assert!(!resent_acquire(
             &call,

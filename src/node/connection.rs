@@ -18,6 +18,7 @@ use super::address::redact;
 use super::gate::QUEUE;
 use super::member::{self, MemberConn, MemberKind};
 use super::server::{durability_marker, parse_info, promoted, read_settings, server_identity};
+use super::stream::{Watch, open_watched};
 use super::{Node, scripts};
 use crate::core::health::classify_eviction;
 use crate::core::lock;
@@ -41,7 +42,9 @@ enum Slot {
     /// The last connect failed: calls fail fast with its error until the instant passes.
     Failed(NodeError, Instant),
     Connecting(Shared<BoxFuture<'static, Connected>>),
-    Ready(MemberConn, u64),
+    /// The connection, its generation, and what its socket heard (plain TCP and Unix
+    /// connections to one server; see `stream.rs`).
+    Ready(MemberConn, u64, Option<Arc<Watch>>),
 }
 
 /// A node's connection slot: the live connection or the connect under way, and its
@@ -50,14 +53,18 @@ pub(super) struct ConnSlot {
     slot: Mutex<Slot>,
     generation: AtomicU64,
     connect_timeout: Duration,
+    /// How long the server may stay silent with calls outstanding before acquisitions hold
+    /// back from it ([`Node::silent`]).
+    node_timeout: Duration,
 }
 
 impl ConnSlot {
-    pub(super) fn new(connect_timeout: Duration) -> Self {
+    pub(super) fn new(connect_timeout: Duration, node_timeout: Duration) -> Self {
         ConnSlot {
             slot: Mutex::new(Slot::Empty),
             generation: AtomicU64::new(0),
             connect_timeout,
+            node_timeout,
         }
     }
 }
@@ -88,7 +95,7 @@ impl Node {
         let pending = {
             let mut slot = lock(&self.conn.slot);
             match &*slot {
-                Slot::Ready(conn, generation) => return Ok((conn.clone(), *generation)),
+                Slot::Ready(conn, generation, _) => return Ok((conn.clone(), *generation)),
                 Slot::Connecting(pending) => pending.clone(),
                 Slot::Failed(e, until) if Instant::now() < *until => return Err(e.clone()),
                 Slot::Failed(..) | Slot::Empty => {
@@ -105,23 +112,21 @@ impl Node {
         let node = Arc::clone(self);
         let generation = self.conn.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let task = tokio::spawn(async move {
-            let result =
-                match tokio::time::timeout(node.conn.connect_timeout, node.connect(generation))
-                    .await
-                {
-                    Ok(Ok(conn)) => Ok((conn, generation)),
-                    Ok(Err(e)) => Err(e),
-                    Err(_) => Err(NodeError::Timeout(node.conn.connect_timeout)),
-                };
+            let result = tokio::time::timeout(node.conn.connect_timeout, node.connect(generation))
+                .await
+                .unwrap_or(Err(NodeError::Timeout(node.conn.connect_timeout)));
             let mut slot = lock(&node.conn.slot);
-            *slot = match &result {
-                Ok((conn, generation)) => Slot::Ready(conn.clone(), *generation),
+            match result {
+                Ok((conn, watch)) => {
+                    *slot = Slot::Ready(conn.clone(), generation, watch);
+                    Ok((conn, generation))
+                }
                 Err(e) => {
                     tracing::debug!(node = %node.name, error = %e, "connect failed");
-                    Slot::Failed(e.clone(), Instant::now() + RECONNECT_BACKOFF)
+                    *slot = Slot::Failed(e.clone(), Instant::now() + RECONNECT_BACKOFF);
+                    Err(e)
                 }
-            };
-            result
+            }
         });
         let node = Arc::clone(self);
         async move {
@@ -149,10 +154,7 @@ impl Node {
     /// for `rediss://`, TCP keepalive and user timeout; see `RedlockBuilder::open_client`), and
     /// every connection gets the same [`AsyncConnectionConfig`].
     pub(crate) async fn open_connection(&self) -> Result<MultiplexedConnection, NodeError> {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.conn.connect_timeout))
-            .set_response_timeout(None)
-            .set_pipeline_buffer_size(QUEUE);
+        let config = self.connection_config();
         tokio::time::timeout(self.conn.connect_timeout, async {
             self.member
                 .server_client()
@@ -165,12 +167,35 @@ impl Node {
         .map_err(|e| self.connect_error(e))
     }
 
-    /// Opens the member's own connection (the one every lock call travels on): as
-    /// [`open_connection`](Self::open_connection) for one server, the cluster client's
-    /// connection for a Cluster member.
-    async fn open_member(&self) -> Result<MemberConn, NodeError> {
+    /// What every connection to one server is opened with: the connect timeout, no response
+    /// timeout of its own (each call has its deadline), and a queue no backlog fills (`QUEUE`).
+    fn connection_config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.conn.connect_timeout))
+            .set_response_timeout(None)
+            .set_pipeline_buffer_size(QUEUE)
+    }
+
+    /// Opens the member's own connection (the one every lock call travels on): for one server
+    /// over plain TCP or a Unix socket, on a socket of our own watched for the server's
+    /// silence (`stream.rs`), with the same settings and handshake as
+    /// [`open_connection`](Self::open_connection), which serves `rediss://`; the cluster
+    /// client's connection for a Cluster member.
+    async fn open_member(&self) -> Result<(MemberConn, Option<Arc<Watch>>), NodeError> {
         if self.member.kind() != MemberKind::Cluster {
-            return self.open_connection().await.map(MemberConn::Single);
+            let watched = tokio::time::timeout(self.conn.connect_timeout, async {
+                let client = self.member.server_client().await?;
+                let config = self.connection_config();
+                Ok(open_watched(client.get_connection_info(), config).await)
+            })
+            .await
+            .map_err(|_| NodeError::Timeout(self.conn.connect_timeout))?
+            .map_err(|e| self.connect_error(e))?;
+            return match watched {
+                Some(Ok((conn, watch))) => Ok((MemberConn::Single(conn), Some(Arc::new(watch)))),
+                Some(Err(e)) => Err(self.connect_error(e)),
+                None => Ok((MemberConn::Single(self.open_connection().await?), None)),
+            };
         }
         let config =
             AsyncConnectionConfig::new().set_connection_timeout(Some(self.conn.connect_timeout));
@@ -178,6 +203,7 @@ impl Node {
             .await
             .map_err(|_| NodeError::Timeout(self.conn.connect_timeout))?
             .map_err(|e| self.connect_error(e))
+            .map(|conn| (conn, None))
     }
 
     /// Opens a new pub/sub connection to this node, with the same client (certificates, TCP
@@ -205,10 +231,15 @@ impl Node {
     /// a replica during its current process (every Sentinel member's primary, and a standalone
     /// master promoted from a replica: a virtual IP or DNS name moved to it) counts as just
     /// started, with its durability marker not trusted (it arrives by replication).
-    pub(super) async fn connect(&self, generation: u64) -> Result<MemberConn, NodeError> {
+    pub(super) async fn connect(
+        &self,
+        generation: u64,
+    ) -> Result<(MemberConn, Option<Arc<Watch>>), NodeError> {
         let mut cluster = match self.open_member().await? {
-            MemberConn::Single(conn) => return self.meet_server(conn, generation).await,
-            MemberConn::Cluster(cluster) => cluster,
+            (MemberConn::Single(conn), watch) => {
+                return Ok((self.meet_server(conn, generation).await?, watch));
+            }
+            (MemberConn::Cluster(cluster), _) => cluster,
         };
         let view = super::cluster::cluster_view(&mut cluster)
             .await
@@ -218,7 +249,7 @@ impl Node {
         self.peers.record(self.index, &run_id);
         self.observe_start(run_id.clone(), &run_id, uptime, false, None);
         tracing::debug!(node = %self.name, "connected to the cluster");
-        Ok(MemberConn::Cluster(cluster))
+        Ok((MemberConn::Cluster(cluster), None))
     }
 
     /// The connect of a standalone master or a Sentinel member's primary.
@@ -318,9 +349,20 @@ impl Node {
         }
     }
 
+    /// How long this node's server has been silent with calls outstanding, when it has been
+    /// for a node timeout or more (`stream.rs`: bytes written that long ago, nothing read
+    /// since, nothing waiting unread). `None` while it answers, and on connections without the
+    /// signal (`rediss://`, Cluster members).
+    pub(super) fn silent(&self) -> Option<Duration> {
+        match &*lock(&self.conn.slot) {
+            Slot::Ready(_, _, Some(watch)) => watch.silent_for(self.conn.node_timeout),
+            _ => None,
+        }
+    }
+
     pub(super) fn invalidate(&self, generation: u64) {
         let mut slot = lock(&self.conn.slot);
-        if matches!(&*slot, Slot::Ready(_, g) if *g == generation) {
+        if matches!(&*slot, Slot::Ready(_, g, _) if *g == generation) {
             *slot = Slot::Empty;
             tracing::debug!(node = %self.name, "connection broken; will reconnect");
         }

@@ -531,6 +531,7 @@ mod tests {
         let client = redis::Client::open("redis://127.0.0.1:1/").expect("a valid URL");
         let settings = NodeSettings {
             connect_timeout: Duration::from_millis(50),
+            node_timeout: Duration::from_millis(50),
             restart_guard,
             eviction_guard,
             fenced: true,

@@ -249,16 +249,20 @@ return r
 /// When it deletes the key and the waiters count stands (`quorumlock:{K}:waiters:n`: set with
 /// the waiters marker, a set of the ids of the clients that wait for this lock, by each waiting
 /// client), it publishes `"<our value> <waiting clients>"` on the marker's channel
-/// (`quorumlock:{K}:waiters`), so that the waiters try at once. The count is read with the lock
-/// key in one `MGET`: without a waiter the release runs the same two commands as a plain
-/// compare-and-delete (`MGET`, `DEL`) and publishes nothing (`client/wait.rs`).
+/// (`quorumlock:{K}:waiters`), so that the waiters try at once.
+///
+/// Every key the call names is read in one `MGET` (they share the lock key's hash slot): the
+/// lock key, the waiters count and, where the counter must be raised, the counter. Without a
+/// waiter the release runs the same two commands as a plain compare-and-delete (`MGET`, `DEL`)
+/// and publishes nothing (`client/wait.rs`), whether or not it checks the counter; it writes the
+/// counter only where it stands below the token (a counter equal to the token, the usual case,
+/// is told by comparing the two strings, without parsing either).
 ///
 /// The call carries only what its node needs: the counter and the token only where the counter
-/// must be raised (a node whose counter is known to stand at the token already gets neither:
+/// must be checked (a node whose counter is known to stand at the token already gets neither:
 /// `ScriptCall::with_lean`; nor does the undo of a failed attempt, which has no token), and the
-/// marker only where a release may publish. Each key and argument of a script call costs the
-/// node time to pass into Lua, about a tenth of the whole call for the two the lean form leaves
-/// out (`tools/compare/release-forms.py` measures each form).
+/// waiters count only where a release may publish. Each key and argument of a script call costs
+/// the node time to pass into Lua (`tools/compare/release-forms.py` measures each form).
 ///
 /// - KEYS[1]: lock key; KEYS[2] (optional): waiters count, the channel being the lock key's
 ///   waiters marker (omitted in compat mode, and by the undo of an attempt that did not win: it
@@ -269,20 +273,24 @@ return r
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
-if ARGV[2] and tonumber(redis.call('GET', KEYS[3]) or '0') < tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[3], ARGV[2])
-end
-local v, n
-if KEYS[2] then
-  local r = redis.call('MGET', KEYS[1], KEYS[2])
-  v, n = r[1], r[2]
+local v, r
+if KEYS[3] then
+  r = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
+  local t = ARGV[2]
+  if r[3] ~= t and tonumber(r[3] or '0') < tonumber(t) then
+    redis.call('SET', KEYS[3], t)
+  end
+  v = r[1]
+elseif KEYS[2] then
+  r = redis.call('MGET', KEYS[1], KEYS[2])
+  v = r[1]
 else
   v = redis.call('GET', KEYS[1])
 end
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if n then
-    redis.call('PUBLISH', KEYS[1] .. ':waiters', ARGV[1] .. ' ' .. n)
+  if r and r[2] then
+    redis.call('PUBLISH', KEYS[1] .. ':waiters', ARGV[1] .. ' ' .. r[2])
   end
   return 1
 end

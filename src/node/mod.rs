@@ -29,6 +29,7 @@ pub(crate) mod pubsub;
 mod repair;
 pub(crate) mod scripts;
 mod server;
+mod stream;
 mod wallclock;
 
 use std::future::Future;
@@ -83,6 +84,9 @@ impl Op {
 #[derive(Debug, Clone)]
 pub(crate) struct NodeSettings {
     pub(crate) connect_timeout: Duration,
+    /// The node timeout: how long a connection's server may stay silent with calls
+    /// outstanding before acquisitions stop queueing calls to it (`connection.rs`).
+    pub(crate) node_timeout: Duration,
     pub(crate) restart_guard: RestartGuard,
     pub(crate) eviction_guard: EvictionGuard,
     /// Whether acquires carry a fencing counter (`acquire_form.rs`).
@@ -149,7 +153,7 @@ impl Node {
             cluster: Mutex::new(ClusterView::default()),
             index,
             peers,
-            conn: ConnSlot::new(settings.connect_timeout),
+            conn: ConnSlot::new(settings.connect_timeout, settings.node_timeout),
             acquire_form: acquire_form::AcquireForm::new(&settings),
             wallclock: wallclock::WallClock::new(settings.drift_factor),
             health: NodeHealth::new(settings, max_ttl),
@@ -248,6 +252,15 @@ impl Node {
                 return Err(reason);
             }
         }
+        // The breaker: an acquisition queues no call behind a node's unanswered ones once the
+        // node has been silent for a node timeout (`stream.rs`); it counts as failed at once,
+        // unsent (its round's gate never sees it handed: the release skips the node). Other
+        // calls still go: a release or an extension follows, in order, a call the node has.
+        if op == Op::Acquire
+            && let Some(for_) = self.silent()
+        {
+            return Err(NodeError::Silent { for_ });
+        }
         // The first poll of the send below hands the command to the connection's queue. Its
         // driver writes it to the socket later, and skips it if this future is gone by then.
         if let Err(stop) = gate.pass() {
@@ -328,7 +341,7 @@ impl Node {
         }
         // A server error comes back as a value; `extract_error` turns it into an error.
         let reply = match conn
-            .send_packed_command(&call.evalsha())
+            .send_packed_command(call.evalsha())
             .await
             .and_then(Value::extract_error)
         {

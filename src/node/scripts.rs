@@ -19,7 +19,7 @@
 //!
 //! The keys the scripts are given are laid out by [`crate::core::keys`].
 
-use std::borrow::Cow;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::{Cmd, Pipeline};
@@ -41,26 +41,74 @@ pub(crate) fn raise_counter_eval(key: &[u8], value: u64) -> Cmd {
 }
 
 impl Lua {
-    /// Builds the invocation once; the same call is sent to every node.
+    /// The call of this script with `keys` and `args`; the same call is sent to every node.
     pub(crate) fn call(&'static self, keys: &[&[u8]], args: &[&[u8]]) -> ScriptCall {
-        // Sized once: growing a command's buffers costs an allocation per doubling.
-        let hash = self.script().get_hash();
-        let data: usize = keys.iter().chain(args).map(|a| a.len()).sum();
-        let mut evalsha =
-            redis::Cmd::with_capacity(3 + keys.len() + args.len(), 7 + hash.len() + 3 + data);
-        evalsha.arg("EVALSHA").arg(hash).arg(keys.len());
-        for k in keys {
-            evalsha.arg(*k);
-        }
-        for a in args {
-            evalsha.arg(*a);
-        }
         ScriptCall {
             lua: Some(self),
-            cmd: evalsha,
+            invocation: Invocation::new(keys, args),
+            cmd: OnceLock::new(),
             pipe: None,
             lean: None,
         }
+    }
+}
+
+/// A script's keys and arguments, kept apart (as redis-rs's `ScriptInvocation` keeps them):
+/// every command form of the call is built from them, and nothing reads a built command back.
+/// One buffer, inline up to a size that holds the lock scripts' usual keys and values, so that
+/// keeping them costs no allocation.
+#[derive(Debug)]
+struct Invocation {
+    /// The keys' bytes, then the arguments'.
+    bytes: smallvec::SmallVec<[u8; 192]>,
+    /// Where each key, then each argument, ends in `bytes`.
+    ends: smallvec::SmallVec<[usize; 6]>,
+    /// How many of `ends` are keys'.
+    keys: usize,
+}
+
+impl Invocation {
+    fn new(keys: &[&[u8]], args: &[&[u8]]) -> Self {
+        let mut bytes = smallvec::SmallVec::new();
+        let mut ends = smallvec::SmallVec::new();
+        for part in keys.iter().chain(args) {
+            bytes.extend_from_slice(part);
+            ends.push(bytes.len());
+        }
+        Invocation {
+            bytes,
+            ends,
+            keys: keys.len(),
+        }
+    }
+
+    /// The keys, then the arguments.
+    fn parts(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(self.ends.iter().copied())
+            .map(|(start, end)| &self.bytes[start..end])
+    }
+
+    /// The arguments (`ARGV`).
+    fn args(&self) -> impl Iterator<Item = &[u8]> {
+        self.parts().skip(self.keys)
+    }
+
+    /// `name script numkeys keys… args…`, sized once (growing a command's buffers costs an
+    /// allocation per doubling): `EVALSHA` with the script's hash, or `EVAL` with its body.
+    fn command(&self, name: &str, script: &str) -> Cmd {
+        let mut digits = itoa::Buffer::new();
+        let numkeys = digits.format(self.keys);
+        let mut cmd = Cmd::with_capacity(
+            3 + self.ends.len(),
+            name.len() + script.len() + numkeys.len() + self.bytes.len(),
+        );
+        cmd.arg(name).arg(script).arg(numkeys);
+        for part in self.parts() {
+            cmd.arg(part);
+        }
+        cmd
     }
 }
 
@@ -93,23 +141,17 @@ impl ScriptsSeen {
     }
 }
 
-/// Which forms of the fenced acquire a round builds ([`ScriptCall::fenced_acquire`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct AcquireForms {
-    /// The [`ACQUIRE`] script, for nodes that do not take the pipelined form.
-    pub(crate) script: bool,
-    /// `SET NX PX GET` + `INCR`, for nodes that do.
-    pub(crate) pipelined: bool,
-}
-
-/// A ready-to-send invocation: a script by its SHA1, or (fencing off) a plain command; for the
-/// fenced acquire also (or only) its pipelined form, `SET NX PX GET` + `INCR` (`node/acquire_form.rs`).
+/// A ready-to-send invocation: a script (its keys and arguments, sent by its SHA1, or with its
+/// body as `EVAL`), or (fencing off) a plain command; for the fenced acquire also its pipelined
+/// form, `SET NX PX GET` + `INCR` (`node/acquire_form.rs`).
 #[derive(Debug)]
 pub(crate) struct ScriptCall {
     lua: Option<&'static Lua>,
-    /// Empty (`Cmd::new()`, no allocation) when only the pipelined form was built: the script
-    /// form is then rebuilt from it if a node needs it after all (see [`Self::evalsha`]).
-    cmd: Cmd,
+    /// The script's keys and arguments (empty for a plain command).
+    invocation: Invocation,
+    /// The `EVALSHA` built from `invocation` when a node first needs it (a fenced acquire that
+    /// every node takes pipelined never builds it), or the plain command.
+    cmd: OnceLock<Cmd>,
     pipe: Option<Pipeline>,
     /// A leaner call for the nodes whose connection is known to have seen the lock's token
     /// (see [`Self::with_lean`]).
@@ -154,39 +196,29 @@ impl ScriptCall {
     pub(crate) fn plain(cmd: Cmd) -> Self {
         ScriptCall {
             lua: None,
-            cmd,
+            invocation: Invocation::new(&[], &[]),
+            cmd: OnceLock::from(cmd),
             pipe: None,
             lean: None,
         }
     }
 
     /// The fenced acquire of one round on `lock` and its counter `fence`: the [`ACQUIRE`]
-    /// script's call when `forms.script`, its pipelined form `SET lock value NX PX ttl GET` +
-    /// `INCR fence` when `forms.pipelined` (both when the round's nodes take both; at least one
-    /// is built). Sized once.
+    /// script's call (its command built only if a node runs it), and, when `pipelined`, its
+    /// pipelined form `SET lock value NX PX ttl GET` + `INCR fence`, sized once.
     pub(crate) fn fenced_acquire(
         lock: &str,
         fence: &str,
         value: &str,
         ttl_ms: u64,
-        forms: AcquireForms,
+        pipelined: bool,
     ) -> Self {
-        let AcquireForms { script, pipelined } = forms;
         let mut digits = itoa::Buffer::new();
         let ttl = digits.format(ttl_ms).as_bytes();
-        let mut call = if script || !pipelined {
-            ACQUIRE.call(
-                &[lock.as_bytes(), fence.as_bytes()],
-                &[value.as_bytes(), ttl],
-            )
-        } else {
-            ScriptCall {
-                lua: Some(&ACQUIRE),
-                cmd: Cmd::new(),
-                pipe: None,
-                lean: None,
-            }
-        };
+        let mut call = ACQUIRE.call(
+            &[lock.as_bytes(), fence.as_bytes()],
+            &[value.as_bytes(), ttl],
+        );
         if pipelined {
             let mut pipe = Pipeline::with_capacity(2);
             let mut set = Cmd::with_capacity(7, 3 + lock.len() + value.len() + 4 + ttl.len() + 3);
@@ -210,27 +242,19 @@ impl ScriptCall {
         self.pipe.as_ref()
     }
 
-    /// The command as sent to a node that runs the script (or the plain command).
-    pub(crate) fn evalsha(&self) -> Cow<'_, Cmd> {
-        match &self.pipe {
-            Some(pipe) if self.cmd.args_iter().len() == 0 => Cow::Owned(script_form(pipe)),
-            _ => Cow::Borrowed(&self.cmd),
-        }
+    /// The command as sent to a node that runs the script by its hash (or the plain command).
+    pub(crate) fn evalsha(&self) -> &Cmd {
+        self.cmd.get_or_init(|| match self.lua {
+            Some(lua) => self.invocation.command("EVALSHA", lua.script().get_hash()),
+            // A plain call's command is set when it is built.
+            None => Cmd::new(),
+        })
     }
 
     /// The script's first argument (`ARGV[1]`: our value, for the acquire), if it runs a script.
-    pub(crate) fn first_arg(&self) -> Option<Vec<u8>> {
+    pub(crate) fn first_arg(&self) -> Option<&[u8]> {
         self.lua?;
-        let cmd = self.evalsha();
-        let mut args = cmd.args_iter().skip(2);
-        let numkeys: usize = match args.next()? {
-            redis::Arg::Simple(n) => std::str::from_utf8(n).ok()?.parse().ok()?,
-            _ => return None,
-        };
-        match args.nth(numkeys)? {
-            redis::Arg::Simple(v) => Some(v.to_vec()),
-            _ => None,
-        }
+        self.invocation.args().next()
     }
 
     /// Whether this call runs a script (and so has an `EVAL` form).
@@ -238,36 +262,13 @@ impl ScriptCall {
         self.lua.is_some()
     }
 
-    /// The `EVAL` form, used only after a `NOSCRIPT` reply: the same arguments as the `EVALSHA`
-    /// (numkeys, keys, args), with the body in place of the hash.
+    /// The `EVAL` form (a connection's first call of the script, a node that refuses
+    /// `EVALSHA`, a `NOSCRIPT` reply): the same keys and arguments as the `EVALSHA`, with the
+    /// body in place of the hash.
     pub(crate) fn eval(&self) -> Option<Cmd> {
         let lua = self.lua?;
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(lua.code());
-        for arg in self.evalsha().args_iter().skip(2) {
-            if let redis::Arg::Simple(bytes) = arg {
-                cmd.arg(bytes);
-            }
-        }
-        Some(cmd)
+        Some(self.invocation.command("EVAL", lua.code()))
     }
-}
-
-/// The acquire script's `EVALSHA` rebuilt from the pipelined form (a cold path: a node that
-/// switched to the script between the call's building and its sending, e.g. reconnected to a
-/// server of an older version).
-fn script_form(pipe: &Pipeline) -> Cmd {
-    let mut cmds = pipe.cmd_iter();
-    let arg = |cmd: Option<&Cmd>, i: usize| -> Vec<u8> {
-        match cmd.and_then(|c| c.args_iter().nth(i)) {
-            Some(redis::Arg::Simple(b)) => b.to_vec(),
-            _ => Vec::new(),
-        }
-    };
-    let set = cmds.next();
-    let incr = cmds.next();
-    let (lock, value, ttl, fence) = (arg(set, 1), arg(set, 2), arg(set, 5), arg(incr, 1));
-    ACQUIRE.call(&[&lock, &fence], &[&value, &ttl]).cmd
 }
 
 /// Reads an ACL refusal out of a server error: `None` for any other error.
@@ -408,27 +409,24 @@ mod tests {
         assert!(ScriptCall::plain(redis::cmd("PING")).eval().is_none());
     }
 
-    /// A server error as the connection would hand it over.
     #[test]
-    fn a_script_form_rebuilt_from_the_pipelined_one_is_the_one_built_directly() {
+    fn a_fenced_acquire_s_script_form_is_built_from_its_keys_and_arguments() {
         let (lock, fence) = ("quorumlock:{job}", "quorumlock:fence:{x}");
-        let script = AcquireForms {
-            script: true,
-            pipelined: false,
-        };
-        let pipelined = AcquireForms {
-            script: false,
-            pipelined: true,
-        };
-        let direct = ScriptCall::fenced_acquire(lock, fence, "v1", 30_000, script);
-        let rebuilt = ScriptCall::fenced_acquire(lock, fence, "v1", 30_000, pipelined);
-        assert!(direct.pipelined().is_none() && rebuilt.pipelined().is_some());
-        assert_eq!(
-            rebuilt.evalsha().get_packed_command(),
-            direct.evalsha().get_packed_command()
-        );
+        let script = ScriptCall::fenced_acquire(lock, fence, "v1", 30_000, false);
+        let both = ScriptCall::fenced_acquire(lock, fence, "v1", 30_000, true);
+        assert!(script.pipelined().is_none() && both.pipelined().is_some());
+        let direct = ACQUIRE.call(&[lock.as_bytes(), fence.as_bytes()], &[b"v1", b"30000"]);
+        for call in [&script, &both] {
+            assert_eq!(
+                call.evalsha().get_packed_command(),
+                direct.evalsha().get_packed_command()
+            );
+            assert_eq!(call.first_arg(), Some(&b"v1"[..]));
+        }
+        assert_eq!(ScriptCall::plain(redis::cmd("PING")).first_arg(), None);
     }
 
+    /// A server error as the connection would hand it over.
     fn server_error(line: &str) -> redis::RedisError {
         let value = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
         value.extract_error().unwrap_err()

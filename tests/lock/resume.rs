@@ -74,3 +74,69 @@ async fn r1_no_wedge_after_a_starved_pause_current_thread() {
 async fn r2_no_wedge_after_a_starved_pause_multi_thread() {
     resumes_after_a_starved_pause(2).await;
 }
+
+/// One node paused: once it has been silent for a node timeout with calls outstanding,
+/// acquisitions send it nothing (they win on the other two) instead of queueing calls behind
+/// the unanswered ones; resumed, it takes them again. Counted by what the nodes received: the
+/// healthy nodes got every acquisition, the paused one not those made while it was silent.
+async fn a_silent_node_is_sent_nothing_until_it_answers() {
+    const HELD_BACK: u64 = 200;
+    let mut cluster = cluster(3);
+    let urls = cluster.urls();
+    let locks = builder(&cluster).node_timeout(TIMEOUT).build().unwrap();
+    warm(&locks).await;
+    let before = sets(&urls);
+    cluster.pause(0).unwrap();
+    // Calls queued to the paused node until it has been silent a while.
+    let start = tokio::time::Instant::now();
+    let mut early = 0;
+    while start.elapsed() < TIMEOUT * 2 {
+        early += 1;
+        let lock = locks.try_acquire(&format!("early-{early}"), TTL).await;
+        lock.expect("a quorum of healthy nodes")
+            .release()
+            .await
+            .expect("released");
+    }
+    for i in 0..HELD_BACK {
+        let lock = locks.try_acquire(&format!("held-back-{i}"), TTL).await;
+        lock.expect("a quorum of healthy nodes")
+            .release()
+            .await
+            .expect("released");
+    }
+    cluster.resume(0).unwrap();
+    warm(&locks).await;
+    // Acquisitions reach the node again: its own answer sets the value there.
+    let start = tokio::time::Instant::now();
+    for attempt in 0.. {
+        let key = format!("after-{attempt}");
+        let lock = locks.try_acquire(&key, TTL).await.expect("healthy nodes");
+        let reached = value_on(&urls[0], &key).is_some();
+        lock.release().await.expect("released");
+        if reached {
+            break;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "acquisitions still held back from the node {WAIT:?} after it resumed"
+        );
+    }
+    let after = sets(&urls);
+    let got: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert!(
+        got[0] + HELD_BACK <= got[1].min(got[2]),
+        "SET calls received since the pause {got:?} ({early} acquisitions before the {HELD_BACK} \
+         held back): the paused node was sent acquisitions while silent"
+    );
+}
+
+#[tokio::test]
+async fn r3_a_silent_node_is_held_back_and_recovers_current_thread() {
+    a_silent_node_is_sent_nothing_until_it_answers().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r4_a_silent_node_is_held_back_and_recovers_multi_thread() {
+    a_silent_node_is_sent_nothing_until_it_answers().await;
+}

@@ -404,3 +404,53 @@ pub fn is_expired(err: &quorumlock::Error) -> bool {
         }
     )
 }
+
+/// One node's `MONITOR` stream, on a connection of its own: every command the node runs from
+/// the start on, one line each, those a script runs marked `lua`
+/// (`+1732860000.123456 [0 lua] "DEL" "quorumlock:{k}"`). Blocking: read it off the runtime
+/// (`spawn_blocking`), or the client's connections are not driven meanwhile.
+pub struct Monitor {
+    reader: std::io::BufReader<std::net::TcpStream>,
+}
+
+impl Monitor {
+    /// Starts monitoring the node at `url` (a plain `redis://host:port` one).
+    pub fn start(url: &str) -> Monitor {
+        use std::io::{BufRead, Write};
+        let addr = url
+            .trim_start_matches("redis://")
+            .split('/')
+            .next()
+            .expect("an address");
+        let stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(WAIT)).expect("read timeout");
+        (&stream).write_all(b"MONITOR\r\n").expect("MONITOR");
+        let mut reader = std::io::BufReader::new(stream);
+        let mut ok = String::new();
+        reader.read_line(&mut ok).expect("MONITOR's answer");
+        assert_eq!(ok, "+OK\r\n", "MONITOR");
+        Monitor { reader }
+    }
+
+    /// Reads lines until `count` of them satisfy `pred`, for at most [`WAIT`]; returns every
+    /// line read (the monitor's command lines, without their `\r\n`).
+    pub fn until(&mut self, count: usize, pred: impl Fn(&str) -> bool) -> Vec<String> {
+        use std::io::BufRead;
+        let deadline = std::time::Instant::now() + WAIT;
+        let mut lines = Vec::new();
+        let mut matched = 0;
+        while matched < count {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out after {WAIT:?}: {matched} of {count} lines matched in {lines:#?}"
+            );
+            let mut line = String::new();
+            let read = self.reader.read_line(&mut line).expect("a monitor line");
+            assert!(read > 0, "the monitor connection closed");
+            let line = line.trim_end().to_owned();
+            matched += usize::from(pred(&line));
+            lines.push(line);
+        }
+        lines
+    }
+}

@@ -4,8 +4,9 @@
 For each form, one redis-server runs under valgrind (cachegrind, no cache simulation) and is
 sent N and then (on a fresh server) 3N pairs of `SET lock value NX PX` + the release call, by
 `redis-cli --pipe`; the difference divided by 2N is the instructions per pair, start-up and the
-script's load cancelled out. The forms are: the floor's compare-and-delete, quorumlock's release before and after it
-named only what each node needs, and a waiters flag read with MGET in place of SCARD.
+script's load cancelled out. The forms are: the floor's compare-and-delete, quorumlock's release before it
+named only what each node needs, the shipped release in each of its forms (lean, full with the
+counter below and at the token, bare), and a waiters flag read with MGET in place of SCARD.
 
     tools/compare/release-forms.py [N] [FORM ...]
 
@@ -79,6 +80,8 @@ FORMS = {
     "before-full": (BEFORE, lambda k, v: [3, k, FENCE, k + ":waiters", v, 5]),
     "after-lean": (AFTER, lambda k, v: [2, k, k + ":waiters", v]),
     "after-full": (AFTER, lambda k, v: [3, k, k + ":waiters", FENCE, v, 5]),
+    # The counter checked where it stands at the token (the usual case: the node's INCR gave it).
+    "after-full-at-token": (AFTER, lambda k, v: [3, k, k + ":waiters", FENCE, v, 10**9]),
     "after-bare": (AFTER, lambda k, v: [1, k, v]),
     "flag-mget": (FLAG, lambda k, v: [3, k, k + ":waiting", k + ":waiters", v]),
 }
