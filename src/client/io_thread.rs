@@ -23,6 +23,7 @@ use std::future::Future;
 use std::sync::OnceLock;
 use std::thread::ThreadId;
 
+use futures::future::Either;
 use tokio::runtime::Handle;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
@@ -124,7 +125,27 @@ impl Engine {
     /// Runs `op` on the I/O thread when there is one (in the caller's span and with its tracing
     /// subscriber), inline otherwise. Dropping the returned future aborts the operation there,
     /// as dropping it inline would: its own cancellation handling (background releases) runs.
-    pub(crate) async fn on_io_thread<T, F>(&self, op: F) -> Result<T, Error>
+    /// Without an I/O thread (the default) the returned future is `op` itself: a future that
+    /// awaits `op` holds it twice (the argument, and the future awaited), and an operation's
+    /// future is moved by value at every step up to its caller's.
+    pub(crate) fn on_io_thread<T, F>(
+        &self,
+        op: F,
+    ) -> impl Future<Output = Result<T, Error>> + use<T, F>
+    where
+        F: Future<Output = Result<T, Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        if self.inner.cfg.io_thread == IoThread::Never {
+            return Either::Left(op);
+        }
+        let engine = self.clone();
+        Either::Right(async move { engine.maybe_on_io_thread(op).await })
+    }
+
+    /// [`on_io_thread`](Self::on_io_thread) with an I/O thread configured: on it, unless this
+    /// is the I/O thread itself (or it could not start).
+    async fn maybe_on_io_thread<T, F>(&self, op: F) -> Result<T, Error>
     where
         F: Future<Output = Result<T, Error>> + Send + 'static,
         T: Send + 'static,

@@ -37,11 +37,14 @@ pub(crate) fn new_value() -> String {
 /// without the formatter: a value is made on every acquisition).
 fn push_hex(out: &mut String, bits: u128) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for shift in (0..32).rev() {
-        // The nibble fits 0..16 by the mask: the index is always in bounds.
-        let nibble = usize::try_from((bits >> (shift * 4)) & 0xF).unwrap_or(0);
-        out.push(char::from(DIGITS[nibble]));
+    // Two digits per byte into a buffer, appended at once (not a digit at a time).
+    let mut hex = [0u8; 32];
+    for (pair, byte) in hex.chunks_exact_mut(2).zip(bits.to_be_bytes()) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0xF)];
     }
+    // The digits are ASCII: never the empty default.
+    out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
 }
 
 /// The bits of a value made at `unix_ms` from `random` (pure; see [`new_value`]): the time's

@@ -100,7 +100,7 @@ impl Node {
     /// key we set there is undone like any failed node's.
     pub(super) async fn send_pipelined(
         &self,
-        mut conn: redis::aio::MultiplexedConnection,
+        conn: &mut redis::aio::MultiplexedConnection,
         pipe: &Pipeline,
         generation: u64,
     ) -> Result<Value, NodeError> {

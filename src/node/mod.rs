@@ -241,7 +241,7 @@ impl Node {
         op: Op,
         gate: G,
     ) -> Result<Result<Value, G::Stop>, NodeError> {
-        let (conn, generation) = self.connection().await?;
+        let (mut conn, generation) = self.connection().await?;
         // The lean form where this connection is known to have seen the token (release).
         let call = call.for_node(self.index, generation);
         // Checked after connecting: a (re)connect is what reads the node's run id and uptime.
@@ -266,10 +266,11 @@ impl Node {
         if let Err(stop) = gate.pass() {
             return Ok(Err(stop));
         }
-        // Each send is a future of its own that takes the connection and the gate: the state
-        // this call keeps while it waits for the reply is that future's, not a copy of it
-        // beside the locals above (a round moves every call's future several times).
-        match conn {
+        // Each send is a future of its own that takes the gate and borrows the connection: the
+        // state this call keeps while it waits for the reply is that future's, not a copy of it
+        // beside the locals above (a round moves every call's future several times), and the
+        // connection is held once, here, not once per nested send.
+        match &mut conn {
             // An acquire whose last reading of the node's clock is a period old reads it first,
             // on the same connection (the clock-jump check, `wallclock.rs`): a node whose clock
             // jumped since the last reading does not count, whatever the script answered.
@@ -286,8 +287,8 @@ impl Node {
             // Boxed, as the fallback below: the cold paths stay out of the call's future, which
             // a round moves several times per node (`FuturesUnordered::push`), so its size is
             // paid in copies on every call.
-            MemberConn::Cluster(mut cluster) => {
-                Box::pin(self.run_on_cluster(&mut cluster, call, generation))
+            MemberConn::Cluster(cluster) => {
+                Box::pin(self.run_on_cluster(cluster, call, generation))
                     .await
                     .map(Ok)
             }
@@ -298,7 +299,7 @@ impl Node {
     /// node takes it (`acquire_form.rs`), else the script.
     async fn send_single<G: Gate>(
         &self,
-        conn: MultiplexedConnection,
+        conn: &mut MultiplexedConnection,
         call: &ScriptCall,
         gate: G,
         generation: u64,
@@ -315,7 +316,7 @@ impl Node {
     /// `EVAL` fallback. `Ok(Err(_))`: the fallback was not sent because the round was closed.
     async fn send_script<G: Gate>(
         &self,
-        mut conn: MultiplexedConnection,
+        conn: &mut MultiplexedConnection,
         call: &ScriptCall,
         gate: G,
         generation: u64,
