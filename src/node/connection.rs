@@ -148,23 +148,15 @@ impl Node {
         .shared()
     }
 
-    /// Opens a new connection to this node, bounded by the connect timeout: the one way the
-    /// crate connects to a node, for the lock's own connection and for the side connections of
-    /// elections and run-once jobs. `client` carries what the builder configured (certificates
-    /// for `rediss://`, TCP keepalive and user timeout; see `RedlockBuilder::open_client`), and
-    /// every connection gets the same [`AsyncConnectionConfig`].
-    pub(crate) async fn open_connection(&self) -> Result<MultiplexedConnection, NodeError> {
-        let config = self.connection_config();
-        tokio::time::timeout(self.conn.connect_timeout, async {
-            self.member
-                .server_client()
-                .await?
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-        })
-        .await
-        .map_err(|_| NodeError::Timeout(self.conn.connect_timeout))?
-        .map_err(|e| self.connect_error(e))
+    /// `opening`, bounded by the connect timeout; its error told as a connect-time one.
+    async fn within_connect_timeout<T>(
+        &self,
+        opening: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, NodeError> {
+        tokio::time::timeout(self.conn.connect_timeout, opening)
+            .await
+            .map_err(|_| NodeError::Timeout(self.conn.connect_timeout))?
+            .map_err(|e| self.connect_error(e))
     }
 
     /// What every connection to one server is opened with: the connect timeout, no response
@@ -176,45 +168,41 @@ impl Node {
             .set_pipeline_buffer_size(QUEUE)
     }
 
-    /// Opens the member's own connection (the one every lock call travels on): for one server
-    /// over plain TCP or a Unix socket, on a socket of our own watched for the server's
-    /// silence (`stream.rs`), with the same settings and handshake as
-    /// [`open_connection`](Self::open_connection), which serves `rediss://`; the cluster
-    /// client's connection for a Cluster member.
+    /// Opens the member's own connection (the one every lock call and every side call of
+    /// elections and run-once jobs travels on), bounded by the connect timeout. For one server,
+    /// its client carries what the builder configured (certificates for `rediss://`, TCP
+    /// keepalive and user timeout; see `RedlockBuilder::open_client`) and the connection gets
+    /// [`connection_config`](Self::connection_config): over plain TCP or a Unix socket on a
+    /// socket of our own watched for the server's silence (`stream.rs`), over `rediss://`
+    /// through redis-rs's TLS. A Cluster member: the cluster client's connection.
     async fn open_member(&self) -> Result<(MemberConn, Option<Arc<Watch>>), NodeError> {
-        if self.member.kind() != MemberKind::Cluster {
-            let watched = tokio::time::timeout(self.conn.connect_timeout, async {
-                let client = self.member.server_client().await?;
-                let config = self.connection_config();
-                Ok(open_watched(client.get_connection_info(), config).await)
-            })
-            .await
-            .map_err(|_| NodeError::Timeout(self.conn.connect_timeout))?
-            .map_err(|e| self.connect_error(e))?;
-            return match watched {
-                Some(Ok((conn, watch))) => Ok((MemberConn::Single(conn), Some(Arc::new(watch)))),
-                Some(Err(e)) => Err(self.connect_error(e)),
-                None => Ok((MemberConn::Single(self.open_connection().await?), None)),
-            };
-        }
-        let config =
-            AsyncConnectionConfig::new().set_connection_timeout(Some(self.conn.connect_timeout));
-        tokio::time::timeout(self.conn.connect_timeout, self.member.connect(&config))
-            .await
-            .map_err(|_| NodeError::Timeout(self.conn.connect_timeout))?
-            .map_err(|e| self.connect_error(e))
-            .map(|conn| (conn, None))
+        self.within_connect_timeout(async {
+            if let Some(cluster) = self.member.connect_cluster().await {
+                return cluster.map(|conn| (conn, None));
+            }
+            // One server: its client resolved once (a Sentinel member asks its sentinels).
+            let client = self.member.server_client().await?;
+            let config = self.connection_config();
+            match open_watched(client.get_connection_info(), config.clone()).await {
+                Some(opened) => {
+                    opened.map(|(conn, watch)| (MemberConn::Single(conn), Some(Arc::new(watch))))
+                }
+                None => client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map(|conn| (MemberConn::Single(conn), None)),
+            }
+        })
+        .await
     }
 
     /// Opens a new pub/sub connection to this node, with the same client (certificates, TCP
-    /// settings) as [`open_connection`](Self::open_connection), bounded by the connect timeout.
+    /// settings) as [`open_member`](Self::open_member), bounded by the connect timeout.
     pub(crate) async fn open_pubsub(&self) -> Result<redis::aio::PubSub, NodeError> {
-        tokio::time::timeout(self.conn.connect_timeout, async {
+        self.within_connect_timeout(async {
             self.member.server_client().await?.get_async_pubsub().await
         })
         .await
-        .map_err(|_| NodeError::Timeout(self.conn.connect_timeout))?
-        .map_err(|e| self.connect_error(e))
     }
 
     /// Connects and reads what the guards need (`INFO`: one round trip on Redis ≥ 7 without

@@ -44,7 +44,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
+use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 
 use super::address::node_name;
 
@@ -272,20 +272,15 @@ impl Member {
         }
     }
 
-    /// Opens the member's connection: a multiplexed connection to the one server, or the
-    /// cluster client's connection.
-    pub(crate) async fn connect(
-        &self,
-        config: &AsyncConnectionConfig,
-    ) -> redis::RedisResult<MemberConn> {
+    /// Opens a Cluster member's connection (the cluster client's); `None` for a member of one
+    /// server, which the node layer connects itself (`connection.rs`: a watched socket, or
+    /// redis-rs's for `rediss://`).
+    pub(crate) async fn connect_cluster(&self) -> Option<redis::RedisResult<MemberConn>> {
         match self {
-            Member::Cluster(client) => client.get_async_connection().await.map(MemberConn::Cluster),
-            _ => self
-                .server_client()
-                .await?
-                .get_multiplexed_async_connection_with_config(config)
-                .await
-                .map(MemberConn::Single),
+            Member::Cluster(client) => {
+                Some(client.get_async_connection().await.map(MemberConn::Cluster))
+            }
+            _ => None,
         }
     }
 }
