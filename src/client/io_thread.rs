@@ -1,8 +1,8 @@
 //! The I/O thread (opt-in, [`IoThread::Always`]): the client's node connections and whole
 //! operations run on a current-thread runtime of its own, on one thread the client owns.
 //!
-//! A redis-rs multiplexed connection spawns its driver task on the runtime that opens it, and a
-//! round's calls go from the task that runs the round to each connection's driver and back. On
+//! A node connection's driver task runs on the runtime that opens it, and a round's calls go
+//! from the task that runs the round to each connection's driver and back. On
 //! a multi-thread runtime those tasks may land on different workers, and a hop between them is
 //! a wake-up of another thread. With the I/O thread, an operation (an acquisition with its
 //! retries, an extension, a release, a status read, keep-alive) runs where the connections are,

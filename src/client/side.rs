@@ -278,9 +278,7 @@ async fn command_on<T: FromRedisValue>(
     hold_out: HoldOut,
     deadline: Instant,
 ) -> Result<T, NodeError> {
-    let send = |mut conn: redis::aio::MultiplexedConnection| async move {
-        cmd.query_async::<T>(&mut conn).await
-    };
+    let send = |mut conn: crate::node::Single| async move { cmd.query_async::<T>(&mut conn).await };
     let reply = node.with_connection(send, deadline).await;
     match node.held_out() {
         Some(why) if hold_out == HoldOut::Respect && reply.is_ok() => Err(why),

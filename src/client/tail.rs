@@ -504,7 +504,7 @@ impl Engine {
     /// connection give up instead of being sent late, where they could land after a later
     /// extension or the release. The rest are queued on their connections, in order before
     /// anything sent later; keeping their futures until the round's deadline is enough for
-    /// redis-rs to write them, so they are parked (no task, no timer). A parked tail is dropped
+    /// their connections to write them, so they are parked (no task, no timer). A parked tail is dropped
     /// once all its calls have answered (collected, oldest first, without a waker, whenever a
     /// round settles), at its deadline at the latest: kept until the deadline, hundreds of
     /// tails piled up under load and their frees cost the client a fifth of its time.

@@ -10,8 +10,9 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use redis::{Pipeline, Value};
+use redis::Value;
 
+use super::scripts::ScriptCall;
 use super::{Node, NodeSettings};
 use crate::error::{NodeError, shape};
 
@@ -100,13 +101,14 @@ impl Node {
     /// key we set there is undone like any failed node's.
     pub(super) async fn send_pipelined(
         &self,
-        conn: &mut redis::aio::MultiplexedConnection,
-        pipe: &Pipeline,
+        conn: &mut super::link::Single,
+        call: &ScriptCall,
         generation: u64,
     ) -> Result<Value, NodeError> {
         let replies = conn
-            .send_packed_commands(pipe, 0, 2)
+            .send_pipelined(call)
             .await
+            .unwrap_or_else(|| Ok(Vec::new()))
             .map_err(|e| self.call_error(e, generation))?;
         let mut replies = replies.into_iter();
         match (replies.next(), replies.next()) {

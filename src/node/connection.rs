@@ -11,11 +11,11 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use redis::AsyncConnectionConfig;
-use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
 use super::address::redact;
 use super::gate::QUEUE;
+use super::link::Single;
 use super::member::{self, MemberConn, MemberKind};
 use super::server::{durability_marker, parse_info, promoted, read_settings, server_identity};
 use super::stream::{Watch, open_watched};
@@ -183,14 +183,14 @@ impl Node {
             // One server: its client resolved once (a Sentinel member asks its sentinels).
             let client = self.member.server_client().await?;
             let config = self.connection_config();
-            match open_watched(client.get_connection_info(), config.clone()).await {
+            match open_watched(client.get_connection_info()).await {
                 Some(opened) => {
                     opened.map(|(conn, watch)| (MemberConn::Single(conn), Some(Arc::new(watch))))
                 }
                 None => client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await
-                    .map(|conn| (MemberConn::Single(conn), None)),
+                    .map(|conn| (MemberConn::Single(Single::Mux(conn)), None)),
             }
         })
         .await
@@ -246,7 +246,7 @@ impl Node {
     /// server's version decides the fenced acquire's form (`acquire_form.rs`).
     async fn meet_server(
         &self,
-        mut conn: MultiplexedConnection,
+        mut conn: Single,
         generation: u64,
     ) -> Result<MemberConn, NodeError> {
         let sent = super::wallclock::ours();

@@ -9,7 +9,8 @@ use smallvec::SmallVec;
 
 use crate::core::clock::{self, Stamp};
 
-/// How many commands a node connection's queue (redis-rs' channel to its driver task) holds.
+/// How many commands a `rediss://` node connection's queue (redis-rs's channel to its driver
+/// task) holds (the crate's own connections, `wire.rs`, take every call at its first poll).
 /// Far above any backlog the node timeout allows, so a call never waits for room: a call handed
 /// to its connection is always already queued. That makes it safe to keep a call's future
 /// without polling it (the library parks the unanswered calls of finished rounds): a future
@@ -24,8 +25,9 @@ pub(crate) const QUEUE: usize = 1 << 16;
 /// then gives up instead of sending.
 ///
 /// A call handed to its connection is queued there (see [`QUEUE`]) and runs before any call
-/// queued after it; dropped before redis-rs writes it, it may be skipped, but a kept future,
-/// even unpolled, keeps it. A call still waiting for its connection is sent only if polled.
+/// queued after it; dropped before its connection writes it, it may be skipped (redis-rs's
+/// connection, over `rediss://`, skips it; the crate's own writes every call it took), but a
+/// kept future, even unpolled, keeps it. A call still waiting for its connection is sent only if polled.
 ///
 /// Closing and handing exclude each other per call: once [`close`](Self::close) has returned,
 /// no call of the round passes any more, and every call that passed before is seen handed.

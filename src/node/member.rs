@@ -39,7 +39,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::aio::ConnectionLike;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
@@ -289,7 +289,7 @@ impl Member {
 #[derive(Clone)]
 pub(crate) enum MemberConn {
     /// To one server.
-    Single(MultiplexedConnection),
+    Single(super::link::Single),
     /// To a Redis Cluster.
     Cluster(ClusterConnection),
 }

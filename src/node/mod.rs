@@ -22,6 +22,7 @@ pub(crate) mod connection;
 pub(crate) mod gate;
 pub(crate) mod health;
 pub(crate) mod inventory;
+mod link;
 mod liveness;
 pub(crate) mod lua;
 pub(crate) mod member;
@@ -31,14 +32,15 @@ pub(crate) mod scripts;
 mod server;
 mod stream;
 mod wallclock;
+mod wire;
 
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+pub(crate) use link::Single;
 use redis::Value;
-use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
 use crate::core::health::{EvictionGuard, RestartGuard};
@@ -179,9 +181,9 @@ impl Node {
     ///
     /// # Cancellation safety
     ///
-    /// Dropping the future may or may not leave the command sent (redis-rs skips a queued
-    /// command whose caller is gone); if sent, later calls on this node travel after it on the
-    /// same connection.
+    /// Dropping the future may or may not leave the command sent (over `rediss://`, redis-rs
+    /// skips a queued command whose caller is gone); if sent, later calls on this node travel
+    /// after it on the same connection.
     pub(crate) async fn run(
         self: Arc<Self>,
         call: Arc<ScriptCall>,
@@ -299,16 +301,15 @@ impl Node {
     /// node takes it (`acquire_form.rs`), else the script.
     async fn send_single<G: Gate>(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut Single,
         call: &ScriptCall,
         gate: G,
         generation: u64,
     ) -> Result<Result<Value, G::Stop>, NodeError> {
-        match call.pipelined() {
-            Some(pipe) if self.pipelines_on(generation) => {
-                self.send_pipelined(conn, pipe, generation).await.map(Ok)
-            }
-            _ => self.send_script(conn, call, gate, generation).await,
+        if call.is_pipelined() && self.pipelines_on(generation) {
+            self.send_pipelined(conn, call, generation).await.map(Ok)
+        } else {
+            self.send_script(conn, call, gate, generation).await
         }
     }
 
@@ -316,7 +317,7 @@ impl Node {
     /// `EVAL` fallback. `Ok(Err(_))`: the fallback was not sent because the round was closed.
     async fn send_script<G: Gate>(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut Single,
         call: &ScriptCall,
         gate: G,
         generation: u64,
@@ -341,11 +342,7 @@ impl Node {
             return reply.map(Ok).map_err(|e| self.call_error(e, generation));
         }
         // A server error comes back as a value; `extract_error` turns it into an error.
-        let reply = match conn
-            .send_packed_command(call.evalsha())
-            .await
-            .and_then(Value::extract_error)
-        {
+        let reply = match conn.send_evalsha(call).await.and_then(Value::extract_error) {
             Err(e)
                 if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
                     || (call.is_script() && self.evalsha_refused(&e)) =>
@@ -383,7 +380,7 @@ impl Node {
         deadline: Instant,
     ) -> Result<T, NodeError>
     where
-        F: FnOnce(MultiplexedConnection) -> Fut,
+        F: FnOnce(Single) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let start = Instant::now();

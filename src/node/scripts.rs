@@ -29,6 +29,7 @@ pub(crate) use super::lua::{
     ACQUIRE, EXTEND, FENCED_WRITE, LEADER_RESIGN, LEADER_WRITE, Lua, RAISE_COUNTER, RAISE_FENCE,
     RELEASE, REVOKE, STATUS, all, on_lock_nodes,
 };
+use super::wire::pack;
 use crate::error::NodeError;
 
 /// One counter raised to `value` (never lowered) by [`RAISE_COUNTER`] sent with its body: the
@@ -47,6 +48,7 @@ impl Lua {
             lua: Some(self),
             invocation: Invocation::new(keys, args),
             cmd: OnceLock::new(),
+            packed: OnceLock::new(),
             pipe: None,
             lean: None,
         }
@@ -110,6 +112,18 @@ impl Invocation {
         }
         cmd
     }
+
+    /// The same command as [`command`](Self::command), in RESP.
+    fn packed(&self, name: &str, script: &str) -> Vec<u8> {
+        let mut digits = itoa::Buffer::new();
+        let numkeys = digits.format(self.keys);
+        let mut parts: smallvec::SmallVec<[&[u8]; 9]> =
+            smallvec::smallvec![name.as_bytes(), script.as_bytes(), numkeys.as_bytes()];
+        parts.extend(self.parts());
+        let mut out = Vec::with_capacity(name.len() + script.len() + self.bytes.len() + 80);
+        pack(&mut out, &parts);
+        out
+    }
 }
 
 /// Per lock script ([`on_lock_nodes`]), the connection generation on which the node was last
@@ -152,10 +166,20 @@ pub(crate) struct ScriptCall {
     /// The `EVALSHA` built from `invocation` when a node first needs it (a fenced acquire that
     /// every node takes pipelined never builds it), or the plain command.
     cmd: OnceLock<Cmd>,
-    pipe: Option<Pipeline>,
+    /// The same command in RESP, packed once for every node the call goes to.
+    packed: OnceLock<Vec<u8>>,
+    pipe: Option<Pipelined>,
     /// A leaner call for the nodes whose connection is known to have seen the lock's token
     /// (see [`Self::with_lean`]).
     lean: Option<Box<Lean>>,
+}
+
+/// A fenced acquire's pipelined form: in RESP for the crate's connections, and as redis-rs's
+/// pipeline (built when a `rediss://` node first needs it).
+#[derive(Debug)]
+struct Pipelined {
+    packed: Vec<u8>,
+    pipe: OnceLock<Pipeline>,
 }
 
 /// The lean form of a call, and where it applies: node `i` takes it when its connection's
@@ -198,6 +222,7 @@ impl ScriptCall {
             lua: None,
             invocation: Invocation::new(&[], &[]),
             cmd: OnceLock::from(cmd),
+            packed: OnceLock::new(),
             pipe: None,
             lean: None,
         }
@@ -220,26 +245,71 @@ impl ScriptCall {
             &[value.as_bytes(), ttl],
         );
         if pipelined {
+            let set: [&[u8]; 7] = [
+                b"SET",
+                lock.as_bytes(),
+                value.as_bytes(),
+                b"NX",
+                b"PX",
+                ttl,
+                b"GET",
+            ];
+            let incr: [&[u8]; 2] = [b"INCR", fence.as_bytes()];
+            let mut packed = Vec::with_capacity(80 + lock.len() + value.len() + fence.len());
+            pack(&mut packed, &set);
+            pack(&mut packed, &incr);
+            call.pipe = Some(Pipelined {
+                packed,
+                pipe: OnceLock::new(),
+            });
+        }
+        call
+    }
+
+    /// Whether this call has the pipelined form of a fenced acquire.
+    pub(crate) fn is_pipelined(&self) -> bool {
+        self.pipe.is_some()
+    }
+
+    /// The pipelined form in RESP (two commands), if built.
+    pub(crate) fn pipelined_packed(&self) -> Option<&[u8]> {
+        self.pipe.as_ref().map(|p| p.packed.as_slice())
+    }
+
+    /// The pipelined form as redis-rs's pipeline, if built: `SET lock value NX PX ttl GET`,
+    /// `INCR fence`, from the acquire script's keys and arguments.
+    pub(crate) fn pipelined(&self) -> Option<&Pipeline> {
+        let p = self.pipe.as_ref()?;
+        Some(p.pipe.get_or_init(|| {
+            let mut parts = self.invocation.parts();
+            let (lock, fence) = (
+                parts.next().unwrap_or_default(),
+                parts.next().unwrap_or_default(),
+            );
+            let (value, ttl) = (
+                parts.next().unwrap_or_default(),
+                parts.next().unwrap_or_default(),
+            );
             let mut pipe = Pipeline::with_capacity(2);
-            let mut set = Cmd::with_capacity(7, 3 + lock.len() + value.len() + 4 + ttl.len() + 3);
-            set.arg("SET")
+            pipe.cmd("SET")
                 .arg(lock)
                 .arg(value)
                 .arg("NX")
                 .arg("PX")
                 .arg(ttl)
-                .arg("GET");
-            let mut incr = Cmd::with_capacity(2, 4 + fence.len());
-            incr.arg("INCR").arg(fence);
-            pipe.add_command(set).add_command(incr);
-            call.pipe = Some(pipe);
-        }
-        call
+                .arg("GET")
+                .cmd("INCR")
+                .arg(fence);
+            pipe
+        }))
     }
 
-    /// The pipelined form of a fenced acquire, if built.
-    pub(crate) fn pipelined(&self) -> Option<&Pipeline> {
-        self.pipe.as_ref()
+    /// [`evalsha`](Self::evalsha) in RESP.
+    pub(crate) fn evalsha_packed(&self) -> &[u8] {
+        self.packed.get_or_init(|| match self.lua {
+            Some(lua) => self.invocation.packed("EVALSHA", lua.script().get_hash()),
+            None => self.evalsha().get_packed_command(),
+        })
     }
 
     /// The command as sent to a node that runs the script by its hash (or the plain command).
@@ -415,11 +485,20 @@ mod tests {
         let script = ScriptCall::fenced_acquire(lock, fence, "v1", 30_000, false);
         let both = ScriptCall::fenced_acquire(lock, fence, "v1", 30_000, true);
         assert!(script.pipelined().is_none() && both.pipelined().is_some());
+        // The pipelined form's bytes are redis-rs's packing of the same pipeline.
+        assert_eq!(
+            both.pipelined_packed(),
+            Some(&both.pipelined().unwrap().get_packed_pipeline()[..])
+        );
         let direct = ACQUIRE.call(&[lock.as_bytes(), fence.as_bytes()], &[b"v1", b"30000"]);
         for call in [&script, &both] {
             assert_eq!(
                 call.evalsha().get_packed_command(),
                 direct.evalsha().get_packed_command()
+            );
+            assert_eq!(
+                call.evalsha_packed(),
+                &direct.evalsha().get_packed_command()[..]
             );
             assert_eq!(call.first_arg(), Some(&b"v1"[..]));
         }

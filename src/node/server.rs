@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
+use super::link::Single;
 
 /// The settings the guards need; `None` where unread.
 #[derive(Debug, Default)]
@@ -41,7 +41,7 @@ const INFO_FIELDS: [Option<&str>; 3] = [None, Some("maxmemory:"), Some("maxmemor
 /// The first round trip also asks the server to run a script (`EVAL "return 1" 0`): its reply
 /// is returned as it came, for the connect to tell a server that cannot run scripts.
 pub(crate) async fn read_settings(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Single,
 ) -> redis::RedisResult<(String, NodeConfig, Option<redis::Value>)> {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
@@ -164,7 +164,7 @@ pub(crate) fn config_pairs(reply: redis::Value) -> Option<Vec<(String, String)>>
 /// keyspace survived the restart. `None` on any error (a node out of memory under `noeviction`,
 /// a user whose ACL refuses the key, say): the node's data is then not trusted to survive.
 pub(crate) async fn durability_marker(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Single,
     key: &str,
     run_id: &str,
 ) -> Option<String> {

@@ -1,7 +1,7 @@
 //! A node connection's own stream (plain TCP and Unix sockets): the socket connected here with
-//! the client's TCP settings, handed to redis-rs's multiplexer, and watched for what the
-//! multiplexer does not tell: whether bytes written to the server have gone unanswered, since
-//! when, and whether an answer is already waiting in the kernel unread.
+//! the client's TCP settings, carrying the crate's own connection (`wire.rs`), and watched for
+//! what replies alone do not tell: whether bytes written to the server have gone unanswered,
+//! since when, and whether an answer is already waiting in the kernel unread.
 //!
 //! That is the breaker's silence signal ([`Hearing::silent_for`]): a server is *silent* when
 //! bytes were written to it a whole node timeout ago, nothing at all was read from it since,
@@ -19,11 +19,12 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
 use redis::io::tcp::socket2::{SockRef, Socket};
-use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, RedisResult};
+use redis::{ConnectionAddr, ConnectionInfo, RedisResult};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use super::link::{Single, handshake};
+use super::wire::Wire;
 use crate::core::lock;
 
 /// What the watched stream of one connection has heard from its server.
@@ -156,8 +157,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     }
 }
 
-/// A watched connection: its [`Hearing`], and its driver task, which ends with this (as
-/// redis-rs ends the driver of a connection it spawned when the last handle to it is gone).
+/// A watched connection: its [`Hearing`], and its driver task, which ends with this (the
+/// connection's calls then fail as on a dropped connection).
 #[derive(Debug)]
 pub(crate) struct Watch {
     hearing: Arc<Hearing>,
@@ -178,34 +179,26 @@ impl Drop for Watch {
 }
 
 /// Connects to `info`'s server (plain TCP with its TCP settings, or a Unix socket) and sets up
-/// a multiplexed connection over the watched socket, with `config` and `info`'s handshake
-/// (`AUTH`, `HELLO`, `SELECT` as the URL says). `None` for a `rediss://` address: the caller
-/// connects through redis-rs.
-pub(crate) async fn open_watched(
-    info: &ConnectionInfo,
-    config: AsyncConnectionConfig,
-) -> Option<RedisResult<(MultiplexedConnection, Watch)>> {
+/// the crate's connection over the watched socket, with `info`'s handshake (`AUTH`, `HELLO`,
+/// `SELECT` as the URL says). `None` for a `rediss://` address: the caller connects through
+/// redis-rs.
+pub(crate) async fn open_watched(info: &ConnectionInfo) -> Option<RedisResult<(Single, Watch)>> {
     Some(match info.addr() {
         ConnectionAddr::Tcp(host, port) => match connect_tcp(host, *port, info).await {
-            Ok(stream) => multiplex(stream, info, config).await,
+            Ok(stream) => multiplex(stream, info).await,
             Err(e) => Err(e.into()),
         },
         ConnectionAddr::Unix(path) => match tokio::net::UnixStream::connect(path).await {
-            Ok(stream) => multiplex(stream, info, config).await,
+            Ok(stream) => multiplex(stream, info).await,
             Err(e) => Err(e.into()),
         },
         _ => return None,
     })
 }
 
-/// The multiplexed connection over `stream`, watched with a duplicate of its descriptor for
-/// the peek (none if the system refuses one: the server then never counts as silent); its
-/// driver spawned.
-async fn multiplex<S>(
-    stream: S,
-    info: &ConnectionInfo,
-    config: AsyncConnectionConfig,
-) -> RedisResult<(MultiplexedConnection, Watch)>
+/// The connection over `stream`, watched with a duplicate of its descriptor for the peek (none
+/// if the system refuses one: the server then never counts as silent); its driver spawned.
+async fn multiplex<S>(stream: S, info: &ConnectionInfo) -> RedisResult<(Single, Watch)>
 where
     S: AsFd + AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -215,10 +208,13 @@ where
         inner: stream,
         hearing: Arc::clone(&hearing),
     };
-    let (conn, driver) =
-        MultiplexedConnection::new_with_config(info.redis_settings(), stream, config).await?;
-    let driver = tokio::spawn(driver).abort_handle();
-    Ok((conn, Watch { hearing, driver }))
+    let (wire, driver) = Wire::new(stream);
+    let watch = Watch {
+        hearing,
+        driver: tokio::spawn(driver).abort_handle(),
+    };
+    handshake(&wire, info.redis_settings()).await?;
+    Ok((Single::Wire(wire, info.redis_settings().db()), watch))
 }
 
 /// A TCP connection to `host:port` (each address the name resolves to, in order, until one

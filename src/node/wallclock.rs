@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::Value;
-use redis::aio::MultiplexedConnection;
 
 use super::Node;
 use crate::core::clock;
@@ -118,7 +117,7 @@ impl Node {
     /// Reads `TIME` on `conn` with our clock around it. The command is handed to the
     /// connection's queue at the first poll, so a send started after that poll travels after it.
     pub(super) async fn read_clock(
-        mut conn: MultiplexedConnection,
+        mut conn: super::link::Single,
     ) -> redis::RedisResult<ClockReading> {
         let sent = ours();
         let reply = conn.send_packed_command(&redis::cmd("TIME")).await?;

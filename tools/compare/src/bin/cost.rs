@@ -36,6 +36,11 @@ use quorumlock::testkit::LocalCluster;
 #[allow(unused_imports)]
 mod floor;
 use floor::Floor;
+#[path = "../../../../src/node/wire.rs"]
+#[allow(dead_code)]
+mod wire;
+#[path = "../wire_floor.rs"]
+mod wire_floor;
 
 /// The system allocator, counting calls and bytes.
 struct Counting;
@@ -173,6 +178,8 @@ enum Impl {
     FloorPipeFence(Floor),
     /// The floor releasing with `FCALL` of a Redis 7 function instead of `EVALSHA`.
     FloorFcall(Floor),
+    /// `floor+pipefence`'s commands over quorumlock's own connection layer.
+    WirePipeFence(std::sync::Arc<wire_floor::WireFloor>),
 }
 
 impl Impl {
@@ -202,6 +209,15 @@ impl Impl {
                 assert!(f.release_fcall(key, &value).await);
             }
             Impl::FloorPipeFence(f) => {
+                let (lock_key, fence_key) = floor::fenced_keys(key);
+                let value = Floor::new_value();
+                assert!(
+                    f.acquire_pipelined(&lock_key, &fence_key, &value, TTL_MS)
+                        .await
+                );
+                assert!(f.release(&lock_key, &value).await);
+            }
+            Impl::WirePipeFence(f) => {
                 let (lock_key, fence_key) = floor::fenced_keys(key);
                 let value = Floor::new_value();
                 assert!(
@@ -302,6 +318,9 @@ fn main() {
             "floor+pipefence" => {
                 Impl::FloorPipeFence(Floor::connect(&urls).await.expect("floor connects"))
             }
+            "wire+pipefence" => Impl::WirePipeFence(std::sync::Arc::new(
+                wire_floor::WireFloor::connect(&urls).await,
+            )),
             "floor+fcall" => {
                 let f = Floor::connect(&urls).await.expect("floor connects");
                 f.load_functions().await.expect("FUNCTION LOAD (Redis 7)");

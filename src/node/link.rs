@@ -1,0 +1,185 @@
+//! One server's connection as the node layer holds it: over plain TCP or a Unix socket the
+//! crate's own multiplexed connection (`wire.rs`, on the watched socket of `stream.rs`), over
+//! `rediss://` redis-rs's multiplexer (its TLS layer owns the socket). Both take the same
+//! calls, and both are a [`ConnectionLike`] for the commands built with redis-rs's API.
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{Cmd, Pipeline, RedisConnectionInfo, RedisFuture, RedisResult, Value};
+
+use super::scripts::ScriptCall;
+use super::wire::{Wire, pack};
+
+/// A connection to one server.
+#[derive(Clone)]
+pub(crate) enum Single {
+    /// Plain TCP or a Unix socket: the crate's own connection, and the database it selected.
+    Wire(Wire, i64),
+    /// `rediss://`: redis-rs's multiplexed connection.
+    Mux(MultiplexedConnection),
+}
+
+impl Single {
+    /// Sends `cmd`; its reply (a server's error reply is a [`Value::ServerError`]).
+    pub(crate) async fn send_packed_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Single::Wire(wire, _) => wire.one(&cmd.get_packed_command()).await,
+            // Boxed: the TLS path's future stays out of the size of every call's future.
+            Single::Mux(mux) => Box::pin(mux.send_packed_command(cmd)).await,
+        }
+    }
+
+    /// Sends `call` as `EVALSHA` (or its plain command); its reply.
+    pub(crate) async fn send_evalsha(&mut self, call: &ScriptCall) -> RedisResult<Value> {
+        match self {
+            Single::Wire(wire, _) => wire.one(call.evalsha_packed()).await,
+            Single::Mux(mux) => Box::pin(mux.send_packed_command(call.evalsha())).await,
+        }
+    }
+
+    /// Sends `call`'s pipelined fenced acquire; its two replies (`None`: the call has no
+    /// pipelined form).
+    pub(crate) async fn send_pipelined(
+        &mut self,
+        call: &ScriptCall,
+    ) -> Option<RedisResult<Vec<Value>>> {
+        Some(match self {
+            Single::Wire(wire, _) => wire.many(call.pipelined_packed()?, 2).await,
+            Single::Mux(mux) => Box::pin(mux.send_packed_commands(call.pipelined()?, 0, 2)).await,
+        })
+    }
+
+    /// Sends the pipeline and returns `count` replies after the first `offset`.
+    pub(crate) async fn send_packed_commands(
+        &mut self,
+        pipe: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        match self {
+            Single::Wire(wire, _) => {
+                let replies = wire
+                    .many(&pipe.get_packed_pipeline(), offset + count)
+                    .await?;
+                Ok(after(replies, offset, pipe.is_transaction()))
+            }
+            Single::Mux(mux) => Box::pin(mux.send_packed_commands(pipe, offset, count)).await,
+        }
+    }
+}
+
+/// The replies a pipeline's caller wants: those after `offset`; a transaction's are the items
+/// of its `EXEC` reply.
+fn after(replies: Vec<Value>, offset: usize, transaction: bool) -> Vec<Value> {
+    let mut rest = replies.into_iter().skip(offset);
+    if transaction {
+        return match rest.next() {
+            Some(Value::Array(items)) => items,
+            Some(other) => vec![other],
+            None => Vec::new(),
+        };
+    }
+    rest.collect()
+}
+
+impl ConnectionLike for Single {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.send_packed_command(cmd))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(self.send_packed_commands(cmd, offset, count))
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Single::Wire(_, db) => *db,
+            Single::Mux(mux) => mux.get_db(),
+        }
+    }
+}
+
+/// A new connection's set-up, as the URL asks, in one round trip: `HELLO 3` (with `AUTH`) for
+/// RESP3, else `AUTH` when there is a password; `SELECT` for a database other than 0. Nothing
+/// is sent when none applies. A server that takes no user name (before Redis 6) is asked again
+/// with the password alone.
+pub(crate) async fn handshake(wire: &Wire, info: &RedisConnectionInfo) -> RedisResult<()> {
+    let (auth, select) = (setup(info, true), info.db() != 0);
+    let mut out = Vec::new();
+    if let Some(auth) = &auth {
+        pack(
+            &mut out,
+            &auth.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        );
+    }
+    if select {
+        pack(&mut out, &[b"SELECT", info.db().to_string().as_bytes()]);
+    }
+    let count = usize::from(auth.is_some()) + usize::from(select);
+    if count == 0 {
+        return Ok(());
+    }
+    let mut replies = wire.many(&out, count).await?.into_iter();
+    if auth.is_some() {
+        let reply = replies.next().unwrap_or(Value::Nil);
+        if refused_user_name(&reply) && info.username().is_some() {
+            if let Some(retry) = setup(info, false) {
+                let retry = retry.iter().map(Vec::as_slice).collect::<Vec<_>>();
+                let mut out = Vec::new();
+                pack(&mut out, &retry);
+                check_auth(wire.one(&out).await?)?;
+            }
+        } else {
+            check_auth(reply)?;
+        }
+    }
+    if select && let Some(Value::ServerError(e)) = replies.next() {
+        return Err((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "Redis server refused to switch database",
+            e.details().unwrap_or_default().to_owned(),
+        )
+            .into());
+    }
+    Ok(())
+}
+
+/// The authenticating command: `HELLO 3 [AUTH user password]`, or `AUTH [user] password`.
+fn setup(info: &RedisConnectionInfo, with_user: bool) -> Option<Vec<Vec<u8>>> {
+    let password = info.password();
+    if info.protocol().supports_resp3() {
+        let mut hello = vec![b"HELLO".to_vec(), b"3".to_vec()];
+        if let Some(password) = password {
+            let user = info.username().unwrap_or("default");
+            hello.extend([b"AUTH".to_vec(), user.into(), password.into()]);
+        }
+        return Some(hello);
+    }
+    let password = password?;
+    let mut auth = vec![b"AUTH".to_vec()];
+    if let Some(user) = info.username().filter(|_| with_user) {
+        auth.push(user.into());
+    }
+    auth.push(password.into());
+    Some(auth)
+}
+
+fn refused_user_name(reply: &Value) -> bool {
+    matches!(reply, Value::ServerError(e)
+        if e.details().is_some_and(|d| d.contains("wrong number of arguments for 'auth' command")))
+}
+
+fn check_auth(reply: Value) -> RedisResult<()> {
+    match reply {
+        Value::ServerError(_) => Err((
+            redis::ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        )
+            .into()),
+        _ => Ok(()),
+    }
+}

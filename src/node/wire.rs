@@ -1,0 +1,622 @@
+//! A node's multiplexed connection, written for the lock's traffic: many tasks' commands
+//! appended to one output buffer and written together, their replies read back in order by
+//! one driver task and handed to each caller.
+//!
+//! Rules it keeps:
+//! - A command's bytes and its place in the reply queue are taken under one lock, so replies
+//!   are matched to callers in the order the bytes were written.
+//! - Once appended, a command is written, even if its caller is gone: its reply is read and
+//!   dropped. A caller that drops its future only stops waiting.
+//! - When the socket fails or ends, or the driver is dropped, every waiting caller and every
+//!   later one gets an I/O error (the connection is then replaced by its owner).
+//! - Replies are parsed in place: the common ones (`+OK`, integers, bulk strings, nil, arrays
+//!   of them) directly, every other RESP2/RESP3 type through redis-rs's parser. RESP3 push
+//!   frames are not replies and are skipped, as is a reply that comes while no command waits
+//!   for one.
+
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use redis::{RedisError, RedisResult, Value};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::oneshot;
+
+/// The read buffer's starting size; it grows to hold one reply larger than this.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// A handle to one connection; clones share it.
+#[derive(Clone)]
+pub(crate) struct Wire {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Bytes not yet taken by the driver.
+    out: Vec<u8>,
+    /// One entry per command written or to be written, in order.
+    waiting: VecDeque<Waiting>,
+    /// The driver's waker while it has nothing to write.
+    driver: Option<Waker>,
+    /// Why the connection ended, once it has.
+    ended: Option<Ended>,
+}
+
+/// A caller waiting for `replies` replies.
+struct Waiting {
+    replies: usize,
+    got: Vec<Value>,
+    tx: oneshot::Sender<RedisResult<Reply>>,
+}
+
+/// What a command (one reply) or a pipeline (several) got back.
+pub(crate) enum Reply {
+    One(Value),
+    Many(Vec<Value>),
+}
+
+fn locked(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Why a connection ended.
+#[derive(Clone, Copy, Debug)]
+enum Ended {
+    /// The socket failed or closed (or the driver was dropped).
+    Io(io::ErrorKind),
+    /// The server sent bytes that are not RESP.
+    NotResp,
+}
+
+impl Ended {
+    fn error(self) -> RedisError {
+        match self {
+            Ended::Io(kind) => io::Error::new(kind, "the connection to the server ended").into(),
+            Ended::NotResp => (
+                redis::ErrorKind::Parse,
+                "the server's reply is not RESP (not a Redis server?)",
+            )
+                .into(),
+        }
+    }
+}
+
+impl Wire {
+    /// A connection over `stream`, and its driver: a future that writes and reads until the
+    /// stream fails or ends (spawn it; dropping it ends the connection).
+    pub(crate) fn new<S>(stream: S) -> (Wire, impl Future<Output = ()> + Send + 'static)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+        });
+        let driver = Driver {
+            stream,
+            shared: Arc::clone(&shared),
+            wbuf: Vec::new(),
+            written: 0,
+            rbuf: vec![0; READ_CHUNK],
+            start: 0,
+            end: 0,
+        };
+        (Wire { shared }, driver)
+    }
+
+    /// Sends `packed` (one or more commands, already in RESP) and waits for `replies` replies.
+    pub(crate) async fn send(&self, packed: &[u8], replies: usize) -> RedisResult<Reply> {
+        let rx = self.queue(packed, replies)?;
+        rx.await
+            .unwrap_or_else(|_| Err(Ended::Io(io::ErrorKind::ConnectionAborted).error()))
+    }
+
+    /// One command; its reply.
+    pub(crate) async fn one(&self, packed: &[u8]) -> RedisResult<Value> {
+        match self.send(packed, 1).await? {
+            Reply::One(v) => Ok(v),
+            Reply::Many(mut v) => Ok(v.pop().unwrap_or(Value::Nil)),
+        }
+    }
+
+    /// `replies` commands; their replies.
+    pub(crate) async fn many(&self, packed: &[u8], replies: usize) -> RedisResult<Vec<Value>> {
+        match self.send(packed, replies).await? {
+            Reply::One(v) => Ok(vec![v]),
+            Reply::Many(v) => Ok(v),
+        }
+    }
+
+    fn queue(
+        &self,
+        packed: &[u8],
+        replies: usize,
+    ) -> RedisResult<oneshot::Receiver<RedisResult<Reply>>> {
+        let (tx, rx) = oneshot::channel();
+        let driver = {
+            let mut state = locked(&self.shared.state);
+            if let Some(why) = state.ended {
+                return Err(why.error());
+            }
+            state.out.extend_from_slice(packed);
+            state.waiting.push_back(Waiting {
+                replies: replies.max(1),
+                got: Vec::new(),
+                tx,
+            });
+            state.driver.take()
+        };
+        if let Some(waker) = driver {
+            waker.wake();
+        }
+        Ok(rx)
+    }
+}
+
+/// Writes what callers queue, reads replies and hands them out.
+struct Driver<S> {
+    stream: S,
+    shared: Arc<Shared>,
+    /// The bytes being written, and how many of them are.
+    wbuf: Vec<u8>,
+    written: usize,
+    /// Read bytes: `start..end` not yet parsed.
+    rbuf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl<S> Drop for Driver<S> {
+    fn drop(&mut self) {
+        end(&self.shared, Ended::Io(io::ErrorKind::ConnectionAborted));
+    }
+}
+
+/// Ends the connection: every waiting caller and every later one is told why.
+fn end(shared: &Shared, why: Ended) {
+    let (why, waiting) = {
+        let mut state = locked(&shared.state);
+        let why = *state.ended.get_or_insert(why);
+        state.out = Vec::new();
+        (why, std::mem::take(&mut state.waiting))
+    };
+    for w in waiting {
+        let _ = w.tx.send(Err(why.error()));
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Future for Driver<S> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        loop {
+            let wrote = match this.poll_write(cx) {
+                Ok(w) => w,
+                Err(kind) => return this.finish(kind),
+            };
+            let read = match this.poll_read(cx) {
+                Ok(r) => r,
+                Err(kind) => return this.finish(kind),
+            };
+            if !wrote && !read {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
+    fn finish(&mut self, why: Ended) -> Poll<()> {
+        end(&self.shared, why);
+        Poll::Ready(())
+    }
+
+    /// Writes what is queued; whether anything was written.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<bool, Ended> {
+        if self.written == self.wbuf.len() {
+            self.wbuf.clear();
+            self.written = 0;
+            let mut state = locked(&self.shared.state);
+            if state.out.is_empty() {
+                state.driver = Some(cx.waker().clone());
+                return Ok(false);
+            }
+            std::mem::swap(&mut state.out, &mut self.wbuf);
+        }
+        let mut wrote = false;
+        while self.written < self.wbuf.len() {
+            match Pin::new(&mut self.stream).poll_write(cx, &self.wbuf[self.written..]) {
+                Poll::Ready(Ok(0)) => return Err(Ended::Io(io::ErrorKind::WriteZero)),
+                Poll::Ready(Ok(n)) => {
+                    self.written += n;
+                    wrote = true;
+                }
+                Poll::Ready(Err(e)) => return Err(Ended::Io(e.kind())),
+                Poll::Pending => break,
+            }
+        }
+        Ok(wrote)
+    }
+
+    /// Reads what the server sent and hands out every whole reply; whether anything was read.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Result<bool, Ended> {
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        } else if self.end == self.rbuf.len() {
+            if self.start > 0 {
+                self.rbuf.copy_within(self.start..self.end, 0);
+                (self.start, self.end) = (0, self.end - self.start);
+            } else {
+                self.rbuf.resize(self.rbuf.len() * 2, 0);
+            }
+        }
+        let mut buf = ReadBuf::new(&mut self.rbuf[self.end..]);
+        match Pin::new(&mut self.stream).poll_read(cx, &mut buf) {
+            Poll::Ready(Ok(())) => {
+                let n = buf.filled().len();
+                if n == 0 {
+                    return Err(Ended::Io(io::ErrorKind::UnexpectedEof));
+                }
+                self.end += n;
+                self.hand_out()?;
+                Ok(true)
+            }
+            Poll::Ready(Err(e)) => Err(Ended::Io(e.kind())),
+            Poll::Pending => Ok(false),
+        }
+    }
+
+    /// Parses every whole reply in the buffer and gives each to its caller.
+    fn hand_out(&mut self) -> Result<(), Ended> {
+        let mut done = Vec::new();
+        {
+            let mut state = locked(&self.shared.state);
+            while self.start < self.end {
+                let Some((value, used)) =
+                    parse(&self.rbuf[self.start..self.end]).map_err(|_| Ended::NotResp)?
+                else {
+                    break;
+                };
+                self.start += used;
+                if matches!(value, Value::Push { .. }) {
+                    continue;
+                }
+                // A reply while nothing waits (a server that speaks first) answers nothing.
+                let Some(front) = state.waiting.front_mut() else {
+                    continue;
+                };
+                if front.replies == 1 && front.got.is_empty() {
+                    let w = state.waiting.pop_front().expect("front exists");
+                    done.push((w.tx, Ok(Reply::One(value))));
+                    continue;
+                }
+                front.got.push(value);
+                if front.got.len() == front.replies {
+                    let w = state.waiting.pop_front().expect("front exists");
+                    done.push((w.tx, Ok(Reply::Many(w.got))));
+                }
+            }
+        }
+        for (tx, reply) in done {
+            let _ = tx.send(reply);
+        }
+        Ok(())
+    }
+}
+
+/// A bad frame from the server.
+#[derive(Debug)]
+pub(crate) struct BadFrame;
+
+/// How deep replies nest at most (Redis's own replies nest a few levels): deeper is taken for
+/// a server that is not Redis, rather than followed down the stack.
+const MAX_DEPTH: usize = 32;
+
+/// One whole reply at the start of `buf` and the bytes it took; `None` when `buf` holds only
+/// part of it.
+pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, BadFrame> {
+    parse_at(buf, 0)
+}
+
+fn parse_at(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, BadFrame> {
+    if depth > MAX_DEPTH {
+        return Err(BadFrame);
+    }
+    let Some((&kind, _)) = buf.split_first() else {
+        return Ok(None);
+    };
+    let Some(line_end) = find_crlf(buf) else {
+        return Ok(None);
+    };
+    let line = &buf[1..line_end];
+    let after = line_end + 2;
+    match kind {
+        b'+' if line == b"OK" => Ok(Some((Value::Okay, after))),
+        b':' => Ok(Some((Value::Int(int(line)?), after))),
+        b'_' => Ok(Some((Value::Nil, after))),
+        b'$' => {
+            let n = int(line)?;
+            if n < 0 {
+                return Ok(Some((Value::Nil, after)));
+            }
+            let n = usize::try_from(n).map_err(|_| BadFrame)?;
+            if buf.len() < after + n + 2 {
+                return Ok(None);
+            }
+            if &buf[after + n..after + n + 2] != b"\r\n" {
+                return Err(BadFrame);
+            }
+            let bytes = buf[after..after + n].to_vec();
+            Ok(Some((Value::BulkString(bytes), after + n + 2)))
+        }
+        b'*' => {
+            let n = int(line)?;
+            if n < 0 {
+                return Ok(Some((Value::Nil, after)));
+            }
+            let n = usize::try_from(n).map_err(|_| BadFrame)?;
+            let mut items = Vec::with_capacity(n.min(1024));
+            let mut at = after;
+            for _ in 0..n {
+                let Some((v, used)) = parse_at(&buf[at..], depth + 1)? else {
+                    return Ok(None);
+                };
+                items.push(v);
+                at += used;
+            }
+            Ok(Some((Value::Array(items), at)))
+        }
+        _ => {
+            let Some(len) = frame_len(buf, depth)? else {
+                return Ok(None);
+            };
+            let value = redis::parse_redis_value(&buf[..len]).map_err(|_| BadFrame)?;
+            Ok(Some((value, len)))
+        }
+    }
+}
+
+/// The length of the whole frame at the start of `buf`, of any RESP2/RESP3 type; `None` when
+/// `buf` holds only part of it.
+fn frame_len(buf: &[u8], depth: usize) -> Result<Option<usize>, BadFrame> {
+    if depth > MAX_DEPTH {
+        return Err(BadFrame);
+    }
+    let Some((&kind, _)) = buf.split_first() else {
+        return Ok(None);
+    };
+    let Some(line_end) = find_crlf(buf) else {
+        return Ok(None);
+    };
+    let after = line_end + 2;
+    let line = &buf[1..line_end];
+    let items = match kind {
+        b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => return Ok(Some(after)),
+        b'$' | b'!' | b'=' => {
+            let n = int(line)?;
+            if n < 0 {
+                return Ok(Some(after));
+            }
+            let n = usize::try_from(n).map_err(|_| BadFrame)?;
+            if buf.len() < after + n + 2 {
+                return Ok(None);
+            }
+            if &buf[after + n..after + n + 2] != b"\r\n" {
+                return Err(BadFrame);
+            }
+            return Ok(Some(after + n + 2));
+        }
+        b'*' | b'~' | b'>' => int(line)?,
+        b'%' | b'|' => int(line)?.saturating_mul(2),
+        _ => return Err(BadFrame),
+    };
+    let mut at = after;
+    for _ in 0..items.max(0) {
+        let Some(used) = frame_len(&buf[at..], depth + 1)? else {
+            return Ok(None);
+        };
+        at += used;
+    }
+    if kind == b'|' {
+        // An attribute map precedes the value it describes.
+        let Some(used) = frame_len(&buf[at..], depth + 1)? else {
+            return Ok(None);
+        };
+        at += used;
+    }
+    Ok(Some(at))
+}
+
+fn find_crlf(buf: &[u8]) -> Option<usize> {
+    let at = buf.iter().position(|&b| b == b'\r')?;
+    (buf.get(at + 1)? == &b'\n').then_some(at)
+}
+
+/// Appends one command, its arguments in RESP, to `out`.
+pub(crate) fn pack(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.push(b'*');
+    push_len(out, args.len());
+    for arg in args {
+        out.push(b'$');
+        push_len(out, arg.len());
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+fn push_len(out: &mut Vec<u8>, n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+    out.extend_from_slice(b"\r\n");
+}
+
+fn int(line: &[u8]) -> Result<i64, BadFrame> {
+    let (neg, digits) = match line.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, line),
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return Err(BadFrame);
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return Err(BadFrame);
+        }
+        n = n
+            .checked_mul(10)
+            .and_then(|n| n.checked_add(i64::from(d - b'0')))
+            .ok_or(BadFrame)?;
+    }
+    Ok(if neg { -n } else { n })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Frames of every type, and what redis-rs's own parser makes of each.
+    const FRAMES: [&[u8]; 14] = [
+        b"+OK\r\n",
+        b"+PONG\r\n",
+        b"-ERR no\r\n",
+        b":-42\r\n",
+        b"$3\r\nabc\r\n",
+        b"$-1\r\n",
+        b"*-1\r\n",
+        b"_\r\n",
+        b"*3\r\n$-1\r\n:7\r\n*1\r\n+OK\r\n",
+        b"#t\r\n",
+        b",1.5\r\n",
+        b"=8\r\ntxt:abcd\r\n",
+        b"%1\r\n+a\r\n:1\r\n",
+        b"|1\r\n+ttl\r\n:3\r\n:5\r\n",
+    ];
+
+    #[test]
+    fn every_frame_parses_as_redis_rs_parses_it_and_no_prefix_is_taken_whole() {
+        for frame in FRAMES {
+            let text = String::from_utf8_lossy(frame);
+            let (value, used) = parse(frame).unwrap().unwrap();
+            assert_eq!(used, frame.len(), "{text}");
+            assert_eq!(value, redis::parse_redis_value(frame).unwrap(), "{text}");
+            for cut in 0..frame.len() {
+                assert!(
+                    parse(&frame[..cut]).unwrap().is_none(),
+                    "{text} cut at {cut}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bad_frames_are_refused_not_followed() {
+        let deep = [b"*1\r\n".repeat(5000), b":1\r\n".to_vec()].concat();
+        for bad in [
+            &deep[..],
+            b"SSH-2.0-OpenSSH\r\n",
+            b":x\r\n",
+            b"$1\r\nab\r\n",
+        ] {
+            assert!(parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn pack_writes_what_redis_rs_writes() {
+        let mut out = Vec::new();
+        pack(&mut out, &[b"SET", b"k", b"", b"PX", b"10000"]);
+        let mut cmd = redis::cmd("SET");
+        cmd.arg("k").arg("").arg("PX").arg(10_000);
+        assert_eq!(out, cmd.get_packed_command());
+    }
+
+    /// A connection over an in-memory pipe, its driver spawned, and the server's end.
+    fn connected() -> (Wire, tokio::io::DuplexStream) {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (wire, driver) = Wire::new(client);
+        tokio::spawn(driver);
+        (wire, server)
+    }
+
+    async fn read_exactly(server: &mut tokio::io::DuplexStream, n: usize) -> Vec<u8> {
+        let mut buf = vec![0; n];
+        server.read_exact(&mut buf).await.unwrap();
+        buf
+    }
+
+    #[tokio::test]
+    async fn replies_reach_their_callers_in_order_even_past_a_caller_that_left() {
+        let (wire, mut server) = connected();
+        let first = tokio::spawn({
+            let wire = wire.clone();
+            async move { wire.one(b"*1\r\n$1\r\na\r\n").await }
+        });
+        tokio::task::yield_now().await;
+        // A caller that gives up after its command was queued: its reply is read and dropped.
+        let left = wire.one(b"*1\r\n$1\r\nb\r\n");
+        drop(tokio::time::timeout(Duration::from_millis(1), left).await);
+        let third = tokio::spawn({
+            let wire = wire.clone();
+            async move { wire.many(b"*1\r\n$1\r\nc\r\n*1\r\n$1\r\nd\r\n", 2).await }
+        });
+        let sent = read_exactly(&mut server, 44).await;
+        assert_eq!(
+            sent,
+            b"*1\r\n$1\r\na\r\n*1\r\n$1\r\nb\r\n*1\r\n$1\r\nc\r\n*1\r\n$1\r\nd\r\n"
+        );
+        // Replies split across writes, the last one cut mid-frame.
+        server.write_all(b":1\r\n:2\r\n$1\r").await.unwrap();
+        server.write_all(b"\nx\r\n_\r\n").await.unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), Value::Int(1));
+        let third = third.await.unwrap().unwrap();
+        assert_eq!(third, vec![Value::BulkString(b"x".to_vec()), Value::Nil]);
+    }
+
+    #[tokio::test]
+    async fn a_closed_stream_fails_every_waiting_and_later_call() {
+        let (wire, server) = connected();
+        let waiting = tokio::spawn({
+            let wire = wire.clone();
+            async move { wire.one(b"*1\r\n$4\r\nPING\r\n").await }
+        });
+        tokio::task::yield_now().await;
+        drop(server);
+        let e = waiting.await.unwrap().unwrap_err();
+        assert!(e.is_connection_dropped(), "{e}");
+        let e = wire.one(b"*1\r\n$4\r\nPING\r\n").await.unwrap_err();
+        assert!(e.is_connection_dropped(), "{e}");
+    }
+
+    #[tokio::test]
+    async fn bytes_that_are_not_resp_end_the_connection_as_a_parse_error() {
+        let (wire, mut server) = connected();
+        let waiting = tokio::spawn({
+            let wire = wire.clone();
+            async move { wire.one(b"*1\r\n$4\r\nPING\r\n").await }
+        });
+        server.write_all(b"SSH-2.0-OpenSSH_9.6\r\n").await.unwrap();
+        let e = waiting.await.unwrap().unwrap_err();
+        assert_eq!(e.kind(), redis::ErrorKind::Parse, "{e}");
+        assert!(wire.one(b"*1\r\n$4\r\nPING\r\n").await.is_err());
+    }
+}
