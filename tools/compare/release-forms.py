@@ -6,7 +6,8 @@ sent N and then (on a fresh server) 3N pairs of `SET lock value NX PX` + the rel
 `redis-cli --pipe`; the difference divided by 2N is the instructions per pair, start-up and the
 script's load cancelled out. The forms are: the floor's compare-and-delete, quorumlock's release before it
 named only what each node needs, the shipped release in each of its forms (lean, full with the
-counter below and at the token, bare), and a waiters flag read with MGET in place of SCARD.
+counter below and at the token, bare), the floor's script given a second key it never reads, and
+a waiters flag read with MGET in place of SCARD.
 
     tools/compare/release-forms.py [N] [FORM ...]
 
@@ -83,6 +84,8 @@ FORMS = {
     # The counter checked where it stands at the token (the usual case: the node's INCR gave it).
     "after-full-at-token": (AFTER, lambda k, v: [3, k, k + ":waiters", FENCE, v, 10**9]),
     "after-bare": (AFTER, lambda k, v: [1, k, v]),
+    # The floor's script given a second key it never reads: what passing a key costs.
+    "floor-2keys": (FLOOR, lambda k, v: [2, k, k + ":waiters", v]),
     "flag-mget": (FLAG, lambda k, v: [3, k, k + ":waiting", k + ":waiters", v]),
 }
 

@@ -71,8 +71,7 @@ impl WireFloor {
         pack(&mut out, &[b"INCR", fence_key.as_bytes()]);
         let out = &out;
         let n = self.conns.len();
-        let mut pending: FuturesUnordered<_> =
-            self.conns.iter().map(|c| c.many(out, 2)).collect();
+        let mut pending: FuturesUnordered<_> = self.conns.iter().map(|c| c.many(out, 2)).collect();
         let (mut ok, mut answered) = (0, 0);
         while let Some(reply) = pending.next().await {
             answered += 1;

@@ -123,6 +123,24 @@ mod redis_side {
         sum
     }
 
+    /// The servers' reads and writes of client sockets since the last reset (`INFO stats`
+    /// `total_reads_processed`, `total_writes_processed`), summed: how well commands were
+    /// batched per read and replies per write.
+    pub async fn io(servers: &[redis::aio::MultiplexedConnection]) -> (f64, f64) {
+        let (mut reads, mut writes) = (0.0, 0.0);
+        for s in servers {
+            for line in info(s, "stats").await.lines() {
+                let num = |v: &str| v.trim().parse::<f64>().unwrap_or(0.0);
+                if let Some(v) = line.strip_prefix("total_reads_processed:") {
+                    reads += num(v);
+                } else if let Some(v) = line.strip_prefix("total_writes_processed:") {
+                    writes += num(v);
+                }
+            }
+        }
+        (reads, writes)
+    }
+
     pub async fn reset(servers: &[redis::aio::MultiplexedConnection]) {
         for s in servers {
             let mut s = s.clone();
@@ -356,9 +374,12 @@ fn main() {
     );
     if args.iter().any(|a| a == "--redis") {
         let cpu = rt.block_on(redis_side::cpu(&servers)) - cpu0;
+        let (reads, writes) = rt.block_on(redis_side::io(&servers));
         println!(
-            "redis cpu usec/op={:.1} {}",
+            "redis cpu usec/op={:.1} reads/op={:.2} writes/op={:.2} {}",
             cpu * 1e6 / done,
+            reads / done,
+            writes / done,
             rt.block_on(redis_side::report(&servers, done))
         );
     }
