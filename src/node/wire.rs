@@ -249,6 +249,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Result<bool, Ended> {
         if self.start == self.end {
             (self.start, self.end) = (0, 0);
+            // A buffer grown for one large reply goes back to its usual size once read.
+            if self.rbuf.len() > 4 * READ_CHUNK {
+                self.rbuf = vec![0; READ_CHUNK];
+            }
         } else if self.end == self.rbuf.len() {
             if self.start > 0 {
                 self.rbuf.copy_within(self.start..self.end, 0);
@@ -590,6 +594,34 @@ mod tests {
         assert_eq!(first.await.unwrap().unwrap(), Value::Int(1));
         let third = third.await.unwrap().unwrap();
         assert_eq!(third, vec![Value::BulkString(b"x".to_vec()), Value::Nil]);
+    }
+
+    #[tokio::test]
+    async fn a_reply_larger_than_the_read_buffer_arrives_whole() {
+        let (wire, mut server) = connected();
+        let big = vec![b'x'; 5 * READ_CHUNK + 3];
+        let waiting = tokio::spawn({
+            let wire = wire.clone();
+            async move {
+                wire.many(b"*1\r\n$3\r\nGET\r\n*1\r\n$4\r\nPING\r\n", 2)
+                    .await
+            }
+        });
+        read_exactly(&mut server, 26).await;
+        let mut reply = format!("${}\r\n", big.len()).into_bytes();
+        reply.extend_from_slice(&big);
+        reply.extend_from_slice(b"\r\n+PONG\r\n");
+        for piece in reply.chunks(7_000) {
+            server.write_all(piece).await.unwrap();
+        }
+        let replies = waiting.await.unwrap().unwrap();
+        assert_eq!(replies[0], Value::BulkString(big));
+        assert_eq!(replies[1], Value::SimpleString("PONG".to_owned()));
+        // The connection goes on after it.
+        let next = tokio::spawn(async move { wire.one(b"*1\r\n$4\r\nPING\r\n").await });
+        read_exactly(&mut server, 14).await;
+        server.write_all(b":5\r\n").await.unwrap();
+        assert_eq!(next.await.unwrap().unwrap(), Value::Int(5));
     }
 
     #[tokio::test]
