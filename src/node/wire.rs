@@ -443,8 +443,10 @@ fn find_crlf(buf: &[u8]) -> Option<usize> {
     (buf.get(at + 1)? == &b'\n').then_some(at)
 }
 
-/// Appends one command, its arguments in RESP, to `out`.
+/// Appends one command, its arguments in RESP, to `out` (grown once).
 pub(crate) fn pack(out: &mut Vec<u8>, args: &[&[u8]]) {
+    // `$<len>\r\n<arg>\r\n` per argument: at most 20 digits and 5 bytes of framing.
+    out.reserve(25 + args.iter().map(|a| a.len() + 25).sum::<usize>());
     out.push(b'*');
     push_len(out, args.len());
     for arg in args {
@@ -455,17 +457,23 @@ pub(crate) fn pack(out: &mut Vec<u8>, args: &[&[u8]]) {
     }
 }
 
+/// Appends `n` in decimal and a line end.
 fn push_len(out: &mut Vec<u8>, n: usize) {
+    if n < 10 {
+        out.extend_from_slice(&[b'0' + n as u8, b'\r', b'\n']);
+        return;
+    }
+    if n < 100 {
+        out.extend_from_slice(&[b'0' + (n / 10) as u8, b'0' + (n % 10) as u8, b'\r', b'\n']);
+        return;
+    }
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     let mut n = n;
-    loop {
+    while n > 0 {
         at -= 1;
         digits[at] = b'0' + (n % 10) as u8;
         n /= 10;
-        if n == 0 {
-            break;
-        }
     }
     out.extend_from_slice(&digits[at..]);
     out.extend_from_slice(b"\r\n");
@@ -548,9 +556,18 @@ mod tests {
     #[test]
     fn pack_writes_what_redis_rs_writes() {
         let mut out = Vec::new();
-        pack(&mut out, &[b"SET", b"k", b"", b"PX", b"10000"]);
+        let long = vec![b'v'; 12_345];
+        pack(
+            &mut out,
+            &[b"SET", b"k", b"", b"PX", b"10000", &[b'w'; 42], &long],
+        );
         let mut cmd = redis::cmd("SET");
-        cmd.arg("k").arg("").arg("PX").arg(10_000);
+        cmd.arg("k")
+            .arg("")
+            .arg("PX")
+            .arg(10_000)
+            .arg(&[b'w'; 42])
+            .arg(&long);
         assert_eq!(out, cmd.get_packed_command());
     }
 
