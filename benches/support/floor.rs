@@ -175,8 +175,7 @@ impl Floor {
             .cmd("INCR")
             .arg(fence_key);
         let pipe = &pipe;
-        let n = self.conns.len();
-        let mut pending: FuturesUnordered<_> = self
+        let pending: FuturesUnordered<_> = self
             .conns
             .iter()
             .map(|c| {
@@ -184,22 +183,12 @@ impl Floor {
                 async move { c.send_packed_commands(pipe, 0, 2).await }
             })
             .collect();
-        let (mut ok, mut answered) = (0, 0);
-        while let Some(reply) = pending.next().await {
-            answered += 1;
-            if let Ok([Value::Nil, Value::Int(c)]) = reply.as_deref()
-                && *c > 0
-            {
-                ok += 1;
-            }
-            if ok >= self.quorum {
-                return true;
-            }
-            if ok + (n - answered) < self.quorum {
-                return false;
-            }
-        }
-        false
+        until_certain(
+            pending,
+            self.quorum,
+            |reply| matches!(reply.as_deref(), Ok([Value::Nil, Value::Int(c)]) if *c > 0),
+        )
+        .await
     }
 
     /// Loads the floor's function library on every node (Redis 7).
@@ -239,8 +228,7 @@ impl Floor {
     /// Sends `cmd` to every node at once; returns as soon as a quorum said yes (true) or can no
     /// longer say yes (false). Unanswered calls are dropped.
     async fn round(&self, cmd: &Cmd, yes: impl Fn(&Value) -> bool) -> bool {
-        let n = self.conns.len();
-        let mut pending: FuturesUnordered<_> = self
+        let pending: FuturesUnordered<_> = self
             .conns
             .iter()
             .map(|c| {
@@ -248,19 +236,30 @@ impl Floor {
                 async move { c.send_packed_command(cmd).await }
             })
             .collect();
-        let (mut ok, mut answered) = (0, 0);
-        while let Some(reply) = pending.next().await {
-            answered += 1;
-            if reply.as_ref().is_ok_and(&yes) {
-                ok += 1;
-            }
-            if ok >= self.quorum {
-                return true;
-            }
-            if ok + (n - answered) < self.quorum {
-                return false;
-            }
-        }
-        false
+        until_certain(pending, self.quorum, |reply| reply.as_ref().is_ok_and(&yes)).await
     }
+}
+
+/// Reads the replies of one round's calls as they come; true as soon as `quorum` of them said
+/// yes, false as soon as too few are left to. Unanswered calls are dropped.
+pub(crate) async fn until_certain<F: Future>(
+    mut pending: FuturesUnordered<F>,
+    quorum: usize,
+    yes: impl Fn(&F::Output) -> bool,
+) -> bool {
+    let n = pending.len();
+    let (mut ok, mut answered) = (0, 0);
+    while let Some(reply) = pending.next().await {
+        answered += 1;
+        if yes(&reply) {
+            ok += 1;
+        }
+        if ok >= quorum {
+            return true;
+        }
+        if ok + (n - answered) < quorum {
+            return false;
+        }
+    }
+    false
 }

@@ -329,18 +329,35 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, BadFrame> {
     parse_at(buf, 0)
 }
 
-fn parse_at(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, BadFrame> {
+/// A frame's first line.
+struct Header<'a> {
+    /// The type byte.
+    kind: u8,
+    /// The rest of the line.
+    line: &'a [u8],
+    /// Where the line ends, its line end included.
+    after: usize,
+}
+
+/// The first line of the frame at the start of `buf`; `None` when `buf` holds only part of it.
+fn header(buf: &[u8], depth: usize) -> Result<Option<Header<'_>>, BadFrame> {
     if depth > MAX_DEPTH {
         return Err(BadFrame);
     }
-    let Some((&kind, _)) = buf.split_first() else {
+    let (Some(&kind), Some(line_end)) = (buf.first(), find_crlf(buf)) else {
         return Ok(None);
     };
-    let Some(line_end) = find_crlf(buf) else {
+    Ok(Some(Header {
+        kind,
+        line: &buf[1..line_end],
+        after: line_end + 2,
+    }))
+}
+
+fn parse_at(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, BadFrame> {
+    let Some(Header { kind, line, after }) = header(buf, depth)? else {
         return Ok(None);
     };
-    let line = &buf[1..line_end];
-    let after = line_end + 2;
     match kind {
         b'+' if line == b"OK" => Ok(Some((Value::Okay, after))),
         b':' => Ok(Some((Value::Int(int(line)?), after))),
@@ -350,15 +367,11 @@ fn parse_at(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, BadFrame
             if n < 0 {
                 return Ok(Some((Value::Nil, after)));
             }
-            let n = usize::try_from(n).map_err(|_| BadFrame)?;
-            if buf.len() < after + n + 2 {
+            let Some(end) = sized_end(buf, after, n)? else {
                 return Ok(None);
-            }
-            if &buf[after + n..after + n + 2] != b"\r\n" {
-                return Err(BadFrame);
-            }
-            let bytes = buf[after..after + n].to_vec();
-            Ok(Some((Value::BulkString(bytes), after + n + 2)))
+            };
+            let bytes = buf[after..end - 2].to_vec();
+            Ok(Some((Value::BulkString(bytes), end)))
         }
         b'*' => {
             let n = int(line)?;
@@ -390,33 +403,12 @@ fn parse_at(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, BadFrame
 /// The length of the whole frame at the start of `buf`, of any RESP2/RESP3 type; `None` when
 /// `buf` holds only part of it.
 fn frame_len(buf: &[u8], depth: usize) -> Result<Option<usize>, BadFrame> {
-    if depth > MAX_DEPTH {
-        return Err(BadFrame);
-    }
-    let Some((&kind, _)) = buf.split_first() else {
+    let Some(Header { kind, line, after }) = header(buf, depth)? else {
         return Ok(None);
     };
-    let Some(line_end) = find_crlf(buf) else {
-        return Ok(None);
-    };
-    let after = line_end + 2;
-    let line = &buf[1..line_end];
     let items = match kind {
         b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => return Ok(Some(after)),
-        b'$' | b'!' | b'=' => {
-            let n = int(line)?;
-            if n < 0 {
-                return Ok(Some(after));
-            }
-            let n = usize::try_from(n).map_err(|_| BadFrame)?;
-            if buf.len() < after + n + 2 {
-                return Ok(None);
-            }
-            if &buf[after + n..after + n + 2] != b"\r\n" {
-                return Err(BadFrame);
-            }
-            return Ok(Some(after + n + 2));
-        }
+        b'$' | b'!' | b'=' => return sized_end(buf, after, int(line)?),
         b'*' | b'~' | b'>' => int(line)?,
         b'%' | b'|' => int(line)?.saturating_mul(2),
         _ => return Err(BadFrame),
@@ -436,6 +428,24 @@ fn frame_len(buf: &[u8], depth: usize) -> Result<Option<usize>, BadFrame> {
         at += used;
     }
     Ok(Some(at))
+}
+
+/// Where a sized frame whose `n` bytes start at `after` ends, its closing line end included
+/// (`n < 0`: a null, no body); `None` when `buf` holds only part of it.
+fn sized_end(buf: &[u8], after: usize, n: i64) -> Result<Option<usize>, BadFrame> {
+    if n < 0 {
+        return Ok(Some(after));
+    }
+    let body_end = usize::try_from(n)
+        .ok()
+        .and_then(|n| n.checked_add(after))
+        .ok_or(BadFrame)?;
+    let end = body_end.checked_add(2).ok_or(BadFrame)?;
+    match buf.get(body_end..end) {
+        None => Ok(None),
+        Some(b"\r\n") => Ok(Some(end)),
+        Some(_) => Err(BadFrame),
+    }
 }
 
 fn find_crlf(buf: &[u8]) -> Option<usize> {

@@ -2,10 +2,10 @@
 //! (`src/node/wire.rs`) instead of redis-rs's multiplexer: what the transport costs.
 #![allow(dead_code)]
 
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use redis::Value;
 
+use crate::floor::until_certain;
 use crate::wire::{Wire, pack};
 
 const RELEASE: &str =
@@ -69,25 +69,13 @@ impl WireFloor {
             ],
         );
         pack(&mut out, &[b"INCR", fence_key.as_bytes()]);
-        let out = &out;
-        let n = self.conns.len();
-        let mut pending: FuturesUnordered<_> = self.conns.iter().map(|c| c.many(out, 2)).collect();
-        let (mut ok, mut answered) = (0, 0);
-        while let Some(reply) = pending.next().await {
-            answered += 1;
-            if let Ok([Value::Nil, Value::Int(c)]) = reply.as_deref()
-                && *c > 0
-            {
-                ok += 1;
-            }
-            if ok >= self.quorum {
-                return true;
-            }
-            if ok + (n - answered) < self.quorum {
-                return false;
-            }
-        }
-        false
+        let pending: FuturesUnordered<_> = self.conns.iter().map(|c| c.many(&out, 2)).collect();
+        until_certain(
+            pending,
+            self.quorum,
+            |reply| matches!(reply.as_deref(), Ok([Value::Nil, Value::Int(c)]) if *c > 0),
+        )
+        .await
     }
 
     pub(crate) async fn release(&self, key: &str, value: &str) -> bool {
@@ -102,22 +90,10 @@ impl WireFloor {
                 value.as_bytes(),
             ],
         );
-        let out = &out;
-        let n = self.conns.len();
-        let mut pending: FuturesUnordered<_> = self.conns.iter().map(|c| c.one(out)).collect();
-        let (mut ok, mut answered) = (0, 0);
-        while let Some(reply) = pending.next().await {
-            answered += 1;
-            if matches!(reply, Ok(Value::Int(1))) {
-                ok += 1;
-            }
-            if ok >= self.quorum {
-                return true;
-            }
-            if ok + (n - answered) < self.quorum {
-                return false;
-            }
-        }
-        false
+        let pending: FuturesUnordered<_> = self.conns.iter().map(|c| c.one(&out)).collect();
+        until_certain(pending, self.quorum, |reply| {
+            matches!(reply, Ok(Value::Int(1)))
+        })
+        .await
     }
 }

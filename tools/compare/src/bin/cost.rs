@@ -229,20 +229,17 @@ impl Impl {
             Impl::FloorPipeFence(f) => {
                 let (lock_key, fence_key) = floor::fenced_keys(key);
                 let value = Floor::new_value();
-                assert!(
-                    f.acquire_pipelined(&lock_key, &fence_key, &value, TTL_MS)
-                        .await
-                );
+                let won = f.acquire_pipelined(&lock_key, &fence_key, &value, TTL_MS);
+                assert!(won.await);
                 assert!(f.release(&lock_key, &value).await);
             }
-            Impl::WirePipeFence(f) => {
+            // The same two steps over the crate's own connection layer.
+            Impl::WirePipeFence(w) => {
                 let (lock_key, fence_key) = floor::fenced_keys(key);
                 let value = Floor::new_value();
-                assert!(
-                    f.acquire_pipelined(&lock_key, &fence_key, &value, TTL_MS)
-                        .await
-                );
-                assert!(f.release(&lock_key, &value).await);
+                let won = w.acquire_pipelined(&lock_key, &fence_key, &value, TTL_MS);
+                assert!(won.await);
+                assert!(w.release(&lock_key, &value).await);
             }
         }
     }
