@@ -7,8 +7,9 @@
 //!   are matched to callers in the order the bytes were written.
 //! - Once appended, a command is written, even if its caller is gone: its reply is read and
 //!   dropped. A caller that drops its future only stops waiting.
-//! - When the socket fails or ends, or the driver is dropped, every waiting caller and every
-//!   later one gets an I/O error (the connection is then replaced by its owner).
+//! - When the socket fails or ends, or the driver is dropped, every waiting caller gets an I/O
+//!   error; bytes that are not RESP give them a parse error. Every later caller gets a dropped
+//!   connection's error, so that the owner replaces the connection whatever ended it.
 //! - Replies are parsed in place: the common ones (`+OK`, integers, bulk strings, nil, arrays
 //!   of them) directly, every other RESP2/RESP3 type through redis-rs's parser. RESP3 push
 //!   frames are not replies and are skipped, as is a reply that comes while no command waits
@@ -141,8 +142,10 @@ impl Wire {
         let (tx, rx) = oneshot::channel();
         let driver = {
             let mut state = locked(&self.shared.state);
-            if let Some(why) = state.ended {
-                return Err(why.error());
+            // Whatever ended it, a later call finds the connection gone (its owner replaces a
+            // dropped connection); the cause went to the calls that were waiting.
+            if state.ended.is_some() {
+                return Err(Ended::Io(io::ErrorKind::NotConnected).error());
             }
             state.out.extend_from_slice(packed);
             state.waiting.push_back(Waiting {
@@ -673,9 +676,12 @@ mod tests {
             let wire = wire.clone();
             async move { wire.one(b"*1\r\n$4\r\nPING\r\n").await }
         });
+        // The call is on the wire before the server's bytes come.
+        read_exactly(&mut server, 14).await;
         server.write_all(b"SSH-2.0-OpenSSH_9.6\r\n").await.unwrap();
         let e = waiting.await.unwrap().unwrap_err();
         assert_eq!(e.kind(), redis::ErrorKind::Parse, "{e}");
-        assert!(wire.one(b"*1\r\n$4\r\nPING\r\n").await.is_err());
+        let later = wire.one(b"*1\r\n$4\r\nPING\r\n").await.unwrap_err();
+        assert!(later.is_connection_dropped(), "{later}");
     }
 }
