@@ -46,13 +46,14 @@ impl ServerInfo {
     pub(crate) fn parse(info: &str) -> Self {
         let mut fields: [Option<String>; INFO_FIELDS.len()] = Default::default();
         for line in info.lines() {
-            let Some((name, value)) = line.trim().split_once(':') else {
-                continue;
-            };
-            if let Some(i) = INFO_FIELDS.iter().position(|f| *f == name)
+            let line = line.trim();
+            // A field's line is its name, a colon, its value.
+            let named =
+                |f: &&str| line.as_bytes().get(f.len()) == Some(&b':') && line.starts_with(*f);
+            if let Some(i) = INFO_FIELDS.iter().position(named)
                 && fields[i].is_none()
             {
-                fields[i] = Some(value.trim().to_owned());
+                fields[i] = Some(line[INFO_FIELDS[i].len() + 1..].trim().to_owned());
             }
         }
         ServerInfo { fields }
