@@ -50,13 +50,6 @@ impl AcquireForm {
     }
 }
 
-/// The major version in an `INFO server` reply (`redis_version:7.0.15`).
-pub(super) fn redis_major(info: &str) -> Option<u32> {
-    info.lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))
-        .and_then(|v| v.trim().split('.').next()?.parse().ok())
-}
-
 impl Node {
     /// What a connect (generation `generation`) found: the server's major version. The node
     /// pipelines its acquires on this connection when it can.
@@ -125,19 +118,5 @@ impl Node {
                 })
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_major_version_is_read_from_info_server() {
-        let info = "# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:0\r\n";
-        assert_eq!(redis_major(info), Some(7));
-        assert_eq!(redis_major("redis_version:6.2.14\n"), Some(6));
-        assert_eq!(redis_major("redis_version:10.0.0"), Some(10));
-        assert_eq!(redis_major("run_id:abc"), None);
     }
 }

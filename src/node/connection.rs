@@ -17,7 +17,7 @@ use super::address::redact;
 use super::gate::QUEUE;
 use super::link::Single;
 use super::member::{self, MemberConn, MemberKind};
-use super::server::{durability_marker, parse_info, promoted, read_settings, server_identity};
+use super::server::{durability_marker, read_settings};
 use super::stream::{Watch, open_watched};
 use super::{Node, scripts};
 use crate::core::health::classify_eviction;
@@ -263,16 +263,15 @@ impl Node {
         let received = super::wallclock::ours();
         // One reply holds the server, persistence and replication sections.
         let sentinel = self.member.kind() == MemberKind::Sentinel;
-        let replication = info.as_str();
         // The clock-jump check's baseline: the server's time in the same `INFO` reply (a server
         // that does not report it leaves the connection unchecked).
-        let clock = super::wallclock::parse_info_time(&info).map(|server| {
-            crate::core::health::ClockReading {
+        let clock = info
+            .server_time()
+            .map(|server| crate::core::health::ClockReading {
                 sent,
                 received,
                 server,
-            }
-        });
+            });
         // Every script may go as `EVAL` (a connection's first call of it, after a `NOSCRIPT`, on
         // a node that refuses or does not know `EVALSHA`): a server that does not know it cannot
         // serve the protocol, and must not vote (a plain `SET NX` acquisition would be granted
@@ -284,17 +283,19 @@ impl Node {
                 command: "EVAL".to_owned(),
             });
         }
-        let (run_id, uptime) = parse_info(&info).ok_or_else(|| NodeError::BadReply {
-            expected: "INFO server with run_id and uptime_in_seconds",
-            got: "INFO server without them".to_owned(),
-        })?;
-        self.observe_acquire_form(generation, super::acquire_form::redis_major(&info));
-        let aof = info.lines().any(|l| l.trim() == "aof_enabled:1");
+        let (run_id, uptime) = info
+            .run_id_and_uptime()
+            .ok_or_else(|| NodeError::BadReply {
+                expected: "INFO server with run_id and uptime_in_seconds",
+                got: "INFO server without them".to_owned(),
+            })?;
+        self.observe_acquire_form(generation, info.major());
+        let aof = info.aof();
         self.observe_config(&config);
         // A server that was a replica during its current process (a Sentinel member's primary
         // may always have been one) holds what replication brought it: its durability marker
         // came from another server and proves nothing about the writes that did not arrive.
-        let was_replica = sentinel || promoted(replication);
+        let was_replica = sentinel || info.promoted();
         let fsync_always = !was_replica && aof && config.appendfsync.as_deref() == Some("always");
         let marker = if fsync_always {
             durability_marker(&mut conn, self.health.marker_key(), &run_id).await
@@ -317,7 +318,7 @@ impl Node {
         // resynchronised, promoted again) reads as a new server. A server promoted during its
         // current process counts as just started: its uptime says nothing about when it was
         // promoted.
-        let identity = server_identity(&run_id, replication);
+        let identity = info.identity(&run_id);
         let same_server = self.met_before(&identity);
         let age = if was_replica { Duration::ZERO } else { uptime };
         self.observe_start(identity, &run_id, age, fsync_always, marker);

@@ -21,8 +21,94 @@ pub(crate) struct NodeConfig {
 /// The settings the guards may need, by their `CONFIG GET` names.
 const SETTINGS: [&str; 3] = ["appendfsync", "maxmemory", "maxmemory-policy"];
 
-/// The same settings' fields in `INFO` (`appendfsync` has none).
-const INFO_FIELDS: [Option<&str>; 3] = [None, Some("maxmemory:"), Some("maxmemory_policy:")];
+/// The `INFO` fields a connect reads, in [`ServerInfo::parse`]'s order.
+const INFO_FIELDS: [&str; 9] = [
+    "redis_version",
+    "run_id",
+    "uptime_in_seconds",
+    "server_time_usec",
+    "aof_enabled",
+    "maxmemory",
+    "maxmemory_policy",
+    "master_replid",
+    "second_repl_offset",
+];
+
+/// What a connect reads of a server's `INFO` reply (server, persistence, replication and
+/// memory sections), found in one pass over its lines: each field's value, trimmed, from the
+/// first line that gives it; `None` where no line does.
+#[derive(Debug, Default)]
+pub(crate) struct ServerInfo {
+    fields: [Option<String>; INFO_FIELDS.len()],
+}
+
+impl ServerInfo {
+    pub(crate) fn parse(info: &str) -> Self {
+        let mut fields: [Option<String>; INFO_FIELDS.len()] = Default::default();
+        for line in info.lines() {
+            let line = line.trim();
+            // A field's line is its name, a colon, its value.
+            let named =
+                |f: &&str| line.as_bytes().get(f.len()) == Some(&b':') && line.starts_with(*f);
+            if let Some(i) = INFO_FIELDS.iter().position(named)
+                && fields[i].is_none()
+            {
+                fields[i] = Some(line[INFO_FIELDS[i].len() + 1..].trim().to_owned());
+            }
+        }
+        ServerInfo { fields }
+    }
+
+    fn field(&self, name: &str) -> Option<&str> {
+        let i = INFO_FIELDS.iter().position(|f| *f == name)?;
+        self.fields[i].as_deref()
+    }
+
+    /// The run id and the uptime (the restart guard cannot work without them).
+    pub(crate) fn run_id_and_uptime(&self) -> Option<(String, Duration)> {
+        let uptime = self.field("uptime_in_seconds")?.parse().ok()?;
+        Some((
+            self.field("run_id")?.to_owned(),
+            Duration::from_secs(uptime),
+        ))
+    }
+
+    /// The major version (`redis_version:7.0.15`).
+    pub(crate) fn major(&self) -> Option<u32> {
+        self.field("redis_version")?.split('.').next()?.parse().ok()
+    }
+
+    /// The server's wall clock (`server_time_usec`, Redis 6.2 and later).
+    pub(crate) fn server_time(&self) -> Option<Duration> {
+        let micros = self.field("server_time_usec")?.parse().ok()?;
+        Some(Duration::from_micros(micros))
+    }
+
+    /// Whether AOF is on (`aof_enabled:1`).
+    pub(crate) fn aof(&self) -> bool {
+        self.field("aof_enabled") == Some("1")
+    }
+
+    /// Whether the server was promoted from a replica during its current process: Redis keeps
+    /// its replication id from before the promotion as `master_replid2`, and
+    /// `second_repl_offset` is then the offset where it took over (`-1` on a server that was
+    /// never a replica since it started). An unreadable reply counts as promoted (the
+    /// conservative reading: the server is held out as if it had just started).
+    pub(crate) fn promoted(&self) -> bool {
+        self.field("second_repl_offset") != Some("-1")
+    }
+
+    /// The identity the restart guard compares across connects for a server that may change
+    /// role: `run_id` and the replication id (`master_replid`). A restart changes the run id;
+    /// a promotion, even of a server demoted and promoted back within one process (a
+    /// failback), gives it a new replication id while the run id stays. An unreadable
+    /// replication id reads as `?` (a later readable one then differs: the conservative
+    /// direction).
+    pub(crate) fn identity(&self, run_id: &str) -> String {
+        let replid = self.field("master_replid").unwrap_or("?");
+        format!("{run_id}/{replid}")
+    }
+}
 
 /// Reads what a connect needs, in one round trip where `INFO` holds it all: the `INFO` sections
 /// the guards and the fenced acquire read (server, persistence, replication, memory; one reply
@@ -42,7 +128,7 @@ const INFO_FIELDS: [Option<&str>; 3] = [None, Some("maxmemory:"), Some("maxmemor
 /// is returned as it came, for the connect to tell a server that cannot run scripts.
 pub(crate) async fn read_settings(
     conn: &mut Single,
-) -> redis::RedisResult<(String, NodeConfig, Option<redis::Value>)> {
+) -> redis::RedisResult<(ServerInfo, NodeConfig, Option<redis::Value>)> {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     pipe.cmd("INFO")
@@ -58,6 +144,7 @@ pub(crate) async fn read_settings(
         Some(Ok(info)) => (redis::from_redis_value::<String>(info)?, true),
         _ => (redis::cmd("INFO").query_async(conn).await?, false),
     };
+    let info = ServerInfo::parse(&info);
     let mut config = NodeConfig::from_info(&info);
     let missing = config.missing(&info);
     if !missing.is_empty() {
@@ -84,27 +171,21 @@ pub(crate) async fn read_settings(
 }
 
 impl NodeConfig {
-    /// The settings `INFO` carries (the memory section's).
-    fn from_info(info: &str) -> Self {
-        let field = |name: Option<&str>| {
-            let name = name?;
-            info.lines()
-                .find_map(|l| l.trim().strip_prefix(name))
-                .map(|v| v.trim().to_owned())
-        };
+    /// The settings `INFO` carries (the memory section's; `appendfsync` is not in `INFO`).
+    fn from_info(info: &ServerInfo) -> Self {
+        let field = |name| info.field(name).map(str::to_owned);
         NodeConfig {
             appendfsync: None,
-            maxmemory: field(INFO_FIELDS[1]),
-            policy: field(INFO_FIELDS[2]),
+            maxmemory: field("maxmemory"),
+            policy: field("maxmemory_policy"),
             unread: Vec::new(),
         }
     }
 
     /// The settings a guard needs that `INFO` did not give, by their `CONFIG GET` names.
-    fn missing(&self, info: &str) -> Vec<&'static str> {
-        let aof = info.lines().any(|l| l.trim() == "aof_enabled:1");
+    fn missing(&self, info: &ServerInfo) -> Vec<&'static str> {
         [
-            (SETTINGS[0], aof),
+            (SETTINGS[0], info.aof()),
             (SETTINGS[1], self.maxmemory.is_none()),
             (SETTINGS[2], self.policy.is_none()),
         ]
@@ -180,43 +261,21 @@ pub(crate) async fn durability_marker(
     reply.ok().and_then(|(marker,)| marker)
 }
 
+/// The run id and uptime in an `INFO server` reply ([`ServerInfo::run_id_and_uptime`]).
 pub(crate) fn parse_info(info: &str) -> Option<(String, Duration)> {
-    let mut run_id = None;
-    let mut uptime = None;
-    for line in info.lines() {
-        if let Some(v) = line.strip_prefix("run_id:") {
-            run_id = Some(v.trim().to_owned());
-        } else if let Some(v) = line.strip_prefix("uptime_in_seconds:") {
-            uptime = v.trim().parse().ok().map(Duration::from_secs);
-        }
-    }
-    Some((run_id?, uptime?))
+    ServerInfo::parse(info).run_id_and_uptime()
 }
 
-/// The identity the restart guard compares across connects for a server that may change role
-/// (a Sentinel member's primary, a Cluster master): its run id and its replication id
-/// (`master_replid` in `INFO replication`). A restart changes the run id; a promotion, even of a
-/// server demoted and promoted back within one process (a failback), gives it a new
-/// replication id while the run id stays. An unreadable replication id reads as `?` (a later
-/// readable one then differs: the conservative direction).
+/// The identity of the server whose `INFO replication` reply is `info_replication`, with
+/// `run_id` ([`ServerInfo::identity`]).
 pub(crate) fn server_identity(run_id: &str, info_replication: &str) -> String {
-    let replid = info_replication
-        .lines()
-        .find_map(|l| l.strip_prefix("master_replid:"))
-        .map_or("?", str::trim);
-    format!("{run_id}/{replid}")
+    ServerInfo::parse(info_replication).identity(run_id)
 }
 
 /// Whether an `INFO replication` reply shows a server promoted from a replica during its
-/// current process: Redis keeps its replication id from before the promotion as
-/// `master_replid2`, and `second_repl_offset` is then the offset where it took over (`-1` on a
-/// server that was never a replica since it started). An unreadable reply counts as promoted
-/// (the conservative reading: the server is held out as if it had just started).
+/// current process ([`ServerInfo::promoted`]).
 pub(crate) fn promoted(info_replication: &str) -> bool {
-    info_replication
-        .lines()
-        .find_map(|l| l.strip_prefix("second_repl_offset:"))
-        .is_none_or(|v| v.trim() != "-1")
+    ServerInfo::parse(info_replication).promoted()
 }
 
 #[cfg(test)]
@@ -255,15 +314,16 @@ mod tests {
     fn info_memory_gives_the_eviction_settings_and_only_aof_needs_config_get() {
         let info = "# Persistence\r\naof_enabled:0\r\n# Memory\r\nmaxmemory:1048576\r\n\
                     maxmemory_human:1.00M\r\nmaxmemory_policy:allkeys-lru\r\n";
-        let config = NodeConfig::from_info(info);
+        let parsed = ServerInfo::parse(info);
+        let config = NodeConfig::from_info(&parsed);
         assert_eq!(config.maxmemory.as_deref(), Some("1048576"));
         assert_eq!(config.policy.as_deref(), Some("allkeys-lru"));
-        assert!(config.missing(info).is_empty());
-        let aof = info.replace("aof_enabled:0", "aof_enabled:1");
+        assert!(config.missing(&parsed).is_empty());
+        let aof = ServerInfo::parse(&info.replace("aof_enabled:0", "aof_enabled:1"));
         assert_eq!(config.missing(&aof), ["appendfsync"]);
-        let bare = "# Persistence\r\naof_enabled:0\r\n";
+        let bare = ServerInfo::parse("# Persistence\r\naof_enabled:0\r\n");
         assert_eq!(
-            NodeConfig::from_info(bare).missing(bare),
+            NodeConfig::from_info(&bare).missing(&bare),
             ["maxmemory", "maxmemory-policy"]
         );
     }
@@ -294,5 +354,54 @@ mod tests {
             Some(("abc123".to_owned(), Duration::from_secs(42)))
         );
         assert_eq!(parse_info("garbage"), None);
+        assert_eq!(parse_info("run_id:abc\r\nuptime_in_seconds:soon\r\n"), None);
+    }
+
+    #[test]
+    fn the_major_version_is_read_from_info_server() {
+        let major = |info: &str| ServerInfo::parse(info).major();
+        assert_eq!(
+            major("# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:0\r\n"),
+            Some(7)
+        );
+        assert_eq!(major("redis_version:6.2.14\n"), Some(6));
+        assert_eq!(major("redis_version:10.0.0"), Some(10));
+        assert_eq!(major("run_id:abc"), None);
+    }
+
+    /// One reply of the four sections, as Redis 7 sends it: every field a connect reads comes
+    /// from the one pass, the first line of a field given twice counts, and other fields (whose
+    /// values may hold colons) are passed over.
+    #[test]
+    fn one_pass_reads_every_field_a_connect_needs() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc\r\nuptime_in_seconds:42\r\n\
+                    server_time_usec:1700000000123456\r\nexecutable:/usr/bin/redis-server\r\n\
+                    config_file:C:\\redis.conf\r\n\r\n# Persistence\r\naof_enabled:1\r\n\r\n\
+                    # Replication\r\nrole:master\r\nmaster_replid:r1\r\nmaster_replid:r2\r\n\
+                    second_repl_offset:-1\r\n\r\n# Memory\r\nmaxmemory:0\r\n\
+                    maxmemory_policy:noeviction\r\n";
+        let parsed = ServerInfo::parse(info);
+        assert_eq!(
+            parsed.run_id_and_uptime(),
+            Some(("abc".to_owned(), Duration::from_secs(42)))
+        );
+        assert_eq!(
+            parsed.server_time(),
+            Some(Duration::from_micros(1_700_000_000_123_456))
+        );
+        assert!(parsed.aof());
+        assert!(!parsed.promoted());
+        assert_eq!(parsed.identity("abc"), "abc/r1");
+        assert_eq!(parsed.field("config_file"), None);
+        let config = NodeConfig::from_info(&parsed);
+        assert_eq!(config.maxmemory.as_deref(), Some("0"));
+        assert_eq!(config.policy.as_deref(), Some("noeviction"));
+        assert_eq!(config.missing(&parsed), ["appendfsync"]);
+        let empty = ServerInfo::parse("");
+        assert_eq!(empty.run_id_and_uptime(), None);
+        assert_eq!(empty.server_time(), None);
+        assert!(!empty.aof());
+        assert!(empty.promoted());
+        assert_eq!(empty.identity("abc"), "abc/?");
     }
 }

@@ -54,14 +54,6 @@ pub(super) fn parse_time(reply: Value) -> Option<Duration> {
     Some(Duration::from_secs(secs) + Duration::from_micros(micros))
 }
 
-/// The server's wall clock in an `INFO server` reply (`server_time_usec`, Redis 6.2 and later).
-pub(super) fn parse_info_time(info: &str) -> Option<Duration> {
-    info.lines()
-        .find_map(|l| l.trim().strip_prefix("server_time_usec:"))
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_micros)
-}
-
 /// Our clock now, as a duration since its origin.
 pub(super) fn ours() -> Duration {
     clock::now().since_origin()
