@@ -28,6 +28,19 @@ const ACQUIRE_FENCED: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX',
 /// as `RELEASE`: to compare what a function call costs the node against `EVALSHA` (issue 30).
 const FUNCTIONS: &str = "#!lua name=quorumlock_floor\nredis.register_function('floor_release', function(keys, args) if redis.call('GET', keys[1]) == args[1] then return redis.call('DEL', keys[1]) end return 0 end)";
 
+/// The library's release script (`src/node/lua.rs`, `RELEASE`), read from the library's source
+/// so that it cannot drift from it: the release with the waiters check and the notice.
+fn library_release() -> &'static str {
+    const LUA_RS: &str = include_str!("../../src/node/lua.rs");
+    let at = LUA_RS
+        .find("pub(crate) static RELEASE:")
+        .expect("lua.rs defines RELEASE");
+    let body = &LUA_RS[at..];
+    let start = body.find("r#\"").expect("RELEASE's body") + 3;
+    let len = body[start..].find("\"#").expect("RELEASE's body ends");
+    &body[start..start + len]
+}
+
 /// quorumlock's key layout for a user key: the lock and its fencing counter (same hash tag).
 pub(crate) fn fenced_keys(key: &str) -> (String, String) {
     (
@@ -44,6 +57,7 @@ pub(crate) struct Floor {
     release: String,
     extend: String,
     acquire_fenced: String,
+    release_notice: String,
 }
 
 impl Floor {
@@ -53,7 +67,7 @@ impl Floor {
             .set_connection_timeout(Some(std::time::Duration::from_secs(10)))
             .set_response_timeout(None);
         let mut conns = Vec::with_capacity(urls.len());
-        let scripts = [RELEASE, EXTEND, ACQUIRE_FENCED].map(Script::new);
+        let scripts = [RELEASE, EXTEND, ACQUIRE_FENCED, library_release()].map(Script::new);
         for url in urls {
             let client = redis::Client::open(url.as_str())?;
             let mut conn = client
@@ -64,13 +78,15 @@ impl Floor {
             }
             conns.push(conn);
         }
-        let [release, extend, acquire_fenced] = scripts.map(|s| s.get_hash().to_owned());
+        let [release, extend, acquire_fenced, release_notice] =
+            scripts.map(|s| s.get_hash().to_owned());
         Ok(Floor {
             quorum: conns.len() / 2 + 1,
             conns,
             release,
             extend,
             acquire_fenced,
+            release_notice,
         })
     }
 
@@ -81,7 +97,7 @@ impl Floor {
     /// round over the workers. TCP nodes only.
     pub(crate) async fn connect_one_task(urls: &[String]) -> redis::RedisResult<Floor> {
         let config = AsyncConnectionConfig::new().set_response_timeout(None);
-        let scripts = [RELEASE, EXTEND, ACQUIRE_FENCED].map(Script::new);
+        let scripts = [RELEASE, EXTEND, ACQUIRE_FENCED, library_release()].map(Script::new);
         let mut conns = Vec::with_capacity(urls.len());
         let mut drivers: Vec<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> = Vec::new();
         for url in urls {
@@ -110,13 +126,15 @@ impl Floor {
                 s.prepare_invoke().load_async(conn).await?;
             }
         }
-        let [release, extend, acquire_fenced] = scripts.map(|s| s.get_hash().to_owned());
+        let [release, extend, acquire_fenced, release_notice] =
+            scripts.map(|s| s.get_hash().to_owned());
         Ok(Floor {
             quorum: conns.len() / 2 + 1,
             conns,
             release,
             extend,
             acquire_fenced,
+            release_notice,
         })
     }
 
@@ -208,6 +226,20 @@ impl Floor {
     pub(crate) async fn release_fcall(&self, key: &str, value: &str) -> bool {
         let mut cmd = redis::cmd("FCALL");
         cmd.arg("floor_release").arg(1).arg(key).arg(value);
+        self.round(&cmd, |v| matches!(v, Value::Int(1))).await
+    }
+
+    /// The library's own release, in its lean form (the lock key and its waiters count, no
+    /// counter): a compare-and-delete that reads the waiters count in the same `MGET` and
+    /// publishes a notice when someone waits; true once a quorum deleted. What the release
+    /// notice costs the nodes, beside [`release`](Self::release).
+    pub(crate) async fn release_notice(&self, key: &str, value: &str) -> bool {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.release_notice)
+            .arg(2)
+            .arg(key)
+            .arg(format!("{key}:waiters:n"))
+            .arg(value);
         self.round(&cmd, |v| matches!(v, Value::Int(1))).await
     }
 

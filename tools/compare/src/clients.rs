@@ -25,6 +25,9 @@ pub(crate) enum Client {
     /// The hand-written round with a fenced acquire without Lua: `SET NX PX GET` and `INCR`
     /// pipelined on each node's connection.
     FloorPipeFenced(Floor),
+    /// `FloorPipeFenced`, released by the library's own release script (its lean form: the
+    /// waiters check and the notice): what the release notice costs, written by hand.
+    FloorPipeFencedNotice(Floor),
     /// `rslock` (async, redis 1.x multiplexed connections; no per-node timeout of its own, so
     /// redis' default 500 ms response timeout applies), one round per attempt.
     Rslock(rslock::LockManager),
@@ -81,6 +84,9 @@ impl Client {
             "floor+pipefence" => {
                 Client::FloorPipeFenced(Floor::connect(urls).await.expect("floor connects"))
             }
+            "floor+pipefence+notice" => {
+                Client::FloorPipeFencedNotice(Floor::connect(urls).await.expect("floor connects"))
+            }
             "rslock" => {
                 let mut m = rslock::LockManager::new(urls.to_vec());
                 // One attempt per call (its loop runs `retry_count` rounds in total).
@@ -115,7 +121,10 @@ impl Client {
     pub(crate) fn can_extend(&self) -> bool {
         !matches!(
             self,
-            Client::Redlock(_) | Client::FloorFenced(_) | Client::FloorPipeFenced(_)
+            Client::Redlock(_)
+                | Client::FloorFenced(_)
+                | Client::FloorPipeFenced(_)
+                | Client::FloorPipeFencedNotice(_)
         )
     }
 
@@ -152,11 +161,13 @@ impl Client {
                     Err(Fail::Busy)
                 }
             }
-            Client::FloorFenced(f) | Client::FloorPipeFenced(f) => {
+            Client::FloorFenced(f)
+            | Client::FloorPipeFenced(f)
+            | Client::FloorPipeFencedNotice(f) => {
                 // The same key layout as quorumlock's.
                 let (lock_key, fence_key) = crate::floor::fenced_keys(key);
                 let value = Floor::new_value();
-                let won = if matches!(self, Client::FloorPipeFenced(_)) {
+                let won = if !matches!(self, Client::FloorFenced(_)) {
                     f.acquire_pipelined(&lock_key, &fence_key, &value, TTL_MS)
                         .await
                 } else {
@@ -194,6 +205,9 @@ impl Client {
     pub(crate) async fn release(&self, held: Held) -> bool {
         match (self, held) {
             (Client::Ours(_), Held::Ours(lock)) => lock.release().await.is_ok(),
+            (Client::FloorPipeFencedNotice(f), Held::Floor { key, value }) => {
+                f.release_notice(&key, &value).await
+            }
             (
                 Client::Floor(f) | Client::FloorFenced(f) | Client::FloorPipeFenced(f),
                 Held::Floor { key, value },

@@ -34,10 +34,11 @@ use crate::report::{Phase, Row, Rt};
 use crate::workload::{Op, Spec};
 
 /// The default implementations (`floor-1task`, an experiment, runs only when named).
-const IMPLS: [&str; 9] = [
+const IMPLS: [&str; 10] = [
     "floor",
     "floor+fence",
     "floor+pipefence",
+    "floor+pipefence+notice",
     "quorumlock",
     "quorumlock-io",
     "quorumlock-nofence",

@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! cargo run --release --manifest-path tools/compare/Cargo.toml --bin cost -- \
-//!     [--impl quorumlock|quorumlock-io|quorumlock-nofence|floor|floor+fence|floor+pipefence|floor+fcall] [--ops N] [--tasks T] [--redis] [--runtime ct|mt]
+//!     [--impl quorumlock|quorumlock-io|quorumlock-nofence|floor|floor+fence|floor+pipefence|floor+pipefence+notice|wire+pipefence|floor+fcall] [--ops N] [--tasks T] [--redis] [--runtime ct|mt]
 //! ```
 //!
 //! `--runtime mt` runs the workload on a tokio multi-thread runtime (as many workers as CPUs)
@@ -196,6 +196,8 @@ enum Impl {
     FloorPipeFence(Floor),
     /// The floor releasing with `FCALL` of a Redis 7 function instead of `EVALSHA`.
     FloorFcall(Floor),
+    /// `floor+pipefence` released by the library's release script (the waiters check).
+    FloorPipeFenceNotice(Floor),
     /// `floor+pipefence`'s commands over quorumlock's own connection layer.
     WirePipeFence(std::sync::Arc<wire_floor::WireFloor>),
 }
@@ -232,6 +234,13 @@ impl Impl {
                 let won = f.acquire_pipelined(&lock_key, &fence_key, &value, TTL_MS);
                 assert!(won.await);
                 assert!(f.release(&lock_key, &value).await);
+            }
+            Impl::FloorPipeFenceNotice(f) => {
+                let (lock_key, fence_key) = floor::fenced_keys(key);
+                let value = Floor::new_value();
+                let won = f.acquire_pipelined(&lock_key, &fence_key, &value, TTL_MS);
+                assert!(won.await);
+                assert!(f.release_notice(&lock_key, &value).await);
             }
             // The same two steps over the crate's own connection layer.
             Impl::WirePipeFence(w) => {
@@ -332,6 +341,9 @@ fn main() {
             "floor+fence" => Impl::FloorFence(Floor::connect(&urls).await.expect("floor connects")),
             "floor+pipefence" => {
                 Impl::FloorPipeFence(Floor::connect(&urls).await.expect("floor connects"))
+            }
+            "floor+pipefence+notice" => {
+                Impl::FloorPipeFenceNotice(Floor::connect(&urls).await.expect("floor connects"))
             }
             "wire+pipefence" => Impl::WirePipeFence(std::sync::Arc::new(
                 wire_floor::WireFloor::connect(&urls).await,
