@@ -6,8 +6,9 @@
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisConnectionInfo, RedisFuture, RedisResult, Value};
 
+use super::resp::pack;
 use super::scripts::ScriptCall;
-use super::wire::{Wire, pack};
+use super::wire::Wire;
 
 /// A connection to one server.
 #[derive(Clone)]

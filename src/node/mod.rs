@@ -28,6 +28,7 @@ pub(crate) mod lua;
 pub(crate) mod member;
 pub(crate) mod pubsub;
 mod repair;
+mod resp;
 pub(crate) mod scripts;
 mod server;
 mod stream;

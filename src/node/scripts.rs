@@ -29,7 +29,7 @@ pub(crate) use super::lua::{
     ACQUIRE, EXTEND, FENCED_WRITE, LEADER_RESIGN, LEADER_WRITE, Lua, RAISE_COUNTER, RAISE_FENCE,
     RELEASE, REVOKE, STATUS, all, on_lock_nodes,
 };
-use super::wire::pack;
+use super::resp::pack;
 use crate::error::NodeError;
 
 /// One counter raised to `value` (never lowered) by [`RAISE_COUNTER`] sent with its body: the

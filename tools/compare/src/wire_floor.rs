@@ -6,7 +6,8 @@ use futures::stream::FuturesUnordered;
 use redis::Value;
 
 use crate::floor::until_certain;
-use crate::wire::{Wire, pack};
+use crate::resp::pack;
+use crate::wire::Wire;
 
 const RELEASE: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";

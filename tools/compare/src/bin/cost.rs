@@ -36,6 +36,9 @@ use quorumlock::testkit::LocalCluster;
 #[allow(unused_imports)]
 mod floor;
 use floor::Floor;
+#[path = "../../../../src/node/resp.rs"]
+#[allow(dead_code)]
+mod resp;
 #[path = "../../../../src/node/wire.rs"]
 #[allow(dead_code)]
 mod wire;
