@@ -155,7 +155,8 @@ impl RedlockBuilder {
     /// connect, so a restart is held out and repaired as for a URL member.
     ///
     /// - **Kept** from your client: the address (TCP, TLS or Unix socket), TLS certificates
-    ///   and hostname checks, username and password, db, RESP version (2 or 3), library name.
+    ///   and hostname checks, username and password, db, RESP version (2 or 3), the library name
+    ///   it was given with `set_lib_name` (sent as `CLIENT SETINFO`; none is sent otherwise).
     ///   The builder's own certificates (`tls_root_certificate` and `tls_client_certificate`,
     ///   feature `tls`) apply to URL members only.
     /// - **Replaced**: TCP settings, by the crate's (keepalive and `TCP_USER_TIMEOUT`, which

@@ -104,10 +104,11 @@ impl ConnectionLike for Single {
     }
 }
 
-/// A new connection's set-up, as the URL asks, in one round trip: `HELLO 3` (with `AUTH`) for
-/// RESP3, else `AUTH` when there is a password; `SELECT` for a database other than 0. Nothing
-/// is sent when none applies. A server that takes no user name (before Redis 6) is asked again
-/// with the password alone.
+/// A new connection's set-up, as the URL or the user's client asks, in one round trip:
+/// `HELLO 3` (with `AUTH`) for RESP3, else `AUTH` when there is a password; `SELECT` for a
+/// database other than 0; `CLIENT SETINFO` for a library name the user's client names (its
+/// replies ignored: servers before Redis 7.2 refuse it). Nothing is sent when none applies. A
+/// server that takes no user name (before Redis 6) is asked again with the password alone.
 pub(crate) async fn handshake(wire: &Wire, info: &RedisConnectionInfo) -> RedisResult<()> {
     let (auth, select) = (setup(info, true), info.db() != 0);
     let mut out = Vec::new();
@@ -120,7 +121,8 @@ pub(crate) async fn handshake(wire: &Wire, info: &RedisConnectionInfo) -> RedisR
     if select {
         pack(&mut out, &[b"SELECT", info.db().to_string().as_bytes()]);
     }
-    let count = usize::from(auth.is_some()) + usize::from(select);
+    let named = library_name(info, &mut out);
+    let count = usize::from(auth.is_some()) + usize::from(select) + named;
     if count == 0 {
         return Ok(());
     }
@@ -147,6 +149,26 @@ pub(crate) async fn handshake(wire: &Wire, info: &RedisConnectionInfo) -> RedisR
             .into());
     }
     Ok(())
+}
+
+/// Packs `CLIENT SETINFO` for the library name (and version) a user's client was given with
+/// `set_lib_name`, unless it skips them; how many commands it packed. A client that names no
+/// library sends none: the lock's connections need no name.
+fn library_name(info: &RedisConnectionInfo, out: &mut Vec<u8>) -> usize {
+    let (Some(name), false) = (info.lib_name(), info.skip_set_lib_name()) else {
+        return 0;
+    };
+    pack(out, &[b"CLIENT", b"SETINFO", b"LIB-NAME", name.as_bytes()]);
+    match info.lib_ver() {
+        Some(version) => {
+            pack(
+                out,
+                &[b"CLIENT", b"SETINFO", b"LIB-VER", version.as_bytes()],
+            );
+            2
+        }
+        None => 1,
+    }
 }
 
 /// The authenticating command: `HELLO 3 [AUTH user password]`, or `AUTH [user] password`.

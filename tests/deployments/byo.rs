@@ -524,3 +524,57 @@ async fn b18_a_password_cluster_by_url_and_by_cluster_client() {
         cluster.cause
     );
 }
+
+/// A user's client that names its library (`set_lib_name`) has the name sent on the member's
+/// connection (`CLIENT SETINFO`, refused without harm by servers before Redis 7.2); a client
+/// that names none sends no `CLIENT SETINFO` at all. Counted on the nodes.
+#[tokio::test]
+async fn b19_a_library_name_a_client_gives_is_sent_and_none_otherwise() {
+    let cluster = protected(3);
+    let urls = cluster.urls();
+    let named = |i: usize| {
+        let info = ConnectionAddr::Tcp("127.0.0.1".to_owned(), port(&cluster, i))
+            .into_connection_info()
+            .expect("address")
+            .set_redis_settings(
+                RedisConnectionInfo::default()
+                    .set_password(PASSWORD)
+                    .set_lib_name("billing", "2.1"),
+            );
+        redis::Client::open(info).expect("client")
+    };
+    // What `CLIENT SETINFO` costs a node: counted under its name from Redis 7.2 on, before that
+    // among the commands the server does not know.
+    let setinfo = |ran: &std::collections::BTreeMap<String, u64>| {
+        ran.get("client|setinfo").copied().unwrap_or(0) + ran.get("unknown").copied().unwrap_or(0)
+    };
+    let before = readings(&urls);
+    let plain = tuned(user_clients(&cluster, PASSWORD)).build().unwrap();
+    // Connected to every node (a round returns at its quorum), so every set-up is counted.
+    warm(&plain).await;
+    let between = readings(&urls);
+    let locks = tuned(
+        RedlockBuilder::default()
+            .client(named(0))
+            .client(named(1))
+            .client(named(2)),
+    )
+    .build()
+    .unwrap();
+    warm(&locks).await;
+    let after = readings(&urls);
+    for i in 0..3 {
+        let unnamed = ran_between(&before[i], &between[i]);
+        assert_eq!(
+            setinfo(&unnamed),
+            0,
+            "node {i}, a client naming no library: {unnamed:?}"
+        );
+        let named = ran_between(&between[i], &after[i]);
+        assert_eq!(
+            setinfo(&named),
+            2,
+            "node {i}, a client naming one: {named:?}"
+        );
+    }
+}
