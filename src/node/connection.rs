@@ -182,13 +182,12 @@ impl Node {
             }
             // One server: its client resolved once (a Sentinel member asks its sentinels).
             let client = self.member.server_client().await?;
-            let config = self.connection_config();
             match open_watched(client.get_connection_info()).await {
                 Some(opened) => {
                     opened.map(|(conn, watch)| (MemberConn::Single(conn), Some(Arc::new(watch))))
                 }
                 None => client
-                    .get_multiplexed_async_connection_with_config(&config)
+                    .get_multiplexed_async_connection_with_config(&self.connection_config())
                     .await
                     .map(|conn| (MemberConn::Single(Single::Mux(conn)), None)),
             }

@@ -110,31 +110,23 @@ impl ConnectionLike for Single {
 /// replies ignored: servers before Redis 7.2 refuse it). Nothing is sent when none applies. A
 /// server that takes no user name (before Redis 6) is asked again with the password alone.
 pub(crate) async fn handshake(wire: &Wire, info: &RedisConnectionInfo) -> RedisResult<()> {
-    let (auth, select) = (setup(info, true), info.db() != 0);
     let mut out = Vec::new();
-    if let Some(auth) = &auth {
-        pack(
-            &mut out,
-            &auth.iter().map(Vec::as_slice).collect::<Vec<_>>(),
-        );
-    }
+    let (auth, select) = (pack_auth(info, true, &mut out), info.db() != 0);
     if select {
         pack(&mut out, &[b"SELECT", info.db().to_string().as_bytes()]);
     }
     let named = library_name(info, &mut out);
-    let count = usize::from(auth.is_some()) + usize::from(select) + named;
+    let count = usize::from(auth) + usize::from(select) + named;
     if count == 0 {
         return Ok(());
     }
     let mut replies = wire.many(&out, count).await?.into_iter();
-    if auth.is_some() {
+    if auth {
         let reply = replies.next().unwrap_or(Value::Nil);
         if refused_user_name(&reply) && info.username().is_some() {
-            if let Some(retry) = setup(info, false) {
-                let retry = retry.iter().map(Vec::as_slice).collect::<Vec<_>>();
-                let mut out = Vec::new();
-                pack(&mut out, &retry);
-                check_auth(wire.one(&out).await?)?;
+            let mut retry = Vec::new();
+            if pack_auth(info, false, &mut retry) {
+                check_auth(wire.one(&retry).await?)?;
             }
         } else {
             check_auth(reply)?;
@@ -171,24 +163,28 @@ fn library_name(info: &RedisConnectionInfo, out: &mut Vec<u8>) -> usize {
     }
 }
 
-/// The authenticating command: `HELLO 3 [AUTH user password]`, or `AUTH [user] password`.
-fn setup(info: &RedisConnectionInfo, with_user: bool) -> Option<Vec<Vec<u8>>> {
-    let password = info.password();
+/// Packs the authenticating command, `HELLO 3 [AUTH user password]` or `AUTH [user]
+/// password` (the user left out without `with_user`); whether there is one.
+fn pack_auth(info: &RedisConnectionInfo, with_user: bool, out: &mut Vec<u8>) -> bool {
+    let password = info.password().map(str::as_bytes);
     if info.protocol().supports_resp3() {
-        let mut hello = vec![b"HELLO".to_vec(), b"3".to_vec()];
-        if let Some(password) = password {
-            let user = info.username().unwrap_or("default");
-            hello.extend([b"AUTH".to_vec(), user.into(), password.into()]);
+        match password {
+            Some(password) => {
+                let user = info.username().unwrap_or("default").as_bytes();
+                pack(out, &[b"HELLO", b"3", b"AUTH", user, password]);
+            }
+            None => pack(out, &[b"HELLO", b"3"]),
         }
-        return Some(hello);
+        return true;
     }
-    let password = password?;
-    let mut auth = vec![b"AUTH".to_vec()];
-    if let Some(user) = info.username().filter(|_| with_user) {
-        auth.push(user.into());
+    let Some(password) = password else {
+        return false;
+    };
+    match info.username().filter(|_| with_user) {
+        Some(user) => pack(out, &[b"AUTH", user.as_bytes(), password]),
+        None => pack(out, &[b"AUTH", password]),
     }
-    auth.push(password.into());
-    Some(auth)
+    true
 }
 
 fn refused_user_name(reply: &Value) -> bool {

@@ -160,23 +160,7 @@ pub(crate) fn pack(out: &mut Vec<u8>, args: &[&[u8]]) {
 
 /// Appends `n` in decimal and a line end.
 fn push_len(out: &mut Vec<u8>, n: usize) {
-    if n < 10 {
-        out.extend_from_slice(&[b'0' + n as u8, b'\r', b'\n']);
-        return;
-    }
-    if n < 100 {
-        out.extend_from_slice(&[b'0' + (n / 10) as u8, b'0' + (n % 10) as u8, b'\r', b'\n']);
-        return;
-    }
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut n = n;
-    while n > 0 {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-    }
-    out.extend_from_slice(&digits[at..]);
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
     out.extend_from_slice(b"\r\n");
 }
 

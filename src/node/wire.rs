@@ -299,15 +299,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Driver<S> {
                 let Some(front) = state.waiting.front_mut() else {
                     continue;
                 };
-                if front.replies == 1 && front.got.is_empty() {
-                    let w = state.waiting.pop_front().expect("front exists");
-                    done.push((w.tx, Ok(Reply::One(value))));
-                    continue;
-                }
-                front.got.push(value);
-                if front.got.len() == front.replies {
-                    let w = state.waiting.pop_front().expect("front exists");
-                    done.push((w.tx, Ok(Reply::Many(w.got))));
+                let reply = if front.replies == 1 {
+                    Reply::One(value)
+                } else {
+                    front.got.push(value);
+                    if front.got.len() < front.replies {
+                        continue;
+                    }
+                    Reply::Many(std::mem::take(&mut front.got))
+                };
+                if let Some(w) = state.waiting.pop_front() {
+                    done.push((w.tx, Ok(reply)));
                 }
             }
         }
