@@ -97,32 +97,53 @@ impl Invocation {
         self.parts().skip(self.keys)
     }
 
-    /// `name script numkeys keys… args…`, sized once (growing a command's buffers costs an
-    /// allocation per doubling): `EVALSHA` with the script's hash, or `EVAL` with its body.
+    /// The words of `name script numkeys keys… args…` (`numkeys` written into `digits`):
+    /// `EVALSHA` with the script's hash, or `EVAL` with its body.
+    fn words<'a>(
+        &'a self,
+        name: &'a str,
+        script: &'a str,
+        digits: &'a mut itoa::Buffer,
+    ) -> smallvec::SmallVec<[&'a [u8]; 9]> {
+        let numkeys = digits.format(self.keys);
+        let mut words: smallvec::SmallVec<[&[u8]; 9]> =
+            smallvec::smallvec![name.as_bytes(), script.as_bytes(), numkeys.as_bytes()];
+        words.extend(self.parts());
+        words
+    }
+
+    /// [`words`](Self::words) as redis-rs's command, sized once (growing a command's buffers
+    /// costs an allocation per doubling).
     fn command(&self, name: &str, script: &str) -> Cmd {
         let mut digits = itoa::Buffer::new();
-        let numkeys = digits.format(self.keys);
-        let mut cmd = Cmd::with_capacity(
-            3 + self.ends.len(),
-            name.len() + script.len() + numkeys.len() + self.bytes.len(),
-        );
-        cmd.arg(name).arg(script).arg(numkeys);
-        for part in self.parts() {
-            cmd.arg(part);
+        let words = self.words(name, script, &mut digits);
+        let mut cmd = Cmd::with_capacity(words.len(), words.iter().map(|w| w.len()).sum());
+        for word in words {
+            cmd.arg(word);
         }
         cmd
     }
 
-    /// The same command as [`command`](Self::command), in RESP.
+    /// [`words`](Self::words) in RESP.
     fn packed(&self, name: &str, script: &str) -> Vec<u8> {
-        let mut digits = itoa::Buffer::new();
-        let numkeys = digits.format(self.keys);
-        let mut parts: smallvec::SmallVec<[&[u8]; 9]> =
-            smallvec::smallvec![name.as_bytes(), script.as_bytes(), numkeys.as_bytes()];
-        parts.extend(self.parts());
-        let mut out = Vec::with_capacity(name.len() + script.len() + self.bytes.len() + 80);
-        pack(&mut out, &parts);
+        let mut out = Vec::new();
+        pack(
+            &mut out,
+            &self.words(name, script, &mut itoa::Buffer::new()),
+        );
         out
+    }
+
+    /// A fenced acquire's pipelined form, `SET lock value NX PX ttl GET` then `INCR fence`,
+    /// from the acquire script's keys (lock, fence) and arguments (value, ttl).
+    fn pipelined_words(&self) -> ([&[u8]; 7], [&[u8]; 2]) {
+        let mut parts = self.parts();
+        let mut next = || parts.next().unwrap_or_default();
+        let (lock, fence, value, ttl) = (next(), next(), next(), next());
+        (
+            [b"SET", lock, value, b"NX", b"PX", ttl, b"GET"],
+            [b"INCR", fence],
+        )
     }
 }
 
@@ -245,17 +266,8 @@ impl ScriptCall {
             &[value.as_bytes(), ttl],
         );
         if pipelined {
-            let set: [&[u8]; 7] = [
-                b"SET",
-                lock.as_bytes(),
-                value.as_bytes(),
-                b"NX",
-                b"PX",
-                ttl,
-                b"GET",
-            ];
-            let incr: [&[u8]; 2] = [b"INCR", fence.as_bytes()];
-            let mut packed = Vec::with_capacity(80 + lock.len() + value.len() + fence.len());
+            let (set, incr) = call.invocation.pipelined_words();
+            let mut packed = Vec::new();
             pack(&mut packed, &set);
             pack(&mut packed, &incr);
             call.pipe = Some(Pipelined {
@@ -281,25 +293,15 @@ impl ScriptCall {
     pub(crate) fn pipelined(&self) -> Option<&Pipeline> {
         let p = self.pipe.as_ref()?;
         Some(p.pipe.get_or_init(|| {
-            let mut parts = self.invocation.parts();
-            let (lock, fence) = (
-                parts.next().unwrap_or_default(),
-                parts.next().unwrap_or_default(),
-            );
-            let (value, ttl) = (
-                parts.next().unwrap_or_default(),
-                parts.next().unwrap_or_default(),
-            );
+            let (set, incr) = self.invocation.pipelined_words();
             let mut pipe = Pipeline::with_capacity(2);
-            pipe.cmd("SET")
-                .arg(lock)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl)
-                .arg("GET")
-                .cmd("INCR")
-                .arg(fence);
+            for words in [&set[..], &incr[..]] {
+                let mut cmd = Cmd::new();
+                for word in words {
+                    cmd.arg(*word);
+                }
+                pipe.add_command(cmd);
+            }
             pipe
         }))
     }
