@@ -343,6 +343,18 @@ async fn m4_the_eval_fallback_is_logged_once_per_node() {
         let lock = locks.try_acquire("m4", TTL).await.expect("acquire");
         lock.release().await.expect("release");
     }
+    // A release returns at its quorum: the slowest node's refusal is read later, when a later
+    // round collects the call. Every node has refused `EVALSHA` before the restart.
+    let logged = |text: &str| {
+        text.lines()
+            .filter(|l| l.contains("scripts are sent to it as EVAL"))
+            .count()
+    };
+    wait_until(WAIT, "every node's refusal read", || async {
+        let _ = locks.status("m4").await;
+        logged(&String::from_utf8_lossy(&captured.0.lock().unwrap())) >= 3
+    })
+    .await;
     cluster.restart(0).unwrap();
     wait_until(WAIT, "node 0 met again", || async {
         locks.status("m4").await.unwrap().nodes[0].state.is_ok()
